@@ -1,0 +1,181 @@
+"""The `mlir-ansor` command line: parse arguments, call the API, print.
+
+Subcommands (shared/DESIGN.md, "The command line"):
+  tune [INPUT] [--target cpu] [--trials N] [--db FILE] [--threads N] [--seed N]
+       [--timeout S] [--executor local] [--json]
+  show FILE.db
+
+User errors (bad input, unsupported ops, a corrupt database) print one
+message to stderr and exit with status 2; nothing reaches the user as a
+Python traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+from importlib import resources
+
+from .errors import AnsorError
+
+EXAMPLE = "matmul_256.mlir"
+
+
+def _example_path() -> str:
+    return str(resources.files("mlir_ansor") / "examples" / EXAMPLE)
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        return v
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mlir-ansor", description="Auto-scheduler for MLIR Linalg.")
+    p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("tune", help="search schedules for every task of a module")
+    t.add_argument("input", nargs="?", help="MLIR file ('-' for stdin); default: a bundled 256^3 matmul")
+    t.add_argument("--target", default="cpu", help="cpu (the host)")
+    t.add_argument("--trials", type=_positive(int), default=64, help="candidates to measure (whole module)")
+    t.add_argument("--db", default="tuning.db", help="records database (created or resumed)")
+    t.add_argument("--threads", type=_positive(int), default=1, help="threads the kernels use")
+    t.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same candidates")
+    t.add_argument("--timeout", type=_positive(float), default=60.0, help="seconds per build and per run")
+    t.add_argument("--batch-size", type=_positive(int), default=16, help="candidates built before measuring")
+    t.add_argument("--func", default=None, help="tune only this function")
+    t.add_argument("--executor", default="local", help="local (a Ray executor is planned)")
+    t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    s = sub.add_parser("show", help="summarize a records database")
+    s.add_argument("db")
+    s.add_argument("--json", action="store_true")
+    return p
+
+
+def _fmt_s(x: float | None) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    if x >= 1:
+        return f"{x:.3f} s"
+    if x >= 1e-3:
+        return f"{x * 1e3:.3f} ms"
+    return f"{x * 1e6:.1f} us"
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from .target import Target
+    from .tuner import TuneConfig, tune
+
+    if args.executor != "local":
+        raise AnsorError(f"--executor {args.executor}: only 'local' is available in this version")
+    target = Target.parse(args.target)
+    source = args.input or _example_path()
+    config = TuneConfig(
+        trials=args.trials,
+        threads=args.threads,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        build_timeout_s=max(args.timeout, 1.0),
+        run_timeout_s=max(args.timeout, 1.0),
+    )
+    result = tune(source, target=target, config=config, db=args.db, func=args.func)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+        return 0
+    print(f"tuned {source} on {target.model} ({target.key}), {args.threads} thread(s), {result.measured} trials "
+          f"in {result.elapsed_s:.1f} s ({result.candidates_per_s:.2f} candidates/s)")
+    header = f"{'task':<44} {'weight':>6} {'trials':>6} {'untuned':>11} {'tuned':>11} {'GFLOP/s':>8} {'speedup':>8}"
+    print(header)
+    print("-" * len(header))
+    for r in result.tasks:
+        speed = r.baseline_latency_s / r.best_latency_s if math.isfinite(r.best_latency_s) else float("nan")
+        print(
+            f"{r.task.name[:44]:<44} {r.task.weight:>6} {r.trials:>6} {_fmt_s(r.baseline_latency_s):>11} "
+            f"{_fmt_s(r.best_latency_s):>11} {r.gflops:>8.1f} {speed:>7.1f}x"
+        )
+        if r.errors:
+            print(f"{'':<4}errors: " + ", ".join(f"{k} {v}" for k, v in sorted(r.errors.items())))
+    print(f"whole module: {_fmt_s(result.latency_s)} (records in {result.db_path})")
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from .errors import InputError
+    from .records import Database
+
+    if not os.path.exists(args.db):
+        raise InputError(f"{args.db}: no such file")
+    rows = []
+    with Database(args.db) as db:
+        for w in db.workloads():
+            recs = db.records(w["workload_key"])
+            errors = Counter(r.error_kind for r in recs if r.error_kind != "none")
+            valid = [r for r in recs if r.error_kind == "none" and r.costs]
+            best = min(valid, key=lambda r: r.latency_s) if valid else None
+            rows.append(
+                {
+                    "name": w["name"],
+                    "workload_key": w["workload_key"],
+                    "flops": w["flops"],
+                    "trials": len(recs),
+                    "best_latency_s": best.latency_s if best else None,
+                    "gflops": w["flops"] / best.latency_s / 1e9 if best else 0.0,
+                    "threads": best.threads if best else None,
+                    "errors": dict(errors),
+                }
+            )
+    if args.json:
+        print(json.dumps({"tasks": rows}, indent=2))
+        return 0
+    header = f"{'task':<44} {'trials':>6} {'best':>11} {'GFLOP/s':>8} {'threads':>7}  errors"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        errs = ", ".join(f"{k} {v}" for k, v in sorted(r["errors"].items())) or "-"
+        print(
+            f"{r['name'][:44]:<44} {r['trials']:>6} {_fmt_s(r['best_latency_s']):>11} {r['gflops']:>8.1f} "
+            f"{r['threads'] or '-':>7}  {errs}"
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname).1s %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    try:
+        if args.command == "tune":
+            return _cmd_tune(args)
+        if args.command == "show":
+            return _cmd_show(args)
+    except AnsorError as e:
+        print(f"mlir-ansor: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mlir-ansor: interrupted (measured records are kept in the database)", file=sys.stderr)
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

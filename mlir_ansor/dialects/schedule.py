@@ -1,0 +1,246 @@
+"""Building transform-dialect schedules.
+
+A :class:`ScheduleWriter` emits one `transform.named_sequence @__transform_main`
+op by op. Each method emits one transform op (or a short, fixed group of
+them), returns the SSA names of the handles it produces, and takes the plain
+Python values or knob handles that parametrize it. Knobs are
+`transform.tune.knob` ops; structural choices are
+`transform.tune.alternatives` regions (see :meth:`alternatives`).
+
+Why text and not the Python op builders: a sketch is data that is stored,
+hashed, printed for the user and re-applied by plain `mlir-opt`; emitting its
+text directly keeps the generator free of MLIR contexts (sketches can be made
+in any process), and every produced script is parsed and verified before use
+(:meth:`Sketch.concrete` in `search/sketch.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+ANY = "!transform.any_op"
+PARAM = "!transform.param<i64>"
+
+Size = int | str  # a static tile size, or the SSA name of a knob handle
+
+
+@dataclass
+class ScheduleWriter:
+    """Accumulates the body of the schedule; `text()` wraps it in a module."""
+
+    lines: list[str] = field(default_factory=list)
+    _counter: int = 0
+    _indent: int = 2
+
+    # ---------------------------------------------------------------- naming
+    def _fresh(self, stem: str) -> str:
+        self._counter += 1
+        return f"%{stem}{self._counter}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append(" " * self._indent + line)
+
+    # ----------------------------------------------------------------- knobs
+    def knob(self, name: str, options: Sequence[int], default: int | None = None) -> str:
+        """A `transform.tune.knob` with integer options; returns its param handle.
+
+        The knob is emitted without a `selected` value: a tuner selects one
+        per candidate (the interpreter refuses to run an unselected knob).
+        """
+        h = self._fresh("k")
+        opts = ", ".join(str(int(o)) for o in options)
+        self.emit(f'{h} = transform.tune.knob<"{name}"> options = [{opts}] -> {PARAM}')
+        return h
+
+    def alternatives(self, name: str, regions: Sequence[callable], results: int = 1) -> list[str]:
+        """A `transform.tune.alternatives` op: exactly one region runs.
+
+        Each entry of `regions` is called with this writer to emit its body and
+        must return the list of handle names the region yields.
+        """
+        outs = [self._fresh("alt") for _ in range(results)]
+        lhs = ", ".join(outs)
+        types = ", ".join([ANY] * results)
+        self.emit(f'{lhs} = transform.tune.alternatives<"{name}"> -> {types} {{')
+        for i, region in enumerate(regions):
+            self._indent += 2
+            yielded = region(self)
+            self.emit(f"transform.yield {', '.join(yielded)} : {', '.join([ANY] * len(yielded))}")
+            self._indent -= 2
+            self.emit("}, {" if i + 1 < len(regions) else "}")
+        return outs
+
+    # ---------------------------------------------------------------- match
+    def match_op_id(self, target: str, op_id: int) -> str:
+        """Match the payload op tagged `ansor.op = op_id` under `target`."""
+        h = self._fresh("op")
+        self.emit(
+            f"{h} = transform.structured.match attributes{{ansor.op = {op_id} : i64}} in {target} "
+            f": ({ANY}) -> {ANY}"
+        )
+        return h
+
+    def match_ops(self, target: str, names: Sequence[str]) -> str:
+        h = self._fresh("m")
+        quoted = ", ".join(f'"{n}"' for n in names)
+        self.emit(f"{h} = transform.structured.match ops{{[{quoted}]}} in {target} : ({ANY}) -> {ANY}")
+        return h
+
+    def match_func(self, target: str) -> str:
+        return self.match_ops(target, ["func.func"])
+
+    # --------------------------------------------------------------- tiling
+    @staticmethod
+    def _sizes(sizes: Sequence[Size]) -> tuple[str, list[str]]:
+        text = ", ".join(str(s) for s in sizes)
+        params = [s for s in sizes if isinstance(s, str)]
+        return f"[{text}]", params
+
+    def tile_forall(self, op: str, sizes: Sequence[Size]) -> tuple[str, str]:
+        """`tile_using_forall`: returns (tiled op, forall loop)."""
+        text, params = self._sizes(sizes)
+        t, loop = self._fresh("t"), self._fresh("forall")
+        in_types = ", ".join([ANY] + [PARAM] * len(params))
+        self.emit(
+            f"{t}, {loop} = transform.structured.tile_using_forall {op} tile_sizes {text} "
+            f": ({in_types}) -> ({ANY}, {ANY})"
+        )
+        return t, loop
+
+    def tile_for(self, op: str, sizes: Sequence[Size]) -> tuple[str, list[str]]:
+        """`tile_using_for`: returns (tiled op, one loop handle per non-zero size)."""
+        text, params = self._sizes(sizes)
+        nloops = sum(1 for s in sizes if not (isinstance(s, int) and s == 0))
+        t = self._fresh("t")
+        loops = [self._fresh("loop") for _ in range(nloops)]
+        in_types = ", ".join([ANY] + [PARAM] * len(params))
+        out_types = ", ".join([ANY] * (1 + nloops))
+        lhs = ", ".join([t] + loops)
+        self.emit(
+            f"{lhs} = transform.structured.tile_using_for {op} tile_sizes {text} "
+            f": ({in_types}) -> ({out_types})"
+        )
+        return t, loops
+
+    def tile_each(self, ops: str, sizes: Sequence[int]) -> None:
+        """Tile every op of the handle `ops` separately (`transform.foreach`),
+        with static sizes; works when `ops` is empty too."""
+        self.emit(f"transform.foreach {ops} : {ANY} {{")
+        self.emit(f"^bb0(%each: {ANY}):")
+        self._indent += 2
+        self.tile_for("%each", sizes)
+        self._indent -= 2
+        self.emit("}")
+
+    def fuse_into(self, producer: str, containing: str) -> tuple[str, str]:
+        """`fuse_into_containing_op`: returns (fused op, new containing op)."""
+        f, c = self._fresh("fused"), self._fresh("forall")
+        self.emit(
+            f"{f}, {c} = transform.structured.fuse_into_containing_op {producer} into {containing} "
+            f": ({ANY}, {ANY}) -> ({ANY}, {ANY})"
+        )
+        return f, c
+
+    # -------------------------------------------------------------- packing
+    def pack_operand(self, op: str, operand: int, num_operands: int, dtype: str) -> str:
+        """Copy operand `operand` of `op` into a fresh contiguous buffer.
+
+        Implemented as a no-fold `pad` (no padding is needed since tiles
+        divide the shape) rewritten in destination-passing style, which leaves
+        a `linalg.copy` into a `bufferization.alloc_tensor`. Returns the
+        handle of the op after padding.
+        """
+        padded, pad, copy = self._fresh("padded"), self._fresh("pad"), self._fresh("copy")
+        zeros = ", ".join([f"0.0 : {dtype}"] * num_operands)
+        nofold = ", ".join("1" if i == operand else "0" for i in range(num_operands))
+        self.emit(
+            f"{padded}, {pad}, {copy} = transform.structured.pad {op} {{padding_values = [{zeros}], "
+            f"nofold_flags = [{nofold}], copy_back_op = \"none\"}} "
+            f": ({ANY}) -> ({ANY}, {ANY}, {ANY})"
+        )
+        producer = self._fresh("prod")
+        self.emit(f"{producer} = transform.get_producer_of_operand {padded}[{operand}] : ({ANY}) -> {ANY}")
+        dps = self._fresh("dps")
+        self.emit(
+            f"{dps} = transform.structured.rewrite_in_destination_passing_style {producer} "
+            f": ({ANY}) -> {ANY}"
+        )
+        return padded
+
+    def decompose(self, op: str) -> str:
+        h = self._fresh("dec")
+        self.emit(f"{h} = transform.structured.decompose {op} : ({ANY}) -> {ANY}")
+        return h
+
+    # -------------------------------------------------- vectors and cleanup
+    def vectorize_children(self, func: str) -> str:
+        h = self._fresh("vf")
+        self.emit(f"{h} = transform.structured.vectorize_children_and_apply_patterns {func} : ({ANY}) -> {ANY}")
+        return h
+
+    def cleanup(self, func: str) -> None:
+        """Canonicalize, fold tensor slices into transfers, CSE."""
+        self.emit(f"transform.apply_patterns to {func} {{")
+        self.emit("  transform.apply_patterns.canonicalization")
+        self.emit("  transform.apply_patterns.tensor.fold_tensor_subset_ops_into_vector_transfers")
+        self.emit(f"}} : {ANY}")
+        self.emit(f"transform.apply_cse to {func} : {ANY}")
+
+    def hoist_accumulators(self, func: str) -> None:
+        """Keep accumulators in registers across reduction loops.
+
+        On tensors, `hoist_loop_invariant_subsets` turns the read/modify/write
+        of the output tile in the reduction loop into a loop-carried vector
+        (the memref-level `hoist_redundant_vector_transfers` did nothing on
+        these loops with the pinned MLIR)."""
+        loops = self.match_ops(func, ["scf.for"])
+        self.emit(f"transform.apply_licm to {loops} : {ANY}")
+        self.emit(f"transform.loop.hoist_loop_invariant_subsets {loops} : {ANY}")
+
+    def bufferize(self, root: str) -> str:
+        h = self._fresh("buf")
+        self.emit(
+            f"{h} = transform.bufferization.one_shot_bufferize {root} "
+            "{bufferize_function_boundaries = true, function_boundary_type_conversion = 1 : i32} "
+            f": ({ANY}) -> {ANY}"
+        )
+        return h
+
+    def lower_vectors(self, func: str, *, contraction: str = "outerproduct") -> None:
+        """Lower vector contractions to FMAs and transfers to plain loads/stores."""
+        self.emit(f"transform.apply_patterns to {func} {{")
+        self.emit("  transform.apply_patterns.memref.fold_memref_alias_ops")
+        self.emit("  transform.apply_patterns.canonicalization")
+        self.emit(f"}} : {ANY}")
+        self.emit(f"transform.apply_cse to {func} : {ANY}")
+        self.emit(f"transform.apply_patterns to {func} {{")
+        for p in (
+            f'transform.apply_patterns.vector.lower_contraction lowering_strategy = "{contraction}"',
+            "transform.apply_patterns.vector.transfer_permutation_patterns",
+            'transform.apply_patterns.vector.lower_multi_reduction lowering_strategy = "innerparallel"',
+            'transform.apply_patterns.vector.split_transfer_full_partial split_transfer_strategy = "linalg-copy"',
+            "transform.apply_patterns.vector.transfer_to_scf max_transfer_rank = 1 full_unroll = true",
+            "transform.apply_patterns.vector.lower_transfer max_transfer_rank = 1",
+            "transform.apply_patterns.vector.lower_shape_cast",
+            'transform.apply_patterns.vector.lower_transpose lowering_strategy = "shuffle_1d"',
+            "transform.apply_patterns.vector.lower_outerproduct",
+            "transform.apply_patterns.canonicalization",
+        ):
+            self.emit("  " + p)
+        self.emit(f"}} : {ANY}")
+
+    # ----------------------------------------------------------------- text
+    def text(self) -> str:
+        body = "\n".join(self.lines)
+        return (
+            "module attributes {transform.with_named_sequence} {\n"
+            f"  transform.named_sequence @__transform_main(%root: {ANY} {{transform.consumed}}) {{\n"
+            f"{body}\n"
+            "    transform.yield\n"
+            "  }\n"
+            "}\n"
+        )
+
+    def __post_init__(self) -> None:
+        self._indent = 4

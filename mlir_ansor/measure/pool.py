@@ -1,0 +1,589 @@
+"""Isolated worker processes with per-job time limits.
+
+Candidates are built (transform interpreter + LLVM JIT, which can abort on an
+assertion) and run (a JIT'd kernel can segfault or hang) in long-lived worker
+processes. A crash, a hang or an exception in a job becomes a :class:`JobResult`
+with an error; the worker is replaced and the pool carries on.
+
+Design:
+
+* A worker is ``python -c ...`` started with :mod:`subprocess` in a new session
+  (so it is the leader of its own process group, and killing the group also
+  kills anything the job spawned, e.g. a ``cc`` link). Nothing is forked from
+  the parent, so no MLIR state is shared. ``env`` is applied at exec time, so
+  variables such as ``OMP_NUM_THREADS`` are seen by every library the worker
+  loads.
+* Jobs and results travel as length-prefixed pickles over private pipes (the
+  worker moves the pipes off fds 0/1; its fd 1 then goes to the same log file as
+  fd 2, so stray prints and C-level noise never corrupt the protocol).
+* The worker's stderr (fd 2) goes to a temp file that is truncated when a job
+  starts; the tail of that file is attached to CRASH/TIMEOUT errors, so an MLIR
+  assertion message reaches the user.
+* ``fn`` and ``initializer`` must be module-level functions (pickled by
+  reference); functions of a script's ``__main__`` work when the script is a
+  file (the worker loads it as ``__mp_main__``, like multiprocessing does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Self
+
+__all__ = ["ErrorKind", "JobResult", "WorkerPool"]
+
+_STDERR_TAIL_LINES = 20
+_HDR = struct.Struct("<Q")
+_POLL_S = 0.05  # how often a waiting parent checks that its workers are alive
+
+
+class ErrorKind(str, enum.Enum):
+    """Why a job (or a candidate) failed. Stored in the database as ``.value``."""
+
+    NONE = "none"
+    TIMEOUT = "timeout"
+    CRASH = "crash"  # the worker died (signal or exit); the message names it
+    EXCEPTION = "exception"  # the function raised; message = type, text, traceback tail
+    WRONG_ANSWER = "wrong_answer"  # set by callers
+    BUILD_ERROR = "build_error"  # set by callers
+    RUN_ERROR = "run_error"  # set by callers
+
+    def __str__(self) -> str:  # so f"{kind}" gives "timeout", not "ErrorKind.TIMEOUT"
+        return self.value
+
+
+@dataclass
+class JobResult:
+    value: Any = None
+    error_kind: ErrorKind = ErrorKind.NONE
+    error_msg: str = ""
+    elapsed_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error_kind == ErrorKind.NONE
+
+
+# --------------------------------------------------------------------------
+# framing
+
+
+def _write_frame(fd: int, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    buf = memoryview(_HDR.pack(len(data)) + data)
+    while buf:
+        n = os.write(fd, buf)
+        buf = buf[n:]
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    chunks = []
+    while n:
+        b = os.read(fd, min(n, 1 << 20))
+        if not b:
+            return None
+        chunks.append(b)
+        n -= len(b)
+    return b"".join(chunks)
+
+
+def _read_frame_blocking(fd: int) -> Any:
+    hdr = _read_exact(fd, _HDR.size)
+    if hdr is None:
+        return None
+    body = _read_exact(fd, _HDR.unpack(hdr)[0])
+    if body is None:
+        return None
+    return pickle.loads(body)
+
+
+def _format_exception(exc: BaseException) -> str:
+    head = f"{type(exc).__name__}: {exc}"
+    tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    tail = "".join(tb).rstrip().splitlines()[-12:]
+    return head + "\n" + "\n".join(tail)
+
+
+# --------------------------------------------------------------------------
+# worker side
+
+
+def _worker_main() -> None:  # pragma: no cover - runs in the child
+    # Take the protocol pipes off fds 0/1, then point 0 at /dev/null and 1 at
+    # the stderr log so that job output cannot corrupt the protocol.
+    rfd = os.dup(0)
+    wfd = os.dup(1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(2, 1)
+    sys.stdin = open(os.devnull)  # noqa: SIM115
+    sys.stdout = sys.stderr
+
+    config = _read_frame_blocking(rfd)
+    if config is None:
+        return
+    sys.path[:] = config["sys_path"]
+    main_path = config.get("main_path")
+    try:
+        if main_path:
+            _load_main(main_path)
+        init = _read_frame_blocking(rfd)
+        if init is None:
+            return
+        initializer, init_args = pickle.loads(init)
+        if initializer is not None:
+            initializer(*init_args)
+    except BaseException as exc:  # noqa: BLE001
+        _write_frame(wfd, ("init_error", _format_exception(exc)))
+        return
+    _write_frame(wfd, ("ready",))
+
+    while True:
+        msg = _read_frame_blocking(rfd)
+        if msg is None or msg[0] == "exit":
+            return
+        payload = msg[1]
+        t0 = time.perf_counter()
+        try:
+            fn, args = pickle.loads(payload)
+            value = fn(*args)
+            elapsed = time.perf_counter() - t0
+            out = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            reply = ("ok", out, elapsed)
+        except BaseException as exc:  # noqa: BLE001
+            reply = ("exc", _format_exception(exc), time.perf_counter() - t0)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _write_frame(wfd, reply)
+
+
+def _load_main(path: str) -> None:  # pragma: no cover - runs in the child
+    """Make functions of the parent's ``__main__`` script unpicklable here."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("__mp_main__", path)
+    if spec is None or spec.loader is None:
+        return
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["__mp_main__"] = mod
+    spec.loader.exec_module(mod)
+    sys.modules["__main__"] = mod
+
+
+# --------------------------------------------------------------------------
+# parent side
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+class _Worker:
+    STARTING, IDLE, BUSY = "starting", "idle", "busy"
+
+    def __init__(self, pool: WorkerPool):
+        # lives as long as the worker; closed in kill()
+        self.log = tempfile.TemporaryFile(  # noqa: SIM115
+            mode="a+b", prefix="ansor-worker-", suffix=".log"
+        )
+        env = dict(os.environ)
+        env.update({k: str(v) for k, v in pool._env.items()})
+        code = f"from {__name__} import _worker_main; _worker_main()"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
+        self.wfd = self.proc.stdin.fileno()
+        self.rfd = self.proc.stdout.fileno()
+        os.set_blocking(self.rfd, False)
+        self.buf = bytearray()
+        self.state = _Worker.STARTING
+        self.started = time.monotonic()
+        self.deadline = self.started + pool._init_timeout_s
+        self.job: int | None = None
+        self.job_t0 = 0.0
+        self.jobs_done = 0
+        self.dead = False
+        try:
+            _write_frame(
+                self.wfd, {"sys_path": list(sys.path), "main_path": pool._main_path}
+            )
+            _write_frame(self.wfd, pool._init_payload)
+        except OSError:
+            pass  # it died already; noticed by the poll loop
+
+    def frames(self) -> tuple[list, bool]:
+        """Read what is available; return (complete frames, eof)."""
+        eof = False
+        while True:
+            try:
+                b = os.read(self.rfd, 1 << 20)
+            except BlockingIOError:
+                break
+            except OSError:
+                eof = True
+                break
+            if not b:
+                eof = True
+                break
+            self.buf += b
+        out = []
+        while len(self.buf) >= _HDR.size:
+            (n,) = _HDR.unpack_from(self.buf)
+            if len(self.buf) < _HDR.size + n:
+                break
+            body = bytes(self.buf[_HDR.size : _HDR.size + n])
+            del self.buf[: _HDR.size + n]
+            out.append(pickle.loads(body))
+        return out, eof
+
+    def send_job(self, payload: bytes, timeout_s: float) -> bool:
+        self.log.truncate(0)
+        try:
+            os.set_blocking(self.wfd, True)
+            _write_frame(self.wfd, ("job", payload))
+        except OSError:
+            return False
+        self.state = _Worker.BUSY
+        self.job_t0 = time.monotonic()
+        self.deadline = self.job_t0 + timeout_s
+        return True
+
+    def stderr_tail(self, n: int = _STDERR_TAIL_LINES) -> str:
+        try:
+            self.log.flush()
+            self.log.seek(0)
+            data = self.log.read()
+        except (OSError, ValueError):
+            return ""
+        lines = data.decode("utf-8", "replace").rstrip().splitlines()
+        return "\n".join(lines[-n:])
+
+    def death_reason(self) -> str:
+        rc = self.proc.poll()
+        if rc is None:
+            try:
+                rc = self.proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                return "worker stopped responding"
+        if rc < 0:
+            return f"worker killed by {_signal_name(-rc)}"
+        return f"worker exited with status {rc}"
+
+    def kill(self) -> None:
+        if self.dead:
+            return
+        self.dead = True
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            pass
+        self._close_files()
+
+    def shutdown(self) -> None:
+        if self.dead:
+            return
+        if self.state == _Worker.IDLE:
+            try:
+                _write_frame(self.wfd, ("exit",))
+                self.proc.wait(timeout=1.0)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+    def _close_files(self) -> None:
+        for f in (self.proc.stdin, self.proc.stdout, self.log):
+            try:
+                f.close()
+            except OSError:
+                pass
+
+
+class WorkerPool:
+    """A pool of long-lived, isolated worker processes.
+
+    ``map``/``run`` never raise because of a job: every job gets a
+    :class:`JobResult`. A worker that crashes or passes a job's time limit is
+    killed (with its whole process group) and replaced.
+    """
+
+    def __init__(
+        self,
+        n_workers: int = 1,
+        *,
+        initializer: Callable | None = None,
+        init_args: tuple = (),
+        env: dict | None = None,
+        start_method: str = "spawn",
+        max_jobs_per_worker: int | None = None,
+        init_timeout_s: float = 300.0,
+    ):
+        if n_workers < 1:
+            raise ValueError("n_workers must be >= 1")
+        if start_method != "spawn":
+            raise ValueError(
+                "WorkerPool only supports start_method='spawn' (fresh interpreters)"
+            )
+        if max_jobs_per_worker is not None and max_jobs_per_worker < 1:
+            raise ValueError("max_jobs_per_worker must be >= 1 or None")
+        self.n_workers = n_workers
+        self._env = dict(env or {})
+        self._max_jobs = max_jobs_per_worker
+        self._init_timeout_s = init_timeout_s
+        self._init_payload = pickle.dumps(
+            (initializer, tuple(init_args)), protocol=pickle.HIGHEST_PROTOCOL
+        )
+        main = sys.modules.get("__main__")
+        main_file = getattr(main, "__file__", None)
+        # A module run with `python -m pkg.mod` has a spec: it cannot be
+        # loaded as a plain script (its relative imports need the package).
+        by_module = getattr(main, "__spec__", None) is not None
+        self._main_path = (
+            os.path.abspath(main_file)
+            if main_file and os.path.isfile(main_file) and not by_module
+            else None
+        )
+        self._lock = threading.Lock()
+        self._closed = False
+        self._workers: list[_Worker | None] = [None] * n_workers
+        for i in range(n_workers):
+            self._workers[i] = _Worker(self)
+
+    # -- public API -------------------------------------------------------
+
+    def run(self, fn: Callable, args: tuple = (), *, timeout_s: float) -> JobResult:
+        return self.map(fn, [args], timeout_s=timeout_s)[0]
+
+    def map(
+        self, fn: Callable, args_list: Sequence[tuple], *, timeout_s: float
+    ) -> list[JobResult]:
+        """Run ``fn(*args)`` for every ``args``; results in input order."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("WorkerPool is closed")
+            results: list[JobResult | None] = [None] * len(args_list)
+            payloads: list[bytes | None] = []
+            for i, args in enumerate(args_list):
+                try:
+                    payloads.append(
+                        pickle.dumps(
+                            (fn, tuple(args)), protocol=pickle.HIGHEST_PROTOCOL
+                        )
+                    )
+                except Exception as exc:  # noqa: BLE001
+                    payloads.append(None)
+                    results[i] = JobResult(
+                        error_kind=ErrorKind.EXCEPTION,
+                        error_msg=f"cannot send job: {_format_exception(exc)}",
+                    )
+            pending = [i for i, p in enumerate(payloads) if p is not None]
+            pending.reverse()  # pop() from the end takes them in input order
+            try:
+                self._loop(pending, payloads, results, timeout_s)
+            except BaseException:
+                # KeyboardInterrupt or a bug: the busy workers are in an unknown state
+                for w in self._workers:
+                    if w is not None and w.state == _Worker.BUSY:
+                        w.kill()
+                raise
+            return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for w in self._workers:
+                if w is not None:
+                    w.shutdown()
+            self._workers = [None] * self.n_workers
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    # -- scheduling loop ----------------------------------------------------
+
+    def _replace(self, slot: int) -> None:
+        w = self._workers[slot]
+        if w is not None:
+            w.kill()
+        self._workers[slot] = _Worker(self)
+
+    def _loop(
+        self, pending: list[int], payloads: list, results: list, timeout_s: float
+    ) -> None:
+        def live() -> list[_Worker]:
+            return [w for w in self._workers if w is not None and not w.dead]
+
+        while pending or any(w.state == _Worker.BUSY for w in live()):
+            # hand jobs to idle workers; restart dead slots while there is work
+            for slot, w in enumerate(self._workers):
+                if w is None or w.dead:
+                    if not pending:
+                        continue
+                    self._replace(slot)
+                    w = self._workers[slot]
+                if w.state == _Worker.IDLE and pending:
+                    i = pending.pop()
+                    if w.send_job(payloads[i], timeout_s):
+                        w.job = i
+                    else:
+                        pending.append(i)  # never ran; retry on a fresh worker
+                        w.kill()
+
+            waiting = [w for w in live() if w.state != _Worker.IDLE]
+            if not waiting:
+                continue
+            wait = max(
+                0.0, min(_POLL_S, min(w.deadline for w in waiting) - time.monotonic())
+            )
+            try:
+                ready, _, _ = select.select([w.rfd for w in waiting], [], [], wait)
+            except InterruptedError:
+                ready = []
+            ready_set = set(ready)
+
+            for slot, w in enumerate(self._workers):
+                if w is None or w.dead or w.state == _Worker.IDLE:
+                    continue
+                eof = False
+                if w.rfd in ready_set:
+                    try:
+                        frames, eof = w.frames()
+                    except Exception:  # noqa: BLE001 - garbled reply: treat as a dead worker
+                        frames, eof = [], True
+                    for fr in frames:
+                        self._on_frame(slot, fr, pending, results)
+                    if w.dead or w.state == _Worker.IDLE:
+                        continue
+                if eof or w.proc.poll() is not None:
+                    self._handle_death(slot, pending, results)
+                elif time.monotonic() > w.deadline:
+                    self._handle_timeout(slot, pending, results)
+
+    def _on_frame(
+        self, slot: int, fr: tuple, pending: list[int], results: list
+    ) -> None:
+        w = self._workers[slot]
+        tag = fr[0]
+        if tag == "ready":
+            w.state = _Worker.IDLE
+            return
+        if tag == "init_error":
+            # The initializer raised: a fresh worker would most likely fail the
+            # same way, so charge it to the next job (guarantees progress).
+            w.kill()
+            if pending:
+                i = pending.pop()
+                results[i] = JobResult(
+                    error_kind=ErrorKind.EXCEPTION,
+                    error_msg=f"worker initializer failed: {fr[1]}",
+                )
+            return
+        i = w.job
+        elapsed = fr[2]
+        if tag == "ok":
+            try:
+                value = pickle.loads(fr[1])
+                results[i] = JobResult(value=value, elapsed_s=elapsed)
+            except Exception as exc:  # noqa: BLE001
+                results[i] = JobResult(
+                    error_kind=ErrorKind.EXCEPTION,
+                    error_msg=f"cannot load the job's result: {_format_exception(exc)}",
+                    elapsed_s=elapsed,
+                )
+        else:
+            results[i] = JobResult(
+                error_kind=ErrorKind.EXCEPTION, error_msg=fr[1], elapsed_s=elapsed
+            )
+        w.job = None
+        w.state = _Worker.IDLE
+        w.jobs_done += 1
+        if self._max_jobs is not None and w.jobs_done >= self._max_jobs:
+            w.shutdown()
+            self._workers[slot] = _Worker(self)  # start its successor now
+
+    def _handle_death(self, slot: int, pending: list[int], results: list) -> None:
+        w = self._workers[slot]
+        reason = w.death_reason()
+        tail = w.stderr_tail()
+        msg = reason + (f"\n--- worker stderr (last lines) ---\n{tail}" if tail else "")
+        if w.state == _Worker.BUSY and w.job is not None:
+            results[w.job] = JobResult(
+                error_kind=ErrorKind.CRASH,
+                error_msg=msg,
+                elapsed_s=time.monotonic() - w.job_t0,
+            )
+        elif w.state == _Worker.STARTING:
+            # died while starting (e.g. the initializer aborted): charge a job,
+            # which guarantees progress; the slot restarts when there is work
+            if pending:
+                i = pending.pop()
+                results[i] = JobResult(
+                    error_kind=ErrorKind.CRASH,
+                    error_msg=f"worker failed to start: {msg}",
+                )
+            w.kill()
+            return
+        w.job = None
+        self._replace(slot)
+
+    def _handle_timeout(self, slot: int, pending: list[int], results: list) -> None:
+        w = self._workers[slot]
+        if w.state == _Worker.BUSY and w.job is not None:
+            elapsed = time.monotonic() - w.job_t0
+            tail = w.stderr_tail()
+            msg = f"job timed out after {elapsed:.3g} s (limit {w.deadline - w.job_t0:.3g} s)"
+            if tail:
+                msg += f"\n--- worker stderr (last lines) ---\n{tail}"
+            results[w.job] = JobResult(
+                error_kind=ErrorKind.TIMEOUT, error_msg=msg, elapsed_s=elapsed
+            )
+        elif w.state == _Worker.STARTING:
+            if pending:
+                i = pending.pop()
+                results[i] = JobResult(
+                    error_kind=ErrorKind.TIMEOUT,
+                    error_msg=f"worker did not start within {self._init_timeout_s:g} s",
+                )
+            w.kill()
+            return
+        w.job = None
+        self._replace(slot)

@@ -1,0 +1,171 @@
+"""Run a built candidate: call it through its C ABI, check it, time it.
+
+A kernel built by `builder.build` exports `_mlir_ciface_kernel(desc*...)`:
+one pointer to a ranked memref descriptor per input, then one per output
+(`buffer-results-to-out-params`). This module needs numpy and ctypes only,
+not MLIR, so a measuring host needs nothing but the artifact.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+_NP_DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i32": np.int32, "i64": np.int64}
+
+
+def np_dtype(dtype: str) -> np.dtype:
+    if dtype not in _NP_DTYPES:
+        raise ValueError(f"element type {dtype} has no numpy equivalent")
+    return np.dtype(_NP_DTYPES[dtype])
+
+
+def _descriptor_type(rank: int) -> type:
+    fields = [
+        ("allocated", ctypes.c_void_p),
+        ("aligned", ctypes.c_void_p),
+        ("offset", ctypes.c_int64),
+    ]
+    if rank:
+        fields += [("sizes", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
+    return type(f"MemRef{rank}D", (ctypes.Structure,), {"_fields_": fields})
+
+
+def descriptor(array: np.ndarray) -> ctypes.Structure:
+    """A ranked memref descriptor viewing a C-contiguous numpy array."""
+    if not array.flags["C_CONTIGUOUS"]:
+        raise ValueError("arrays passed to kernels must be C-contiguous")
+    desc = _descriptor_type(array.ndim)()
+    ptr = array.ctypes.data
+    desc.allocated = ptr
+    desc.aligned = ptr
+    desc.offset = 0
+    if array.ndim:
+        desc.sizes[:] = list(array.shape)
+        desc.strides[:] = [s // array.itemsize for s in array.strides]
+    return desc
+
+
+class Kernel:
+    """A loaded kernel library, callable on numpy arrays (inputs, then outputs)."""
+
+    def __init__(self, path: str, name: str = "kernel") -> None:
+        self.path = path
+        self.lib = ctypes.CDLL(path)
+        self.fn = getattr(self.lib, f"_mlir_ciface_{name}")
+        self.fn.restype = None
+
+    def bind(self, arrays: list[np.ndarray]):
+        """Return a no-argument callable that runs the kernel on `arrays`."""
+        descs = [descriptor(a) for a in arrays]
+        ptrs = [ctypes.pointer(d) for d in descs]
+        fn = self.fn
+        fn.argtypes = [ctypes.c_void_p] * len(ptrs)
+        raw = [ctypes.cast(p, ctypes.c_void_p) for p in ptrs]
+
+        def call() -> None:
+            fn(*raw)
+
+        call._keepalive = (descs, ptrs, arrays)  # type: ignore[attr-defined]
+        return call
+
+    def close(self) -> None:
+        import _ctypes
+
+        try:
+            _ctypes.dlclose(self.lib._handle)
+        except OSError:
+            pass
+
+
+@dataclass(frozen=True)
+class TimingPolicy:
+    """How a candidate is timed.
+
+    warmup: untimed runs first (page faults, caches, OpenMP thread start).
+    min_repeat: at least this many timed runs.
+    max_repeat: at most this many.
+    min_time_s: keep timing until this much time has been measured.
+    """
+
+    warmup: int = 1
+    min_repeat: int = 3
+    max_repeat: int = 50
+    min_time_s: float = 0.1
+
+
+def time_callable(call, policy: TimingPolicy) -> list[float]:
+    """Seconds per run, one entry per timed run."""
+    for _ in range(policy.warmup):
+        call()
+    costs: list[float] = []
+    total = 0.0
+    while len(costs) < policy.max_repeat and (len(costs) < policy.min_repeat or total < policy.min_time_s):
+        t0 = time.perf_counter()
+        call()
+        dt = time.perf_counter() - t0
+        costs.append(dt)
+        total += dt
+    return costs
+
+
+def tolerance(dtype: str, reduction_length: int) -> float:
+    """Relative error bound for comparing a candidate with the reference:
+    rounding grows with the reduction length (summation order differs)."""
+    eps = float(np.finfo(np_dtype(dtype)).eps) if dtype.startswith("f") else 0.0
+    return max(16 * eps, 4 * eps * max(1, reduction_length))
+
+
+def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
+    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    diff = float(np.max(np.abs(out.astype(np.float64) - ref.astype(np.float64)))) if ref.size else 0.0
+    if not np.all(np.isfinite(out)):
+        return float("inf")
+    return diff / max(scale, 1e-30)
+
+
+def run(
+    path: str,
+    data_path: str,
+    policy: TimingPolicy,
+    check: bool = True,
+    tol: float = 1e-4,
+    cutoff_s: float = float("inf"),
+) -> dict:
+    """Check a kernel against the reference outputs, then time it.
+
+    `data_path` is an .npz holding `in0..inN` and the reference `ref0..refM`.
+    The checking run is timed too: when it takes longer than `cutoff_s` (the
+    tuner passes a multiple of the best latency so far) the candidate is
+    hopeless, and that one run is its cost, instead of a full timing.
+    Returns {"costs": [...], "error": relative error or None, "ok": bool}.
+    """
+    data = np.load(data_path)
+    inputs = [np.ascontiguousarray(data[f"in{i}"]) for i in range(sum(1 for k in data.files if k.startswith("in")))]
+    refs = [data[f"ref{i}"] for i in range(sum(1 for k in data.files if k.startswith("ref")))]
+    kernel = Kernel(path)
+    try:
+        err = None
+        if check:
+            # Fresh copies: a kernel may write its inputs (destination style).
+            ins = [a.copy() for a in inputs]
+            outs = [np.full(r.shape, np.nan, dtype=r.dtype) for r in refs]
+            call = kernel.bind(ins + outs)
+            t0 = time.perf_counter()
+            call()
+            first = time.perf_counter() - t0
+            err = max((relative_error(o, r) for o, r in zip(outs, refs)), default=0.0)
+            if not err <= tol:
+                return {"costs": [], "error": err, "ok": False}
+            if first > cutoff_s:
+                return {"costs": [first], "error": err, "ok": True, "cut": True}
+        ins = [a.copy() for a in inputs]
+        outs = [np.empty(r.shape, dtype=r.dtype) for r in refs]
+        costs = time_callable(kernel.bind(ins + outs), policy)
+        return {"costs": costs, "error": err, "ok": True, "median_s": statistics.median(costs)}
+    finally:
+        kernel.close()

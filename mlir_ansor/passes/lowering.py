@@ -1,0 +1,131 @@
+"""Lowering from (scheduled) Linalg to LLVM, and native artifacts.
+
+The pipelines here take a module whose `func.func`s operate on tensors or
+memrefs (the transform script of a sketch bufferizes itself; the untuned
+payload does not) to the LLVM dialect, then to machine code through the
+ExecutionEngine: an object file, linked into a shared library with a C ABI
+(`_mlir_ciface_<name>(memref descriptors...)`).
+
+Why this order (measured with the pinned wheels, see shared/MLIR-NOTES.md):
+- `buffer-results-to-out-params{hoist-static-allocs}` turns returned tensors
+  into caller-provided output buffers, so kernels write into numpy arrays;
+- `buffer-loop-hoisting` runs before `buffer-deallocation-pipeline` (after it,
+  hoisted allocations kept their in-loop deallocs: a double free);
+- `finalize-memref-to-llvm` before `convert-scf-to-cf`, else OpenMP regions
+  with `memref.alloca_scope` fail to lower;
+- `convert-vector-to-scf{full-unroll}` so no `llvm.alloca` stays in loops.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mlir import ir, passmanager
+
+BUFFERIZE = (
+    "one-shot-bufferize{bufferize-function-boundaries "
+    "function-boundary-type-conversion=identity-layout-map}"
+)
+
+# After this, every function takes its results as trailing memref arguments.
+_BUFFER_CLEANUP = (
+    "buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true},"
+    "func.func(buffer-loop-hoisting),"
+    "buffer-deallocation-pipeline,"
+    "canonicalize,cse"
+)
+
+
+def _threads_part(threads: int) -> str:
+    # scf.forall -> scf.parallel -> OpenMP. With one thread we still go through
+    # OpenMP so that schedules mean the same thing at every thread count.
+    return f"scf-forall-to-parallel,convert-scf-to-openmp{{num-threads={max(1, threads)}}},"
+
+
+def llvm_pipeline(threads: int = 1, *, bufferize: bool = True) -> str:
+    """The textual pass pipeline from Linalg/vector/memref to the LLVM dialect."""
+    return (
+        "builtin.module("
+        + (BUFFERIZE + "," if bufferize else "")
+        + _BUFFER_CLEANUP
+        + ","
+        + _threads_part(threads)
+        + "convert-vector-to-scf{full-unroll=true},convert-linalg-to-loops,lower-affine,"
+        "finalize-memref-to-llvm,"
+        "convert-scf-to-cf,expand-strided-metadata,lower-affine,"
+        "convert-vector-to-llvm,finalize-memref-to-llvm,convert-math-to-llvm,"
+        "convert-arith-to-llvm,convert-openmp-to-llvm,"
+        "convert-func-to-llvm,convert-cf-to-llvm,convert-index-to-llvm,"
+        "convert-ub-to-llvm,reconcile-unrealized-casts)"
+    )
+
+
+def mark_c_interface(module: ir.Module) -> None:
+    """Ask for `_mlir_ciface_` wrappers on every function of `module`."""
+    for op in module.body.operations:
+        if op.operation.name == "func.func":
+            op.operation.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+
+
+def lower_to_llvm(module: ir.Module, threads: int = 1) -> None:
+    """Lower `module` in place to the LLVM dialect (its context must be current)."""
+    mark_c_interface(module)
+    passmanager.PassManager.parse(llvm_pipeline(threads)).run(module.operation)
+
+
+def runtime_libs() -> list[str]:
+    """Shared libraries the generated code may call: the OpenMP runtime
+    (libiomp5 from the `intel-openmp` wheel) and MLIR's C runner utilities
+    (`memrefCopy`, from the MLIR wheel)."""
+    libs: list[str] = []
+    import mlir
+
+    mlir_lib = Path(mlir.__path__[0]) / "lib" / "libmlir_c_runner_utils.so"
+    if mlir_lib.exists():
+        libs.append(str(mlir_lib))
+    omp = find_openmp()
+    if omp:
+        libs.insert(0, omp)
+    return libs
+
+
+def find_openmp() -> str | None:
+    """Path of the OpenMP runtime that the project's install brings."""
+    candidates = [Path(sys.prefix) / "lib" / "libiomp5.so"]
+    for entry in sys.path:
+        candidates.append(Path(entry).parent.parent.parent / "libiomp5.so")
+    env = os.environ.get("MLIR_ANSOR_OPENMP")
+    if env:
+        candidates.insert(0, Path(env))
+    for c in candidates:
+        if c.exists():
+            return str(c)
+    return None
+
+
+def emit_shared_library(llvm_module: ir.Module, path: str | os.PathLike, *, opt_level: int = 3) -> str:
+    """Compile an LLVM-dialect module to a shared library at `path`.
+
+    The ExecutionEngine does the code generation (object file); the system's
+    `cc` links it against the runtime libraries, with an rpath so that the
+    library loads from anywhere.
+    """
+    from mlir.execution_engine import ExecutionEngine
+
+    path = Path(path)
+    obj = path.with_suffix(".o")
+    libs = runtime_libs()
+    engine = ExecutionEngine(llvm_module, opt_level=opt_level, shared_libs=libs)
+    engine.dump_to_object_file(str(obj))
+    cmd = ["cc", "-shared", "-o", str(path), str(obj)]
+    for lib in libs:
+        d = os.path.dirname(lib)
+        cmd += [lib, f"-Wl,-rpath,{d}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    obj.unlink(missing_ok=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"linking {path.name} failed: {proc.stderr.strip()}")
+    return str(path)

@@ -1,0 +1,509 @@
+"""The tuning database: SQLite in WAL mode, one writer (the tuning driver).
+
+Tables:
+
+* ``meta(key, value)``: ``('format', 'mlir-ansor-db')`` and
+  ``('schema_version', '1')``. A file without them is refused.
+* ``workloads(workload_key, name, task_mlir, flops)``.
+* ``records(...)``: one row per measured candidate (see :class:`Record`);
+  ``knobs``, ``costs`` are JSON; ``latency_s`` is the median of ``costs`` (NULL
+  for an invalid record), indexed for :meth:`Database.best`.
+
+Every :meth:`Database.commit_record` is its own committed transaction
+(``synchronous=FULL``), so a tuning run killed with SIGKILL loses nothing it
+committed. A file that exists is inspected read-only before anything is
+written: a file that is not SQLite, is corrupt, or is someone else's SQLite
+database raises :class:`~mlir_ansor.errors.DatabaseError` and is left untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sqlite3
+import statistics
+import threading
+import urllib.parse
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Self
+
+from mlir_ansor.errors import DatabaseError, InputError
+
+__all__ = ["FORMAT", "SCHEMA_VERSION", "Database", "Record"]
+
+FORMAT = "mlir-ansor-db"
+SCHEMA_VERSION = 1
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS workloads (
+    workload_key TEXT PRIMARY KEY,
+    name         TEXT NOT NULL,
+    task_mlir    TEXT NOT NULL,
+    flops        INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS records (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    workload_key TEXT NOT NULL,
+    target       TEXT NOT NULL,
+    sketch_hash  TEXT NOT NULL,
+    knobs        TEXT NOT NULL,
+    costs        TEXT NOT NULL,
+    latency_s    REAL,
+    error_kind   TEXT NOT NULL,
+    error_msg    TEXT NOT NULL,
+    host         TEXT NOT NULL,
+    threads      INTEGER NOT NULL,
+    build_s      REAL NOT NULL,
+    timestamp    REAL NOT NULL,
+    versions     TEXT NOT NULL,
+    UNIQUE (workload_key, target, sketch_hash, knobs, host, threads, timestamp)
+);
+CREATE INDEX IF NOT EXISTS records_best
+    ON records (workload_key, target, latency_s);
+CREATE INDEX IF NOT EXISTS records_keys
+    ON records (workload_key, target, sketch_hash);
+"""
+
+_RECORD_COLS = (
+    "workload_key",
+    "target",
+    "sketch_hash",
+    "knobs",
+    "costs",
+    "error_kind",
+    "error_msg",
+    "host",
+    "threads",
+    "build_s",
+    "timestamp",
+    "versions",
+)
+
+
+def _norm_knobs(knobs: Any) -> tuple[tuple[str, Any], ...]:
+    items = knobs.items() if isinstance(knobs, Mapping) else knobs
+    return tuple(sorted((str(k), v) for k, v in items))
+
+
+def _knobs_json(knobs: tuple[tuple[str, Any], ...]) -> str:
+    # canonical text: equal assignments give equal strings (used in UNIQUE)
+    return json.dumps([[k, v] for k, v in knobs], separators=(",", ":"))
+
+
+def _knobs_from_json(text: str) -> tuple[tuple[str, Any], ...]:
+    return tuple((str(k), v) for k, v in json.loads(text))
+
+
+@dataclass(frozen=True)
+class Record:
+    """One measured candidate. ``knobs`` may be given as a dict or as pairs;
+    it is stored as sorted ``(name, value)`` pairs; values are int/str/bool."""
+
+    workload_key: str
+    target: str
+    sketch_hash: str
+    knobs: tuple[tuple[str, Any], ...]
+    costs: tuple[float, ...]
+    error_kind: str
+    error_msg: str = ""
+    host: str = ""
+    threads: int = 1
+    build_s: float = 0.0
+    timestamp: float = 0.0
+    versions: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "knobs", _norm_knobs(self.knobs))
+        object.__setattr__(self, "costs", tuple(float(c) for c in self.costs))
+        # ErrorKind is a str enum: store its value, never "ErrorKind.NONE"
+        object.__setattr__(
+            self, "error_kind", str(getattr(self.error_kind, "value", self.error_kind))
+        )
+
+    @property
+    def valid(self) -> bool:
+        return self.error_kind == "none" and bool(self.costs)
+
+    @property
+    def latency_s(self) -> float:
+        """Median of ``costs``; ``inf`` when there are none."""
+        return statistics.median(self.costs) if self.costs else math.inf
+
+    def to_json(self) -> dict:
+        return {
+            "workload_key": self.workload_key,
+            "target": self.target,
+            "sketch_hash": self.sketch_hash,
+            "knobs": [[k, v] for k, v in self.knobs],
+            "costs": list(self.costs),
+            "error_kind": self.error_kind,
+            "error_msg": self.error_msg,
+            "host": self.host,
+            "threads": self.threads,
+            "build_s": self.build_s,
+            "timestamp": self.timestamp,
+            "versions": self.versions,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> Record:
+        return cls(
+            workload_key=str(d["workload_key"]),
+            target=str(d["target"]),
+            sketch_hash=str(d["sketch_hash"]),
+            knobs=tuple((str(k), v) for k, v in d["knobs"]),
+            costs=tuple(d.get("costs", ())),
+            error_kind=str(d["error_kind"]),
+            error_msg=str(d.get("error_msg", "")),
+            host=str(d.get("host", "")),
+            threads=int(d.get("threads", 1)),
+            build_s=float(d.get("build_s", 0.0)),
+            timestamp=float(d.get("timestamp", 0.0)),
+            versions=str(d.get("versions", "")),
+        )
+
+
+def _row_to_record(row: sqlite3.Row) -> Record:
+    return Record(
+        workload_key=row["workload_key"],
+        target=row["target"],
+        sketch_hash=row["sketch_hash"],
+        knobs=_knobs_from_json(row["knobs"]),
+        costs=tuple(json.loads(row["costs"])),
+        error_kind=row["error_kind"],
+        error_msg=row["error_msg"],
+        host=row["host"],
+        threads=row["threads"],
+        build_s=row["build_s"],
+        timestamp=row["timestamp"],
+        versions=row["versions"],
+    )
+
+
+def _inspect_existing(path: str) -> None:
+    """Refuse a file that is not ours, without writing to it."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_SQLITE_MAGIC))
+    except OSError as exc:
+        raise DatabaseError(
+            f"{path}: cannot read the tuning database: {exc.strerror or exc}"
+        ) from exc
+    if head == b"":
+        return  # an empty file: SQLite treats it as a new database
+    if head != _SQLITE_MAGIC:
+        raise DatabaseError(
+            f"{path}: not an mlir-ansor tuning database (not an SQLite file); "
+            "pass another --db path or move the file away"
+        )
+    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+    try:
+        con = sqlite3.connect(uri, uri=True, timeout=30.0)
+    except sqlite3.Error as exc:
+        raise DatabaseError(f"{path}: cannot open the tuning database: {exc}") from exc
+    try:
+        try:
+            tables = {
+                r[0]
+                for r in con.execute(
+                    "SELECT name FROM sqlite_master WHERE type='table'"
+                )
+            }
+            if "meta" not in tables:
+                raise DatabaseError(
+                    f"{path}: an SQLite database, but not an mlir-ansor tuning database "
+                    "(no 'meta' table); refusing to modify it"
+                )
+            meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
+        except sqlite3.Error as exc:
+            raise DatabaseError(
+                f"{path}: corrupt or unreadable tuning database: {exc}"
+            ) from exc
+    finally:
+        con.close()
+    if meta.get("format") != FORMAT:
+        raise DatabaseError(
+            f"{path}: an SQLite database, but not an mlir-ansor tuning database "
+            f"(meta format is {meta.get('format')!r}); refusing to modify it"
+        )
+    try:
+        version = int(meta.get("schema_version", "0"))
+    except ValueError:
+        version = -1
+    if version != SCHEMA_VERSION:
+        raise DatabaseError(
+            f"{path}: tuning database schema version {meta.get('schema_version')!r} is not "
+            f"supported (this mlir-ansor reads version {SCHEMA_VERSION})"
+        )
+
+
+class Database:
+    """The tuning records of one or more workloads and targets."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        memory = self.path == ":memory:"
+        if not memory and os.path.exists(self.path):
+            if os.path.isdir(self.path):
+                raise DatabaseError(
+                    f"{self.path}: is a directory, not a tuning database"
+                )
+            _inspect_existing(self.path)
+        try:
+            con = sqlite3.connect(
+                self.path, timeout=30.0, check_same_thread=False, isolation_level=None
+            )
+        except sqlite3.Error as exc:
+            raise DatabaseError(
+                f"{self.path}: cannot open the tuning database: {exc}"
+            ) from exc
+        con.row_factory = sqlite3.Row
+        self._con: sqlite3.Connection | None = con
+        self._lock = threading.RLock()
+        try:
+            with self._wrap("open"):
+                if not memory:
+                    con.execute("PRAGMA journal_mode=WAL")
+                con.execute("PRAGMA synchronous=FULL")
+                with self._tx():
+                    for stmt in _SCHEMA.split(";"):
+                        if stmt.strip():
+                            con.execute(stmt)
+                    con.execute(
+                        "INSERT OR IGNORE INTO meta VALUES ('format', ?)", (FORMAT,)
+                    )
+                    con.execute(
+                        "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
+                        (str(SCHEMA_VERSION),),
+                    )
+        except BaseException:
+            con.close()
+            self._con = None
+            raise
+
+    # -- plumbing -----------------------------------------------------------
+
+    @property
+    def _c(self) -> sqlite3.Connection:
+        if self._con is None:
+            raise DatabaseError(f"{self.path}: the tuning database is closed")
+        return self._con
+
+    @contextlib.contextmanager
+    def _wrap(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise DatabaseError(f"{self.path}: {what} failed: {exc}") from exc
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[None]:
+        con = self._c
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
+
+    # -- workloads ------------------------------------------------------------
+
+    def add_workload(
+        self, workload_key: str, name: str, task_mlir: str, flops: int
+    ) -> None:
+        """Record a workload; adding the same key again keeps the first entry."""
+        with self._lock, self._wrap("add_workload"), self._tx():
+            self._c.execute(
+                "INSERT OR IGNORE INTO workloads VALUES (?, ?, ?, ?)",
+                (workload_key, name, task_mlir, int(flops)),
+            )
+
+    def workload(self, key: str) -> dict | None:
+        with self._lock, self._wrap("workload"):
+            row = self._c.execute(
+                "SELECT * FROM workloads WHERE workload_key = ?", (key,)
+            ).fetchone()
+        return dict(row) if row is not None else None
+
+    def workloads(self) -> list[dict]:
+        with self._lock, self._wrap("workloads"):
+            rows = self._c.execute("SELECT * FROM workloads ORDER BY rowid").fetchall()
+        return [dict(r) for r in rows]
+
+    # -- records --------------------------------------------------------------
+
+    def _insert(self, rec: Record) -> bool:
+        lat = rec.latency_s if rec.valid else None
+        cur = self._c.execute(
+            "INSERT OR IGNORE INTO records (workload_key, target, sketch_hash, knobs, costs, "
+            "latency_s, error_kind, error_msg, host, threads, build_s, timestamp, versions) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                rec.workload_key,
+                rec.target,
+                rec.sketch_hash,
+                _knobs_json(rec.knobs),
+                json.dumps(list(rec.costs)),
+                lat,
+                rec.error_kind,
+                rec.error_msg,
+                rec.host,
+                int(rec.threads),
+                float(rec.build_s),
+                float(rec.timestamp),
+                rec.versions,
+            ),
+        )
+        return cur.rowcount > 0
+
+    def commit_record(self, rec: Record) -> None:
+        """Store ``rec`` durably (its own transaction). An identical record
+        (same key fields and timestamp) is stored once."""
+        with self._lock, self._wrap("commit_record"), self._tx():
+            self._insert(rec)
+
+    def records(
+        self, workload_key: str | None = None, target: str | None = None
+    ) -> list[Record]:
+        """All records, optionally of one workload and/or target, in insertion order."""
+        where, params = self._where(workload_key, target)
+        with self._lock, self._wrap("records"):
+            rows = self._c.execute(
+                f"SELECT * FROM records{where} ORDER BY id", params
+            ).fetchall()
+        return [_row_to_record(r) for r in rows]
+
+    def count(self, workload_key: str | None = None, target: str | None = None) -> int:
+        where, params = self._where(workload_key, target)
+        with self._lock, self._wrap("count"):
+            return self._c.execute(
+                f"SELECT COUNT(*) FROM records{where}", params
+            ).fetchone()[0]
+
+    @staticmethod
+    def _where(workload_key: str | None, target: str | None) -> tuple[str, tuple]:
+        conds, params = [], []
+        if workload_key is not None:
+            conds.append("workload_key = ?")
+            params.append(workload_key)
+        if target is not None:
+            conds.append("target = ?")
+            params.append(target)
+        return (" WHERE " + " AND ".join(conds) if conds else ""), tuple(params)
+
+    def best(
+        self, workload_key: str, target: str, threads: int | None = None, k: int = 1
+    ) -> list[Record]:
+        """The ``k`` valid records with the lowest latency (ties: oldest first)."""
+        sql = "SELECT * FROM records WHERE workload_key = ? AND target = ? AND latency_s IS NOT NULL"
+        params: list = [workload_key, target]
+        if threads is not None:
+            sql += " AND threads = ?"
+            params.append(int(threads))
+        sql += " ORDER BY latency_s, id LIMIT ?"
+        params.append(int(k))
+        with self._lock, self._wrap("best"):
+            rows = self._c.execute(sql, params).fetchall()
+        return [_row_to_record(r) for r in rows]
+
+    def measured_keys(self, workload_key: str, target: str) -> set[tuple]:
+        """``(sketch_hash, knobs)`` of every record, valid or not, so a resumed
+        run can skip them. ``knobs`` is the sorted tuple of pairs, as in Record."""
+        with self._lock, self._wrap("measured_keys"):
+            rows = self._c.execute(
+                "SELECT DISTINCT sketch_hash, knobs FROM records WHERE workload_key = ? AND target = ?",
+                (workload_key, target),
+            ).fetchall()
+        return {(r[0], _knobs_from_json(r[1])) for r in rows}
+
+    # -- JSON lines -----------------------------------------------------------
+
+    def export_jsonl(self, path: str | os.PathLike) -> int:
+        """Write every workload (``"kind": "workload"``) then every record
+        (``"kind": "record"``), one JSON object a line. Returns the record count."""
+        with self._lock, self._wrap("export_jsonl"):
+            wls = self._c.execute("SELECT * FROM workloads ORDER BY rowid").fetchall()
+            rows = self._c.execute("SELECT * FROM records ORDER BY id").fetchall()
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(
+                json.dumps({"kind": "workload", **dict(w)}) + "\n" for w in wls
+            )
+            f.writelines(
+                json.dumps({"kind": "record", **_row_to_record(r).to_json()}) + "\n"
+                for r in rows
+            )
+        return len(rows)
+
+    def import_jsonl(self, path: str | os.PathLike) -> int:
+        """Add the workloads and records of a JSON-lines file (one transaction).
+        Records already present are skipped. Returns how many records were added.
+        A line without ``kind`` is read as a record."""
+        path = os.fspath(path)
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = f.readlines()
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        items: list[tuple[str, Any]] = []
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                kind = d.get("kind", "record")
+                if kind == "workload":
+                    items.append(
+                        (
+                            "workload",
+                            (
+                                str(d["workload_key"]),
+                                str(d["name"]),
+                                str(d["task_mlir"]),
+                                int(d["flops"]),
+                            ),
+                        )
+                    )
+                elif kind == "record":
+                    items.append(("record", Record.from_json(d)))
+                else:
+                    raise ValueError(f"unknown kind {kind!r}")
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise InputError(
+                    f"{path}:{lineno}: not a tuning record: {exc}"
+                ) from exc
+        added = 0
+        with self._lock, self._wrap("import_jsonl"), self._tx():
+            for kind, item in items:
+                if kind == "workload":
+                    self._c.execute(
+                        "INSERT OR IGNORE INTO workloads VALUES (?, ?, ?, ?)", item
+                    )
+                else:
+                    added += self._insert(item)
+        return added
+
+    # -- lifetime -------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            if self._con is not None:
+                self._con.close()
+                self._con = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Database({self.path!r})"

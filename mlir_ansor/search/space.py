@@ -1,0 +1,79 @@
+"""The search space of a sketch: knobs, their constraints, and sampling.
+
+A knob is data (a frozen :class:`KnobSpec`); a concrete schedule is an
+:class:`Assignment`, an immutable, hashable tuple of ``(name, value)`` pairs
+sorted by name, so it can be stored in the database and replayed.
+
+Every sample is valid by construction: a tile size is a divisor of the extent
+it tiles, and a knob with a ``divides`` parent takes a value that divides the
+parent's value (a register tile divides its cache tile, which divides the
+loop extent). Knobs are listed parents-first, so one pass samples them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+Assignment = tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    """One free parameter of a sketch.
+
+    name: unique within the sketch; the `transform.tune.knob` (or
+    `transform.tune.alternatives`) op carries the same name.
+    options: every value the knob may take.
+    divides: name of an earlier knob whose value this one must divide.
+    multiple_of: name of an earlier knob whose value must divide this one.
+    alternatives: True for a `transform.tune.alternatives` choice (options are
+    region indices), False for a numeric `transform.tune.knob`.
+    doc: what the knob controls, for reports.
+    """
+
+    name: str
+    options: tuple[int, ...]
+    divides: str | None = None
+    multiple_of: str | None = None
+    alternatives: bool = False
+    doc: str = ""
+
+    def allowed(self, chosen: Mapping[str, int]) -> tuple[int, ...]:
+        """Options compatible with the values already chosen for earlier knobs."""
+        ok = self.options
+        if self.divides is not None and self.divides in chosen:
+            parent = chosen[self.divides]
+            ok = tuple(o for o in ok if o != 0 and parent % o == 0)
+        if self.multiple_of is not None and self.multiple_of in chosen:
+            base = chosen[self.multiple_of]
+            ok = tuple(o for o in ok if base != 0 and o % base == 0)
+        return ok or (min(self.options),)
+
+
+def divisors(n: int) -> tuple[int, ...]:
+    """All positive divisors of `n`, ascending."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return tuple(sorted(set(small + [n // d for d in small])))
+
+
+def make_assignment(values: Mapping[str, int] | Iterable[tuple[str, int]]) -> Assignment:
+    items = values.items() if isinstance(values, Mapping) else values
+    return tuple(sorted((str(k), int(v)) for k, v in items))
+
+
+def sample(knobs: tuple[KnobSpec, ...], rng: random.Random) -> Assignment:
+    """Draw one assignment uniformly per knob among the values still allowed."""
+    chosen: dict[str, int] = {}
+    for k in knobs:
+        chosen[k.name] = rng.choice(k.allowed(chosen))
+    return make_assignment(chosen)
+
+
+def is_valid(knobs: tuple[KnobSpec, ...], assignment: Assignment) -> bool:
+    """Whether `assignment` sets every knob to an allowed value."""
+    values = dict(assignment)
+    if set(values) != {k.name for k in knobs}:
+        return False
+    return all(values[k.name] in k.allowed(values) for k in knobs)

@@ -1,0 +1,845 @@
+"""Split the user's functions into tuning tasks.
+
+Roadmap:
+  * :func:`extract_tasks` is the entry point. Per function it checks the body
+    (:func:`_check_function`), classifies every Linalg op from a generalized
+    copy of the module (:class:`_OpInfo`), groups ops into tasks
+    (:func:`_partition`), builds each task as a standalone module
+    (:class:`_TaskBuilder`), hashes it (:func:`workload_key`) and merges
+    identical tasks (same key) into one with ``weight`` = count.
+  * A task is an *anchor* (a Linalg op with a reduction iterator, or the first
+    op of an elementwise chain no anchor took), the elementwise consumers fused
+    after it (single-use chain, identity access to the fused value), and cheap
+    producers cloned into it (``arith.constant`` scalars and splats,
+    ``tensor.empty``, ``linalg.fill`` on tensors; a ``linalg.fill`` of the
+    anchor's output buffer on memrefs).
+  * Ops on memrefs become ops on tensors in destination-passing style: every
+    memref read or written is a tensor argument of ``@kernel``; every memref
+    written is a result.
+
+In the task module the anchor carries the unit attribute ``ansor.anchor`` and
+each fused consumer ``ansor.fused``; sketches match on them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass, field
+
+from mlir import ir
+from mlir.dialects import func as func_d
+from mlir.passmanager import PassManager
+
+from mlir_ansor.errors import InputError, UnsupportedError
+from mlir_ansor.frontend import Program, load, location_str
+
+__all__ = [
+    "ALLOWED_NON_LINALG_OPS",
+    "ANCHOR_ATTR",
+    "FUSED_ATTR",
+    "SUPPORTED_DTYPES",
+    "Task",
+    "TensorSpec",
+    "extract_tasks",
+    "workload_key",
+]
+
+ANCHOR_ATTR = "ansor.anchor"
+"""Unit attribute marking the anchor op of a task module."""
+FUSED_ATTR = "ansor.fused"
+"""Unit attribute marking an elementwise op fused after the anchor."""
+
+SUPPORTED_DTYPES = ("f32", "f64")
+"""Element types a task may use."""
+
+ALLOWED_NON_LINALG_OPS = frozenset(
+    {
+        "func.return",
+        "arith.constant",
+        "tensor.empty",
+        "memref.alloc",
+        "memref.alloca",
+        "memref.dealloc",
+        # Reshapes are free views; they stay outside tasks (a reshaped value
+        # is a task argument), which keeps torch-mlir output usable.
+        "tensor.expand_shape",
+        "tensor.collapse_shape",
+    }
+)
+"""Non-Linalg ops that may appear in a function body; they are left outside tasks."""
+
+_GENERALIZE = "builtin.module(func.func(linalg-generalize-named-ops))"
+_CAST_OPS = re.compile(
+    r"arith\.(constant|ext[fsui]+|trunc[fi]|sitofp|uitofp|fptosi|fptoui|index_cast\w*|bitcast)$"
+)
+_DIM = re.compile(r"d(\d+)")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and element type of one argument or result of a task."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    """MLIR element type spelling: "f32", "f64", ..."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One tuning task: a standalone ``@kernel`` function and what it costs."""
+
+    name: str
+    """Readable and unique within one extract_tasks() result, e.g. matmul_128x256x64_f32."""
+    workload_key: str
+    """16 hex chars; structural hash of the task (see workload_key())."""
+    mlir: str
+    """A module holding ``func.func @kernel(inputs as tensors) -> outputs``."""
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    flops: int
+    """Arithmetic ops of all ops of the task (anchor and fused)."""
+    weight: int
+    """How many times this task occurs in the input."""
+    anchor_op: str
+    """The anchor's op name, e.g. linalg.matmul."""
+    kind: str
+    """contraction | convolution | reduction | pooling | elementwise."""
+    loop_ranges: tuple[int, ...]
+    """Static iteration domain of the generalized anchor, in loop order."""
+    iterator_types: tuple[str, ...]
+    """"parallel" or "reduction" per anchor loop."""
+    locations: tuple[str, ...]
+    """file:line:col of the anchor in the user's input, one per occurrence."""
+    func_name: str
+    """The user's function the first occurrence came from."""
+
+
+# --------------------------------------------------------------------------
+# Facts about one Linalg op, read from its generalized form.
+
+
+@dataclass(eq=False)
+class _OpInfo:
+    op: ir.Operation
+    """The original op (named or generic)."""
+    maps: list[ir.AffineMap]
+    iterators: list[str]
+    n_ins: int
+    n_outs: int
+    body: list[str]
+    """Op names of the generalized body, linalg.yield excluded."""
+    ranges: tuple[int, ...]
+    on_memref: bool
+
+    @property
+    def name(self) -> str:
+        return self.op.name
+
+    @property
+    def is_fill(self) -> bool:
+        return self.op.name == "linalg.fill"
+
+    @property
+    def has_reduction(self) -> bool:
+        return "reduction" in self.iterators
+
+    @property
+    def flops(self) -> int:
+        if self.is_fill or self.op.name == "linalg.copy":
+            return 0
+        arith = sum(1 for n in self.body if _is_arith(n))
+        return math.prod(self.ranges) * arith
+
+    @property
+    def kind(self) -> str:
+        return _kind(self.maps, self.iterators, self.body)
+
+
+def _is_arith(name: str) -> bool:
+    if name.startswith("math."):
+        return True
+    return name.startswith("arith.") and not _CAST_OPS.match(name)
+
+
+def _kind(maps: list[ir.AffineMap], iterators: list[str], body: list[str]) -> str:
+    if "reduction" not in iterators:
+        return "elementwise"
+    has_mul = any(n in ("arith.mulf", "arith.muli") for n in body)
+    has_add = any(n in ("arith.addf", "arith.addi") for n in body)
+    if all(m.is_projected_permutation for m in maps):
+        return "contraction" if has_mul and has_add else "reduction"
+    return "convolution" if has_mul else "pooling"
+
+
+def _isa(cls: type, obj: object) -> bool:
+    """Whether an MLIR type/attribute can be viewed as ``cls``."""
+    try:
+        cls(obj)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+def _iterator_name(attr: ir.Attribute) -> str:
+    text = str(attr)  # "#linalg.iterator_type<parallel>"
+    return "reduction" if "reduction" in text else "parallel"
+
+
+def _segments(op: ir.Operation) -> tuple[int, int]:
+    """(number of ins, number of outs) of a Linalg op."""
+    if "operandSegmentSizes" in op.attributes:
+        sizes = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
+        return sizes[0], sizes[1]
+    n = len(op.operands)
+    return n - 1, 1  # pragma: no cover - every Linalg structured op has segments
+
+
+def _shape_of(t: ir.Type) -> list[int] | None:
+    if _isa(ir.ShapedType, t):
+        return list(ir.ShapedType(t).shape)
+    return None
+
+
+def _loop_ranges(op: ir.Operation, maps: list[ir.AffineMap]) -> tuple[int, ...] | None:
+    if not maps:
+        return ()
+    n = maps[0].n_dims
+    ranges: list[int | None] = [None] * n
+    for value, amap in zip(op.operands, maps):
+        shape = _shape_of(value.type) or []
+        for j, expr in enumerate(amap.results):
+            m = _DIM.fullmatch(str(expr))
+            if m and j < len(shape) and ranges[int(m.group(1))] is None:
+                ranges[int(m.group(1))] = shape[j]
+    if any(r is None for r in ranges):
+        return None
+    return tuple(int(r) for r in ranges)  # type: ignore[arg-type]
+
+
+def _generic_info(original: ir.Operation, generic: ir.Operation) -> _OpInfo:
+    maps = [ir.AffineMapAttr(a).value for a in generic.attributes["indexing_maps"]]
+    iterators = [_iterator_name(a) for a in generic.attributes["iterator_types"]]
+    n_ins, n_outs = _segments(generic)
+    body = [
+        o.name
+        for o in generic.regions[0].blocks[0].operations
+        if o.name != "linalg.yield"
+    ]
+    ranges = _loop_ranges(generic, maps)
+    if ranges is None:
+        raise UnsupportedError(
+            f"{location_str(original)}: {original.name}: cannot infer the loop ranges "
+            "from the operand shapes (a loop appears in no plain indexing-map result)"
+        )
+    on_memref = any(_isa(ir.MemRefType, v.type) for v in original.operands)
+    return _OpInfo(original, maps, iterators, n_ins, n_outs, body, ranges, on_memref)
+
+
+def _generalized_copy(module: ir.Module) -> ir.Module:
+    copy = ir.Module.parse(
+        module.operation.get_asm(print_generic_op_form=True), module.context
+    )
+    PassManager.parse(_GENERALIZE, module.context).run(copy.operation)
+    return copy
+
+
+# --------------------------------------------------------------------------
+# Checks on the user's function.
+
+
+def _dtype_str(t: ir.Type) -> str:
+    if _isa(ir.ShapedType, t):
+        return str(ir.ShapedType(t).element_type)
+    return str(t)
+
+
+def _check_type(op: ir.Operation, t: ir.Type) -> None:
+    where = f"{location_str(op)}: {op.name}"
+    if _isa(ir.ShapedType, t):
+        st = ir.ShapedType(t)
+        if not st.has_rank or not st.has_static_shape:
+            raise UnsupportedError(
+                f"{where}: dynamic shape {t} is not supported yet; "
+                "all shapes must be static (specialize the input to concrete sizes)"
+            )
+        if _isa(ir.MemRefType, t):
+            layout = str(ir.MemRefType(t).layout)
+            if not (layout.startswith("affine_map<(d") and _is_identity_text(layout)):
+                raise UnsupportedError(
+                    f"{where}: memref with a non-identity layout {t} is not supported yet"
+                )
+        if _isa(ir.RankedTensorType, t) and ir.RankedTensorType(t).encoding is not None:
+            raise UnsupportedError(
+                f"{where}: tensor encoding in {t} is not supported yet"
+            )
+    dtype = _dtype_str(t)
+    if dtype not in SUPPORTED_DTYPES:
+        raise UnsupportedError(
+            f"{where}: element type {dtype} is not supported yet "
+            f"({', '.join(SUPPORTED_DTYPES)} are)"
+        )
+
+
+def _is_identity_text(layout: str) -> bool:
+    m = re.fullmatch(r"affine_map<\(([^)]*)\) -> \(([^)]*)\)>", layout)
+    return bool(m) and m.group(1) == m.group(2)
+
+
+def _check_linalg_op(op: ir.Operation) -> None:
+    for v in op.operands:
+        _check_type(op, v.type)
+    for r in op.results:
+        _check_type(op, r.type)
+
+
+def _function_body(fn: ir.Operation) -> ir.Block | None:
+    region = fn.regions[0]
+    blocks = list(region.blocks)
+    if not blocks:
+        return None  # a declaration
+    if len(blocks) > 1:
+        raise UnsupportedError(
+            f"{location_str(fn)}: func.func @{_func_name(fn)}: functions with several "
+            "blocks (control flow) are not supported yet"
+        )
+    return blocks[0]
+
+
+def _func_name(fn: ir.Operation) -> str:
+    return ir.StringAttr(fn.attributes["sym_name"]).value
+
+
+def _check_function(block: ir.Block) -> list[ir.Operation]:
+    """The function's Linalg ops, in order, after checking every op of its body."""
+    linalg_ops: list[ir.Operation] = []
+    for opview in block.operations:
+        op = opview.operation
+        if op.name.startswith("linalg."):
+            _check_linalg_op(op)
+            linalg_ops.append(op)
+        elif op.name not in ALLOWED_NON_LINALG_OPS:
+            raise UnsupportedError(
+                f"{location_str(op)}: {op.name} is not supported inside a function to tune; "
+                "mlir-ansor tunes functions made of Linalg ops (plus "
+                f"{', '.join(sorted(ALLOWED_NON_LINALG_OPS))})"
+            )
+    return linalg_ops
+
+
+# --------------------------------------------------------------------------
+# Partition into groups of ops.
+
+
+@dataclass
+class _Group:
+    anchor: _OpInfo
+    fused: list[_OpInfo] = field(default_factory=list)
+    pre: list[_OpInfo] = field(default_factory=list)
+    """Member ops emitted before the anchor (a memref fill of its output)."""
+
+    @property
+    def members(self) -> list[_OpInfo]:
+        return [*self.pre, self.anchor, *self.fused]
+
+
+def _fusable_consumer(
+    tail: _OpInfo, infos: dict[ir.Operation, _OpInfo], taken: set
+) -> _OpInfo | None:
+    """The elementwise op that can be fused after ``tail``, if there is one."""
+    if tail.on_memref or len(tail.op.results) != 1:
+        return None
+    value = tail.op.results[0]
+    owners = {use.owner.operation for use in value.uses}
+    if len(owners) != 1:
+        return None
+    (owner,) = owners
+    cand = infos.get(owner)
+    if (
+        cand is None
+        or cand in taken
+        or cand.is_fill
+        or cand.has_reduction
+        or cand.on_memref
+    ):
+        return None
+    if cand.n_outs != 1 or cand.op.name == "linalg.copy":
+        return None
+    out_map = cand.maps[cand.n_ins]
+    if not out_map.is_permutation or not all(
+        m.is_projected_permutation for m in cand.maps
+    ):
+        return None
+    if ir.ShapedType(value.type).shape != ir.ShapedType(cand.op.results[0].type).shape:
+        return None
+    for i, operand in enumerate(cand.op.operands):
+        if operand == value and str(cand.maps[i]) != str(out_map):
+            return None
+    return cand
+
+
+def _partition(linalg_infos: list[_OpInfo]) -> list[_Group]:
+    infos = {i.op: i for i in linalg_infos}
+    taken: set = set()
+    groups: list[_Group] = []
+
+    def grow(group: _Group) -> None:
+        tail = group.anchor
+        while True:
+            nxt = _fusable_consumer(tail, infos, taken)
+            if nxt is None:
+                return
+            taken.add(nxt)
+            group.fused.append(nxt)
+            tail = nxt
+
+    for pos, info in enumerate(linalg_infos):
+        if info.is_fill or not info.has_reduction:
+            continue
+        taken.add(info)
+        group = _Group(info)
+        if info.on_memref and pos > 0:
+            prev = linalg_infos[pos - 1]
+            inits = list(info.op.operands)[info.n_ins :]
+            if (
+                prev.is_fill
+                and prev.on_memref
+                and prev not in taken
+                and list(prev.op.operands)[prev.n_ins] in inits
+            ):
+                taken.add(prev)
+                group.pre.append(prev)
+        grow(group)
+        groups.append(group)
+    for info in linalg_infos:
+        if info in taken or info.is_fill:
+            continue
+        taken.add(info)
+        group = _Group(info)
+        grow(group)
+        groups.append(group)
+    order = {info.op: k for k, info in enumerate(linalg_infos)}
+    groups.sort(key=lambda g: order[g.anchor.op])
+    return groups
+
+
+# --------------------------------------------------------------------------
+# Build a task module.
+
+
+def _tensor_type(t: ir.Type) -> ir.Type:
+    if _isa(ir.MemRefType, t):
+        mt = ir.MemRefType(t)
+        return ir.RankedTensorType.get(list(mt.shape), mt.element_type)
+    return t
+
+
+def _spec(t: ir.Type) -> TensorSpec:
+    st = ir.ShapedType(t)
+    return TensorSpec(tuple(int(d) for d in st.shape), str(st.element_type))
+
+
+def _captured_values(op: ir.Operation) -> list[ir.Value]:
+    """Values used inside op's regions but defined outside op, in first-use order."""
+    defined: set = set()
+    used: list[ir.Value] = []
+
+    def visit(inner: ir.Operation) -> ir.WalkResult:
+        for region in inner.regions:
+            for block in region.blocks:
+                defined.update(block.arguments)
+        if inner != op:
+            defined.update(inner.results)
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit, ir.WalkOrder.PRE_ORDER)
+
+    def collect(inner: ir.Operation) -> ir.WalkResult:
+        if inner != op:
+            for v in inner.operands:
+                if v not in defined and v not in used:
+                    used.append(v)
+        return ir.WalkResult.ADVANCE
+
+    op.walk(collect, ir.WalkOrder.PRE_ORDER)
+    return used
+
+
+class _TaskBuilder:
+    """Emits one group of ops into a fresh ``@kernel`` on tensors."""
+
+    def __init__(self, ctx: ir.Context, group: _Group) -> None:
+        self.ctx = ctx
+        self.group = group
+        self.loc = ir.Location.unknown(ctx)
+        self.module = ir.Module.create(self.loc)
+        with ctx, self.loc, ir.InsertionPoint(self.module.body):
+            self.fn = func_d.FuncOp("kernel", ([], []))
+        self.block = self.fn.add_entry_block()
+        self.mapping: dict[ir.Value, ir.Value] = {}
+        self.arg_types: list[ir.Type] = []
+        self.written: list[ir.Value] = []  # memrefs written, first-write order
+        self.member_ops = {m.op for m in group.members}
+
+    # Values -------------------------------------------------------------
+    def value(self, v: ir.Value, user: ir.Operation) -> ir.Value:
+        if v in self.mapping:
+            return self.mapping[v]
+        owner = v.owner
+        if isinstance(owner, (ir.OpView, ir.Operation)):
+            producer = owner.operation
+            if self._cloneable(producer):
+                self._emit(producer, role=None)
+                return self.mapping[v]
+        t = v.type
+        if not _isa(ir.ShapedType, t):
+            raise UnsupportedError(
+                f"{location_str(user)}: {user.name}: scalar operand of type {t} defined "
+                "outside the op is not supported yet (only tensors, memrefs and constants)"
+            )
+        arg = self.block.add_argument(_tensor_type(t), self.loc)
+        self.arg_types.append(_tensor_type(t))
+        self.mapping[v] = arg
+        return arg
+
+    @staticmethod
+    def _cloneable(op: ir.Operation) -> bool:
+        if op.name == "tensor.empty":
+            return True
+        if op.name == "arith.constant":
+            t = op.results[0].type
+            if not _isa(ir.ShapedType, t):
+                return True
+            return (
+                _isa(ir.DenseElementsAttr, op.attributes["value"])
+                and ir.DenseElementsAttr(op.attributes["value"]).is_splat
+            )
+        if op.name == "linalg.fill":
+            return not any(_isa(ir.MemRefType, v.type) for v in op.operands)
+        return False
+
+    # Ops ----------------------------------------------------------------
+    def _emit(self, op: ir.Operation, role: str | None) -> ir.Operation:
+        operands = [self.value(v, op) for v in op.operands]
+        captured = [self.value(v, op) for v in _captured_values(op)]
+        captured_map = dict(zip(_captured_values(op), captured))
+        on_memref = any(_isa(ir.MemRefType, v.type) for v in op.operands)
+        if on_memref:
+            _, n_outs = _segments(op)
+            outs = list(op.operands)[len(op.operands) - n_outs :]
+            result_types = [_tensor_type(v.type) for v in outs]
+        else:
+            outs = []
+            result_types = [r.type for r in op.results]
+        attrs = {
+            op.attributes[i].name: op.attributes[i].attr
+            for i in range(len(op.attributes))
+        }
+        with self.ctx, self.loc, ir.InsertionPoint(self.block):
+            new = ir.Operation.create(
+                op.name,
+                results=result_types,
+                operands=operands,
+                attributes=attrs,
+                regions=len(op.regions),
+            )
+            if op.regions:
+                clone = op.clone()
+                for k, region in enumerate(clone.regions):
+                    for blk in list(region.blocks):
+                        blk.append_to(new.regions[k])
+                clone.erase()
+            if captured_map:
+
+                def remap(inner: ir.Operation) -> ir.WalkResult:
+                    if inner != new:
+                        for idx, v in enumerate(inner.operands):
+                            if v in captured_map:
+                                inner.operands[idx] = captured_map[v]
+                    return ir.WalkResult.ADVANCE
+
+                new.walk(remap)
+            if role is not None:
+                new.attributes[role] = ir.UnitAttr.get()
+        if on_memref:
+            for memref, res in zip(outs, new.results):
+                if memref not in self.written:
+                    self.written.append(memref)
+                self.mapping[memref] = res
+        else:
+            for old, res in zip(op.results, new.results):
+                self.mapping[old] = res
+        return new
+
+    def build(self) -> tuple[ir.Module, list[ir.Type], list[ir.Type]]:
+        with self.ctx, self.loc:
+            return self._build()
+
+    def _build(self) -> tuple[ir.Module, list[ir.Type], list[ir.Type]]:
+        g = self.group
+        for info in g.pre:
+            self._emit(info.op, role=None)
+        self._emit(g.anchor.op, role=ANCHOR_ATTR)
+        for info in g.fused:
+            self._emit(info.op, role=FUSED_ATTR)
+        outputs: list[ir.Value] = []
+        if self.written:
+            outputs = [self.mapping[m] for m in self.written]
+        else:
+            for info in g.members:
+                for r in info.op.results:
+                    if any(u.owner.operation not in self.member_ops for u in r.uses):
+                        outputs.append(self.mapping[r])
+            if not outputs:
+                last = g.members[-1].op
+                outputs = [self.mapping[r] for r in last.results]
+        with self.ctx, self.loc, ir.InsertionPoint(self.block):
+            func_d.ReturnOp(outputs)
+            result_types = [v.type for v in outputs]
+            self.fn.attributes["function_type"] = ir.TypeAttr.get(
+                ir.FunctionType.get(self.arg_types, result_types)
+            )
+        try:
+            self.module.operation.verify()
+        except ir.MLIRError as err:
+            msgs = "; ".join(str(d.message) for d in err.error_diagnostics)
+            raise UnsupportedError(
+                f"{location_str(g.anchor.op)}: {g.anchor.name}: could not extract it as a "
+                f"standalone task ({msgs})"
+            ) from None
+        return self.module, self.arg_types, result_types
+
+
+# --------------------------------------------------------------------------
+# Workload key.
+
+
+_GENERIC_SEMANTIC_ATTRS = ("indexing_maps", "iterator_types", "operandSegmentSizes")
+
+
+def _attrs_desc(op: ir.Operation) -> list[tuple[str, str]]:
+    """Sorted (name, value) of the attributes that carry meaning.
+
+    Our role markers are described apart (generalization drops them), and a
+    linalg.generic keeps only its structural attributes, since generalizing a
+    named op drops the rest too.
+    """
+    attrs = op.attributes
+    pairs = [(attrs[i].name, str(attrs[i].attr)) for i in range(len(attrs))]
+    if op.name == "linalg.generic":
+        pairs = [p for p in pairs if p[0] in _GENERIC_SEMANTIC_ATTRS]
+    return sorted(p for p in pairs if not p[0].startswith("ansor."))
+
+
+def _roles(module: ir.Module) -> list[str]:
+    """The role marker (anchor/fused/none) of each op of ``@kernel``'s body."""
+    fn = next(o for o in module.body.operations if o.operation.name == "func.func")
+    roles = []
+    for opview in fn.regions[0].blocks[0].operations:
+        attrs = opview.operation.attributes
+        roles.append(
+            "anchor"
+            if ANCHOR_ATTR in attrs
+            else "fused"
+            if FUSED_ATTR in attrs
+            else "-"
+        )
+    return roles
+
+
+def _describe(module: ir.Module, roles: list[str]) -> str:
+    """Canonical text of a generalized task module: no SSA names, no locations,
+    attributes sorted."""
+    fn = next(o for o in module.body.operations if o.operation.name == "func.func")
+    block = fn.regions[0].blocks[0]
+    ids: dict[ir.Value, str] = {}
+    for i, a in enumerate(block.arguments):
+        ids[a] = f"arg{i}:{a.type}"
+    lines: list[str] = []
+
+    def ref(v: ir.Value, local: dict[ir.Value, str]) -> str:
+        return local.get(v) or ids.get(v) or "?"
+
+    for k, opview in enumerate(block.operations):
+        op = opview.operation
+        operands = [ref(v, {}) for v in op.operands]
+        role = roles[k] if k < len(roles) else "?"
+        lines.append(
+            f"{k} [{role}] {op.name} ({', '.join(operands)}) -> "
+            f"({', '.join(str(r.type) for r in op.results)}) {_attrs_desc(op)}"
+        )
+        for region in op.regions:
+            for block_in in region.blocks:
+                local: dict[ir.Value, str] = {}
+                for j, a in enumerate(block_in.arguments):
+                    local[a] = f"bb{j}:{a.type}"
+                for m, inner in enumerate(block_in.operations):
+                    inner = inner.operation
+                    args = [ref(v, local) for v in inner.operands]
+                    lines.append(
+                        f"  {m} {inner.name} ({', '.join(args)}) -> "
+                        f"({', '.join(str(r.type) for r in inner.results)}) {_attrs_desc(inner)}"
+                    )
+                    for j, r in enumerate(inner.results):
+                        local[r] = f"v{m}.{j}"
+                    if inner.regions:
+                        lines.append("  " + inner.get_asm(print_generic_op_form=True))
+        for j, r in enumerate(op.results):
+            ids[r] = f"op{k}.{j}"
+    return "\n".join(lines)
+
+
+def workload_key(task_mlir: str | ir.Module) -> str:
+    """Structural hash (16 hex chars) of a task module.
+
+    The module is generalized (``linalg-generalize-named-ops``) in a fresh
+    context first, so a named op and the equivalent ``linalg.generic`` hash the
+    same; SSA names, locations, attribute order and function names do not count.
+    """
+    text = task_mlir if isinstance(task_mlir, str) else str(task_mlir)
+    ctx = ir.Context()
+    try:
+        module = ir.Module.parse(text, ctx)
+    except ir.MLIRError as err:
+        raise InputError(f"workload_key: the task text does not parse: {err}") from None
+    roles = _roles(module)
+    PassManager.parse(_GENERALIZE, ctx).run(module.operation)
+    return hashlib.sha256(_describe(module, roles).encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------
+# Names.
+
+
+def _short(info: _OpInfo) -> str:
+    if info.name != "linalg.generic":
+        return info.name.removeprefix("linalg.")
+    arith = [n for n in info.body if _is_arith(n)]
+    if info.kind != "elementwise":
+        return info.kind
+    guesses = {
+        ("arith.maximumf",): "relu",
+        ("arith.maxnumf",): "relu",
+        ("arith.addf",): "add",
+        ("arith.subf",): "sub",
+        ("arith.mulf",): "mul",
+        ("arith.divf",): "div",
+        ("arith.cmpf", "arith.select"): "relu",
+    }
+    if tuple(arith) in guesses:
+        name = guesses[tuple(arith)]
+        if name == "relu" and len(info.op.operands) > 2:
+            return "max"
+        return name
+    if not arith:
+        return "copy"
+    return "generic"
+
+
+def _task_name(group: _Group, dtype: str) -> str:
+    a = group.anchor
+    parts = [_short(a), "x".join(str(r) for r in a.ranges), dtype]
+    parts += [_short(f) for f in group.fused]
+    return "_".join(p for p in parts if p)
+
+
+# --------------------------------------------------------------------------
+# Entry point.
+
+
+def extract_tasks(
+    program_or_module: Program | ir.Module | str, *, func: str | None = None
+) -> list[Task]:
+    """Split every function (or only ``func``) into tuning tasks.
+
+    Accepts a :class:`Program`, an ``ir.Module`` (loaded into our own context
+    first) or anything :func:`mlir_ansor.frontend.load` takes as a path.
+    Identical tasks are merged: ``weight`` counts them, ``locations`` lists
+    each occurrence. Raises :class:`UnsupportedError` for what cannot be tuned
+    (dynamic shapes, element types other than f32/f64, non-Linalg compute ops,
+    no Linalg op at all).
+    """
+    program = (
+        program_or_module
+        if isinstance(program_or_module, Program)
+        else load(program_or_module)
+    )
+    ctx = program.context
+    funcs = [
+        o.operation
+        for o in program.module.body.operations
+        if o.operation.name == "func.func"
+    ]
+    if func is not None:
+        funcs = [f for f in funcs if _func_name(f) == func]
+        if not funcs:
+            raise UnsupportedError(f"no function @{func} in {program.source}")
+    generalized = _generalized_copy(program.module)
+    gen_funcs = {
+        _func_name(o.operation): o.operation
+        for o in generalized.body.operations
+        if o.operation.name == "func.func"
+    }
+
+    found: dict[str, dict] = {}
+    order: list[str] = []
+    for fn in funcs:
+        body = _function_body(fn)
+        if body is None:
+            continue
+        linalg_ops = _check_function(body)
+        if not linalg_ops:
+            continue
+        gen_body = gen_funcs[_func_name(fn)].regions[0].blocks[0]
+        gen_ops = list(gen_body.operations)
+        positions = {op.operation: k for k, op in enumerate(body.operations)}
+        infos = []
+        for op in linalg_ops:
+            gen = gen_ops[positions[op]].operation
+            if gen.name != "linalg.generic":
+                raise UnsupportedError(
+                    f"{location_str(op)}: {op.name} cannot be generalized to linalg.generic; "
+                    "it is not supported yet"
+                )
+            infos.append(_generic_info(op, gen))
+        for group in _partition(infos):
+            module, arg_types, res_types = _TaskBuilder(ctx, group).build()
+            text = str(module)
+            key = workload_key(text)
+            loc = location_str(group.anchor.op)
+            if key in found:
+                found[key]["weight"] += 1
+                found[key]["locations"].append(loc)
+                continue
+            a = group.anchor
+            dtype = _dtype_str(a.op.operands[len(a.op.operands) - 1].type)
+            found[key] = {
+                "name": _task_name(group, dtype),
+                "workload_key": key,
+                "mlir": text,
+                "inputs": tuple(_spec(t) for t in arg_types),
+                "outputs": tuple(_spec(t) for t in res_types),
+                "flops": sum(m.flops for m in group.members),
+                "weight": 1,
+                "anchor_op": a.name,
+                "kind": a.kind,
+                "loop_ranges": a.ranges,
+                "iterator_types": tuple(a.iterators),
+                "locations": [loc],
+                "func_name": _func_name(fn),
+            }
+            order.append(key)
+    if not order:
+        raise UnsupportedError(f"no Linalg operation to tune in {program.source}")
+    tasks: list[Task] = []
+    seen: dict[str, int] = {}
+    for key in order:
+        fields = found[key]
+        base = fields["name"]
+        seen[base] = seen.get(base, 0) + 1
+        if seen[base] > 1:
+            fields["name"] = f"{base}_{seen[base]}"
+        fields["locations"] = tuple(fields["locations"])
+        tasks.append(Task(**fields))
+    return tasks

@@ -1,0 +1,485 @@
+"""The tuning loop: tasks in, verified best schedules out.
+
+Roadmap: :func:`tune` is the entry point. It loads the input
+(`frontend.load`), splits it into tasks (`search.task.extract_tasks`), makes
+the sketches of each task (`search.sketch.generate_sketches`), prepares the
+reference and the untuned baseline of each task in a worker, then spends the
+trial budget in batches: sample knob assignments (`search.space.sample`),
+build them in parallel worker processes, measure the new binaries one at a
+time in a separate runner process, and commit every outcome, valid or not, to
+the records database. :class:`Measurer` owns the worker pools.
+
+Why measure one at a time: two kernels timed at once on a 2-core machine
+disturb each other; builds are CPU-bound and independent, so they run in
+parallel, then the batch is timed serially with the machine otherwise idle.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import platform
+import random
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from . import __version__
+from .errors import AnsorError
+from .frontend import Program, load
+from .measure import jobs
+from .measure.pool import ErrorKind, JobResult, WorkerPool
+from .measure.runner import TimingPolicy, tolerance
+from .records import Database, Record
+from .search.sketch import Sketch, generate_sketches
+from .search.space import Assignment, sample
+from .search.task import Task, extract_tasks
+from .target import Target
+
+log = logging.getLogger("mlir_ansor")
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """Everything that steers a tuning run; defaults suit a 2-core machine.
+
+    trials: candidates measured for the whole module (split over its tasks).
+    threads: threads the kernels run on (OpenMP), also when measured.
+    seed: the same seed gives the same candidates.
+    batch_size: candidates built (in parallel) before measuring them.
+    build_workers: builder processes; None = one per core.
+    build_timeout_s / run_timeout_s: a candidate past these is a recorded
+      timeout (a hang in the compiler or in the kernel).
+    timing: how each candidate is timed (warm-up, repeats, minimum time).
+    baseline_timing: how the untuned lowering is timed (it can be slow).
+    opt_level: LLVM optimization level of the builds.
+    max_sample_tries: attempts to draw a not-yet-measured assignment.
+    cutoff_factor: a candidate whose checking run is this many times slower
+      than the best so far is costed by that one run (it cannot win).
+    hang_factor / min_run_timeout_s: with a best known, a run longer than
+      max(min_run_timeout_s, hang_factor * best) is a timeout.
+    """
+
+    trials: int = 64
+    threads: int = 1
+    seed: int = 0
+    batch_size: int = 16
+    build_workers: int | None = None
+    build_timeout_s: float = 120.0
+    run_timeout_s: float = 60.0
+    timing: TimingPolicy = field(default_factory=TimingPolicy)
+    baseline_timing: TimingPolicy = field(
+        default_factory=lambda: TimingPolicy(warmup=0, min_repeat=1, max_repeat=3, min_time_s=0.5)
+    )
+    opt_level: int = 3
+    max_sample_tries: int = 200
+    cutoff_factor: float = 4.0
+    hang_factor: float = 50.0
+    min_run_timeout_s: float = 5.0
+
+
+@dataclass
+class TaskResult:
+    """What tuning found for one task."""
+
+    task: Task
+    trials: int = 0
+    best_latency_s: float = math.inf
+    best_sketch: str = ""
+    best_knobs: Assignment = ()
+    best_script: str = ""
+    baseline_latency_s: float = math.inf
+    errors: Counter = field(default_factory=Counter)
+    history: list[float] = field(default_factory=list)  # best-so-far latency after each trial
+
+    @property
+    def gflops(self) -> float:
+        return self.task.flops / self.best_latency_s / 1e9 if math.isfinite(self.best_latency_s) else 0.0
+
+    @property
+    def baseline_gflops(self) -> float:
+        return self.task.flops / self.baseline_latency_s / 1e9 if math.isfinite(self.baseline_latency_s) else 0.0
+
+    def to_json(self) -> dict:
+        fin = lambda x: x if math.isfinite(x) else None  # noqa: E731
+        return {
+            "name": self.task.name,
+            "workload_key": self.task.workload_key,
+            "flops": self.task.flops,
+            "weight": self.task.weight,
+            "trials": self.trials,
+            "best_latency_s": fin(self.best_latency_s),
+            "gflops": self.gflops,
+            "baseline_latency_s": fin(self.baseline_latency_s),
+            "baseline_gflops": self.baseline_gflops,
+            "speedup_over_baseline": (
+                self.baseline_latency_s / self.best_latency_s
+                if math.isfinite(self.best_latency_s) and math.isfinite(self.baseline_latency_s)
+                else None
+            ),
+            "best_sketch": self.best_sketch,
+            "best_knobs": dict(self.best_knobs),
+            "errors": dict(self.errors),
+        }
+
+
+@dataclass
+class TuneResult:
+    tasks: list[TaskResult]
+    target: Target
+    threads: int
+    elapsed_s: float
+    measured: int
+    db_path: str
+
+    @property
+    def latency_s(self) -> float:
+        return sum(t.task.weight * t.best_latency_s for t in self.tasks)
+
+    @property
+    def candidates_per_s(self) -> float:
+        return self.measured / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def to_json(self) -> dict:
+        lat = self.latency_s
+        return {
+            "tasks": [t.to_json() for t in self.tasks],
+            "latency_s": lat if math.isfinite(lat) else None,
+            "baseline_latency_s": sum(t.task.weight * t.baseline_latency_s for t in self.tasks),
+            "threads": self.threads,
+            "target": self.target.key,
+            "host": self.target.model,
+            "trials": self.measured,
+            "tuning_time_s": self.elapsed_s,
+            "candidates_per_s": self.candidates_per_s,
+            "db": self.db_path,
+        }
+
+
+def _versions() -> str:
+    import numpy
+
+    try:
+        from importlib.metadata import version
+
+        mlir_v = version("xtc-mlir-python-bindings")
+    except Exception:  # noqa: BLE001 - metadata is best effort
+        mlir_v = "unknown"
+    return json.dumps({"mlir_ansor": __version__, "mlir": mlir_v, "numpy": numpy.__version__, "python": platform.python_version()})
+
+
+@dataclass
+class Candidate:
+    state: _TaskState
+    sketch: Sketch
+    knobs: Assignment
+    script: str = ""
+    so_path: str = ""
+
+
+class Measurer:
+    """Owns the builder pool and the runner process.
+
+    `build_fn` and `run_fn` are module-level functions with the signatures of
+    `jobs.build_candidate` and `jobs.run_candidate`; tests substitute their
+    own to check that crashes and hangs become recorded errors.
+    """
+
+    def __init__(
+        self,
+        config: TuneConfig,
+        *,
+        build_fn: Callable = jobs.build_candidate,
+        run_fn: Callable = jobs.run_candidate,
+    ) -> None:
+        self.config = config
+        self.build_fn = build_fn
+        self.run_fn = run_fn
+        n_build = config.build_workers or max(1, os.cpu_count() or 1)
+        env = {"OMP_NUM_THREADS": str(config.threads), "KMP_WARNINGS": "0"}
+        self.builders = WorkerPool(n_build, env=env, max_jobs_per_worker=200)
+        self.runner = WorkerPool(1, env=env, max_jobs_per_worker=500)
+        self.workdir = tempfile.mkdtemp(prefix="mlir-ansor-")
+
+    def close(self) -> None:
+        self.builders.close()
+        self.runner.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Measurer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.workdir, name)
+
+    def build(self, cands: list[Candidate]) -> list[JobResult]:
+        args = [(c.sketch.payload, c.script, self.config.threads, c.so_path, self.config.opt_level) for c in cands]
+        return self.builders.map(self.build_fn, args, timeout_s=self.config.build_timeout_s)
+
+    def run(self, cand: Candidate, tol: float, best_s: float = math.inf) -> JobResult:
+        """Check and time one candidate. With a best latency known, a
+        candidate whose checking run is `cutoff_factor` times slower is not
+        timed further, and one `hang_factor` times slower is a timeout."""
+        cfg = self.config
+        cutoff = cfg.cutoff_factor * best_s
+        timeout = cfg.run_timeout_s
+        if math.isfinite(best_s):
+            timeout = min(timeout, max(cfg.min_run_timeout_s, cfg.hang_factor * best_s))
+        return self.runner.run(
+            self.run_fn, (cand.so_path, cand.state.data_path, cfg.timing, tol, cutoff), timeout_s=timeout
+        )
+
+
+@dataclass
+class _TaskState:
+    task: Task
+    sketches: list[Sketch]
+    rng: random.Random
+    result: TaskResult
+    data_path: str = ""
+    tol: float = 1e-4
+    seen: set = field(default_factory=set)  # (sketch hash, knobs)
+    binaries: dict = field(default_factory=dict)  # binary hash -> costs
+    failures: int = 0
+
+
+def _reduction_length(task: Task) -> int:
+    n = 1
+    for r, it in zip(task.loop_ranges, task.iterator_types):
+        if it == "reduction":
+            n *= r
+    return n
+
+
+def tune(
+    source: str | os.PathLike | Program | object | None = None,
+    *,
+    target: Target | None = None,
+    config: TuneConfig | None = None,
+    db: str | os.PathLike | None = None,
+    func: str | None = None,
+    measurer: Measurer | None = None,
+    on_batch: Callable[[TaskResult], None] | None = None,
+) -> TuneResult:
+    """Tune every task of a module; returns the best verified schedules.
+
+    `source`: a path, "-" (stdin), MLIR text wrapped by `frontend.load`, an
+    `ir.Module` (any context) or a loaded `Program`.
+    `db`: the records database (created if missing; a run resumes from it).
+    """
+    config = config or TuneConfig()
+    target = target or Target.host()
+    program = source if isinstance(source, Program) else load(source)
+    tasks = extract_tasks(program, func=func)
+    own_db = db is None
+    db_path = str(db) if db is not None else os.path.join(tempfile.mkdtemp(prefix="mlir-ansor-db-"), "tuning.db")
+    database = Database(db_path)
+    own_measurer = measurer is None
+    m = measurer or Measurer(config)
+    t_start = time.perf_counter()
+    measured = 0
+    try:
+        states = _prepare(tasks, target, config, database, m)
+        measured = _search(states, target, config, database, m, on_batch)
+    finally:
+        if own_measurer:
+            m.close()
+        database.close()
+        if own_db:
+            pass  # the temporary database stays for the caller to inspect
+    return TuneResult(
+        tasks=[s.result for s in states],
+        target=target,
+        threads=config.threads,
+        elapsed_s=time.perf_counter() - t_start,
+        measured=measured,
+        db_path=db_path,
+    )
+
+
+def _prepare(tasks: list[Task], target: Target, config: TuneConfig, database: Database, m: Measurer) -> list[_TaskState]:
+    states: list[_TaskState] = []
+    for i, task in enumerate(tasks):
+        sketches = generate_sketches(task.mlir, target)
+        rng = random.Random(f"{config.seed}:{task.workload_key}")
+        st = _TaskState(task, sketches, rng, TaskResult(task))
+        st.tol = tolerance(task.outputs[0].dtype if task.outputs else "f32", _reduction_length(task))
+        database.add_workload(task.workload_key, task.name, task.mlir, task.flops)
+        # Resume: skip what is measured, start from the best valid record.
+        for sk_hash, knobs in database.measured_keys(task.workload_key, target.key):
+            st.seen.add((sk_hash, tuple(knobs)))
+        best = database.best(task.workload_key, target.key, threads=config.threads)
+        if best:
+            rec = best[0]
+            st.result.best_latency_s = rec.latency_s
+            st.result.best_knobs = rec.knobs
+            for sk in sketches:
+                if sk.hash == rec.sketch_hash:
+                    st.result.best_sketch = sk.name
+                    st.result.best_script = sk.concrete(rec.knobs)
+        st.data_path = m.path(f"task{i}.npz")
+        spec = lambda ts: [(tuple(t.shape), t.dtype) for t in ts]  # noqa: E731
+        res = m.runner.run(
+            jobs.prepare_reference,
+            (
+                sketches[0].payload,
+                spec(task.inputs),
+                spec(task.outputs),
+                config.seed,
+                m.path(f"task{i}_ref.so"),
+                st.data_path,
+                config.threads,
+                config.baseline_timing,
+            ),
+            timeout_s=max(600.0, config.run_timeout_s),
+        )
+        if not res.ok:
+            raise AnsorError(
+                f"task {task.name}: the untuned lowering failed, so no reference can be computed "
+                f"({res.error_kind.value}: {res.error_msg.strip().splitlines()[-1] if res.error_msg.strip() else ''})"
+            )
+        st.result.baseline_latency_s = sorted(res.value["costs"])[len(res.value["costs"]) // 2]
+        log.info(
+            "task %s: %d sketch(es), %d knobs, untuned %.3g s (%.2f GFLOP/s)",
+            task.name,
+            len(sketches),
+            len(sketches[0].knobs),
+            st.result.baseline_latency_s,
+            st.result.baseline_gflops,
+        )
+        states.append(st)
+    return states
+
+
+def _draw(st: _TaskState, n: int, config: TuneConfig) -> list[tuple[Sketch, Assignment]]:
+    """Up to `n` new (sketch, assignment) pairs, never measured before."""
+    # The first sketch is the rule-based one; fall back to the others only
+    # when it keeps failing.
+    pool = st.sketches[:1] if st.failures < 2 * config.batch_size or len(st.sketches) == 1 else st.sketches
+    out: list[tuple[Sketch, Assignment]] = []
+    tries = 0
+    while len(out) < n and tries < config.max_sample_tries:
+        tries += 1
+        sk = pool[st.rng.randrange(len(pool))]
+        knobs = sample(sk.knobs, st.rng)
+        key = (sk.hash, knobs)
+        if key in st.seen:
+            continue
+        st.seen.add(key)
+        out.append((sk, knobs))
+    return out
+
+
+def _search(
+    states: list[_TaskState],
+    target: Target,
+    config: TuneConfig,
+    database: Database,
+    m: Measurer,
+    on_batch: Callable[[TaskResult], None] | None,
+) -> int:
+    host = target.model
+    versions = _versions()
+    budget = config.trials
+    measured = 0
+    exhausted: set[int] = set()
+    counter = 0
+    while measured < budget and len(exhausted) < len(states):
+        for ti, st in enumerate(states):
+            if ti in exhausted or measured >= budget:
+                continue
+            n = min(config.batch_size, budget - measured)
+            drawn = _draw(st, n, config)
+            if not drawn:
+                exhausted.add(ti)
+                continue
+            cands = []
+            for sk, knobs in drawn:
+                counter += 1
+                c = Candidate(st, sk, knobs, so_path=m.path(f"c{counter}.so"))
+                c.script = sk.concrete(knobs)
+                cands.append(c)
+            builds = m.build(cands)
+            for c, b in zip(cands, builds):
+                rec = _measure_one(c, b, st, target, config, m)
+                rec = Record(
+                    workload_key=st.task.workload_key,
+                    target=target.key,
+                    sketch_hash=c.sketch.hash,
+                    knobs=c.knobs,
+                    costs=tuple(rec["costs"]),
+                    error_kind=rec["error_kind"],
+                    error_msg=rec["error_msg"][-2000:],
+                    host=host,
+                    threads=config.threads,
+                    build_s=b.elapsed_s,
+                    timestamp=time.time(),
+                    versions=versions,
+                )
+                database.commit_record(rec)
+                measured += 1
+                _account(st, c, rec)
+                try:
+                    os.unlink(c.so_path)
+                except OSError:
+                    pass
+            r = st.result
+            log.info(
+                "%s: %d trials, best %.3g s (%.1f GFLOP/s, %.1fx untuned), errors %s",
+                st.task.name,
+                r.trials,
+                r.best_latency_s,
+                r.gflops,
+                (r.baseline_latency_s / r.best_latency_s) if math.isfinite(r.best_latency_s) else 0.0,
+                dict(r.errors) or "none",
+            )
+            if on_batch:
+                on_batch(r)
+    return measured
+
+
+def _measure_one(c: Candidate, b: JobResult, st: _TaskState, target: Target, config: TuneConfig, m: Measurer) -> dict:
+    if not b.ok:
+        kind = ErrorKind.BUILD_ERROR if b.error_kind == ErrorKind.EXCEPTION else b.error_kind
+        return {"costs": [], "error_kind": kind.value, "error_msg": b.error_msg}
+    bhash = b.value.get("binary_hash")
+    if bhash in st.binaries:
+        # Same machine code as a candidate already measured: reuse its result.
+        prev = st.binaries[bhash]
+        return dict(prev)
+    r = m.run(c, st.tol, st.result.best_latency_s)
+    if not r.ok:
+        kind = ErrorKind.RUN_ERROR if r.error_kind == ErrorKind.EXCEPTION else r.error_kind
+        out = {"costs": [], "error_kind": kind.value, "error_msg": r.error_msg}
+    elif not r.value["ok"]:
+        out = {
+            "costs": [],
+            "error_kind": ErrorKind.WRONG_ANSWER.value,
+            "error_msg": f"relative error {r.value['error']:.3g} exceeds tolerance {st.tol:.3g}",
+        }
+    else:
+        out = {"costs": r.value["costs"], "error_kind": ErrorKind.NONE.value, "error_msg": ""}
+    st.binaries[bhash] = out
+    return out
+
+
+def _account(st: _TaskState, c: Candidate, rec: Record) -> None:
+    r = st.result
+    r.trials += 1
+    if rec.error_kind != ErrorKind.NONE.value:
+        r.errors[rec.error_kind] += 1
+        st.failures += 1
+    elif rec.latency_s < r.best_latency_s:
+        r.best_latency_s = rec.latency_s
+        r.best_knobs = c.knobs
+        r.best_sketch = c.sketch.name
+        r.best_script = c.script
+    r.history.append(r.best_latency_s)

@@ -1,0 +1,41 @@
+"""Build and run functions that misbehave on purpose, for the tuner's tests.
+
+Each wraps the real job and fails for candidates whose concrete schedule
+selects a given register-tile value, so that one tuning run meets a crashing
+compiler, a hanging compiler, a crashing kernel and a wrong answer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+from mlir_ansor.measure import jobs
+
+
+def _selected(script: str, knob: str) -> int | None:
+    for line in script.splitlines():
+        if f'knob<"{knob}"> = ' in line:
+            return int(line.split('"> = ')[1].split(" :")[0])
+    return None
+
+
+def build_that_aborts_or_hangs(payload, script, threads, so_path, opt_level=3):
+    rows = _selected(script, "r_d0")
+    if rows == 2:
+        os.abort()  # what an MLIR assertion does to the process
+    if rows == 4:
+        time.sleep(3600)  # a compiler that never returns
+    if rows == 8:
+        # A wrong kernel: the accumulator starts at 1 instead of 0.
+        payload = payload.replace("arith.constant 0.000000e+00 : f32", "arith.constant 1.000000e+00 : f32")
+    return jobs.build_candidate(payload, script, threads, so_path, opt_level)
+
+
+def run_that_segfaults(so_path, data_path, policy, tol, cutoff_s=float("inf")):
+    flag = os.path.join(os.path.dirname(so_path), "segfaulted-once")
+    if not os.path.exists(flag):
+        open(flag, "w").close()
+        ctypes.string_at(0)  # the first kernel run reads address 0
+    return jobs.run_candidate(so_path, data_path, policy, tol, cutoff_s)

@@ -1,0 +1,284 @@
+"""Tests of the tuning database (mlir_ansor.records.database)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mlir_ansor.errors import AnsorError, DatabaseError, InputError
+from mlir_ansor.records import Database, Record
+
+WK = "wk-matmul-64"
+TGT = "cpu:znver3:avx2"
+
+
+def rec(
+    knobs,
+    costs=(1e-3,),
+    *,
+    err="none",
+    wk=WK,
+    target=TGT,
+    sketch="s1",
+    threads=1,
+    ts=1.0,
+    **kw,
+):
+    return Record(
+        wk,
+        target,
+        sketch,
+        knobs,
+        tuple(costs),
+        err,
+        threads=threads,
+        timestamp=ts,
+        **kw,
+    )
+
+
+def test_record_basics():
+    r = rec({"tile_j": 8, "tile_i": 4, "vec": True}, costs=(3.0, 1.0, 2.0))
+    assert r.knobs == (("tile_i", 4), ("tile_j", 8), ("vec", True))  # sorted pairs
+    assert r.latency_s == 2.0
+    assert rec({}, costs=(), err="crash").latency_s == math.inf
+    hash(r)  # frozen and hashable
+
+
+def test_round_trip(tmp_path):
+    path = tmp_path / "t.db"
+    r1 = Record(
+        WK,
+        TGT,
+        "abc123",
+        (("tile", 16), ("unroll", 4), ("name", "pack"), ("flag", False)),
+        (1e-3, 2e-3, 1.5e-3),
+        "none",
+        host="AMD EPYC",
+        threads=8,
+        build_s=0.25,
+        timestamp=1700000000.5,
+        versions=json.dumps({"mlir_ansor": "0.1"}),
+    )
+    r2 = rec({"tile": 32}, costs=(), err="crash", error_msg="worker killed by SIGSEGV")
+    with Database(path) as db:
+        db.add_workload(WK, "matmul", "func.func @f() { return }", 2 * 64**3)
+        db.add_workload(WK, "other name", "ignored", 1)  # idempotent: first wins
+        db.commit_record(r1)
+        db.commit_record(r2)
+        db.commit_record(r2)  # exact duplicate stored once
+    with Database(path) as db:
+        assert db.workload(WK) == {
+            "workload_key": WK,
+            "name": "matmul",
+            "task_mlir": "func.func @f() { return }",
+            "flops": 2 * 64**3,
+        }
+        assert db.workload("nope") is None
+        assert [w["workload_key"] for w in db.workloads()] == [WK]
+        got = db.records()
+        assert got == [r1, r2]
+        k = dict(got[0].knobs)
+        assert k["flag"] is False and type(k["tile"]) is int and k["name"] == "pack"
+        assert db.records(WK, TGT) == [r1, r2]
+        assert db.records(target="cuda:sm_90") == []
+        assert db.count(WK) == 2
+
+
+def test_best_ordering_and_error_filtering(tmp_path):
+    with Database(tmp_path / "b.db") as db:
+        db.commit_record(rec({"t": 1}, (5e-3,)))
+        db.commit_record(rec({"t": 2}, (1e-3, 9.0, 1.1e-3)))  # median 1.1e-3
+        db.commit_record(rec({"t": 3}, (), err="timeout"))
+        db.commit_record(rec({"t": 4}, (1e-6,), err="wrong_answer"))  # fast but wrong
+        db.commit_record(rec({"t": 5}, (2e-3,), threads=4))
+        db.commit_record(rec({"t": 6}, (1e-9,), target="cpu:other"))
+        db.commit_record(rec({"t": 7}, (1e-9,), wk="other"))
+        best = db.best(WK, TGT, k=10)
+        assert [dict(r.knobs)["t"] for r in best] == [2, 5, 1]
+        assert db.best(WK, TGT)[0].knobs == (("t", 2),)
+        assert [dict(r.knobs)["t"] for r in db.best(WK, TGT, threads=4, k=5)] == [5]
+        assert db.best(WK, "cuda:sm_90") == []
+
+
+def test_measured_keys(tmp_path):
+    with Database(tmp_path / "m.db") as db:
+        db.commit_record(rec({"b": 2, "a": 1}, sketch="s1"))
+        db.commit_record(rec({"a": 9}, (), err="crash", sketch="s2"))
+        db.commit_record(rec({"a": 9}, sketch="s2", ts=2.0))  # measured twice: one key
+        db.commit_record(rec({"a": 1}, target="cpu:other"))
+        keys = db.measured_keys(WK, TGT)
+        assert keys == {("s1", (("a", 1), ("b", 2))), ("s2", (("a", 9),))}
+        # the key of a fresh Record built from a dict matches
+        assert ("s1", rec({"a": 1, "b": 2}).knobs) in keys
+
+
+def test_export_import_round_trip(tmp_path):
+    src = tmp_path / "src.db"
+    with Database(src) as db:
+        db.add_workload(WK, "matmul", "module {}", 123)
+        recs = [
+            rec(
+                {"t": i, "v": bool(i % 2), "s": f"x{i}"},
+                (i * 1e-3 + 1e-3,),
+                ts=float(i),
+            )
+            for i in range(5)
+        ]
+        recs.append(rec({"t": 99}, (), err="crash", error_msg="boom\nline 2"))
+        for r in recs:
+            db.commit_record(r)
+        assert db.export_jsonl(tmp_path / "out.jsonl") == 6
+    with Database(tmp_path / "dst.db") as dst:
+        assert dst.import_jsonl(tmp_path / "out.jsonl") == 6
+        assert dst.records() == recs
+        assert dst.workload(WK)["flops"] == 123
+        assert dst.import_jsonl(tmp_path / "out.jsonl") == 0  # duplicates skipped
+        assert dst.count() == 6
+        assert dst.best(WK, TGT)[0] == recs[0]
+
+
+def test_import_bad_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    good = json.dumps(rec({"t": 1}).to_json())
+    bad.write_text(good + "\n{not json\n")
+    with Database(tmp_path / "x.db") as db:
+        with pytest.raises(InputError, match=r"bad\.jsonl:2"):
+            db.import_jsonl(bad)
+        assert db.count() == 0  # nothing half-imported
+
+
+def _snapshot(path):
+    st = os.stat(path)
+    return path.read_bytes(), st.st_mtime_ns, st.st_size
+
+
+def test_foreign_sqlite_refused_and_unchanged(tmp_path):
+    path = tmp_path / "foreign.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE people (name TEXT)")
+    con.execute("INSERT INTO people VALUES ('ada')")
+    con.commit()
+    con.close()
+    before = _snapshot(path)
+    with pytest.raises(DatabaseError, match="not an mlir-ansor tuning database") as ei:
+        Database(path)
+    assert str(path) in str(ei.value)
+    assert isinstance(ei.value, AnsorError)
+    assert _snapshot(path) == before
+    assert sorted(os.listdir(tmp_path)) == ["foreign.db"]  # no -wal/-shm left behind
+
+
+def test_foreign_meta_refused(tmp_path):
+    path = tmp_path / "meta.db"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE meta (key TEXT, value TEXT)")
+    con.execute("INSERT INTO meta VALUES ('format', 'something-else')")
+    con.commit()
+    con.close()
+    before = _snapshot(path)
+    with pytest.raises(DatabaseError, match="something-else"):
+        Database(path)
+    assert _snapshot(path) == before
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        os.urandom(4096),
+        b"workload,latency\nmatmul,1e-3\n",
+        b"SQLite format 3\x00" + b"\xff" * 200,
+    ],
+    ids=["random", "text", "corrupt-header"],
+)
+def test_garbage_refused_and_unchanged(tmp_path, content):
+    path = tmp_path / "junk.db"
+    path.write_bytes(content)
+    before = _snapshot(path)
+    with pytest.raises(DatabaseError, match="junk.db"):
+        Database(path)
+    assert _snapshot(path) == before
+
+
+def test_corrupt_pages_refused(tmp_path):
+    path = tmp_path / "c.db"
+    with Database(path) as db:
+        for i in range(200):
+            db.commit_record(rec({"t": i}, ts=float(i), error_msg="x" * 200))
+    # checkpointed on close; smash everything after the first page
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    data[page:] = os.urandom(len(data) - page)
+    path.write_bytes(bytes(data))
+    with pytest.raises(DatabaseError):
+        db = Database(path)
+        db.records()  # corruption may only show when the pages are read
+        db.close()
+
+
+def test_newer_schema_refused(tmp_path):
+    path = tmp_path / "v.db"
+    Database(path).close()
+    con = sqlite3.connect(path)
+    con.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    con.commit()
+    con.close()
+    with pytest.raises(DatabaseError, match="version"):
+        Database(path)
+
+
+def test_empty_file_and_reopen(tmp_path):
+    path = tmp_path / "empty.db"
+    path.write_bytes(b"")
+    with Database(path) as db:
+        db.commit_record(rec({"t": 1}))
+    with Database(path) as db:
+        assert len(db.records()) == 1
+
+
+def test_closed_database_errors(tmp_path):
+    db = Database(tmp_path / "z.db")
+    db.close()
+    db.close()
+    with pytest.raises(DatabaseError, match="closed"):
+        db.records()
+
+
+def test_record_survives_sigkill(tmp_path):
+    path = tmp_path / "kill.db"
+    child = textwrap.dedent(
+        f"""
+        import os, sys, time
+        sys.path[:0] = {sys.path!r}
+        from mlir_ansor.records import Database, Record
+        db = Database({str(path)!r})
+        db.add_workload("wk", "matmul", "module {{}}", 10)
+        db.commit_record(Record("wk", "cpu", "s", (("t", 4),), (0.5,), "none"))
+        print("committed", flush=True)
+        time.sleep(60)
+        """
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", child], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert p.stdout.readline().strip() == "committed"
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == -signal.SIGKILL
+    with Database(path) as db:
+        assert db.workload("wk")["flops"] == 10
+        (r,) = db.records()
+        assert r.knobs == (("t", 4),) and r.latency_s == 0.5

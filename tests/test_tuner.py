@@ -1,0 +1,147 @@
+"""End-to-end tuning on small inputs, and the failure paths of candidates."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import faulty_jobs
+import numpy as np
+import pytest
+from conftest import INPUTS
+
+from mlir_ansor import TuneConfig, tune
+from mlir_ansor.measure.builder import build
+from mlir_ansor.measure.runner import Kernel, TimingPolicy
+from mlir_ansor.records import Database
+from mlir_ansor.search.sketch import generate_sketches
+from mlir_ansor.target import Target
+from mlir_ansor.tuner import Measurer
+
+FAST = TimingPolicy(warmup=1, min_repeat=2, max_repeat=5, min_time_s=0.005)
+
+
+def _config(**kw) -> TuneConfig:
+    base = dict(trials=6, batch_size=3, build_workers=2, timing=FAST, build_timeout_s=60, run_timeout_s=30)
+    base.update(kw)
+    return TuneConfig(**base)
+
+
+def test_tune_small_matmul_and_check_against_numpy(tmp_path):
+    db = tmp_path / "t.db"
+    result = tune(str(INPUTS / "matmul.mlir"), config=_config(), db=db)
+    (r,) = result.tasks
+    assert r.trials == 6 and result.measured == 6
+    assert np.isfinite(r.best_latency_s) and r.gflops > 0
+    assert r.baseline_latency_s > 0
+    # The best schedule, rebuilt here, computes A @ B.
+    sk = next(s for s in generate_sketches(r.task.mlir, Target.host()) if s.name == r.best_sketch)
+    so = str(tmp_path / "best.so")
+    build(sk.payload, r.best_script, 1, so)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((128, 64), dtype=np.float32)
+    b = rng.standard_normal((64, 256), dtype=np.float32)
+    c = np.full((128, 256), np.nan, dtype=np.float32)
+    k = Kernel(so)
+    k.bind([a, b, c])()
+    k.close()
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
+    # Every trial is in the database, valid ones with their timings.
+    with Database(db) as d:
+        recs = d.records(r.task.workload_key)
+        assert len(recs) == 6
+        best = d.best(r.task.workload_key, Target.host().key)[0]
+        assert best.latency_s == pytest.approx(r.best_latency_s)
+        assert best.threads == 1 and best.host
+
+
+def test_same_seed_same_candidates(tmp_path):
+    def knobs(db_name):
+        tune(str(INPUTS / "matmul.mlir"), config=_config(trials=3, seed=11), db=tmp_path / db_name)
+        with Database(tmp_path / db_name) as d:
+            return sorted(r.knobs for r in d.records())
+
+    assert knobs("a.db") == knobs("b.db")
+
+
+def test_resume_measures_nothing_twice(tmp_path):
+    db = tmp_path / "r.db"
+    tune(str(INPUTS / "matmul.mlir"), config=_config(trials=3), db=db)
+    tune(str(INPUTS / "matmul.mlir"), config=_config(trials=3), db=db)
+    with Database(db) as d:
+        recs = d.records()
+    keys = [(r.sketch_hash, r.knobs) for r in recs]
+    assert len(recs) == 6 and len(set(keys)) == 6
+
+
+def test_crashes_hangs_and_wrong_answers_become_records(tmp_path):
+    db = tmp_path / "f.db"
+    config = _config(trials=24, batch_size=8, build_timeout_s=4, seed=3)
+    with Measurer(
+        config, build_fn=faulty_jobs.build_that_aborts_or_hangs, run_fn=faulty_jobs.run_that_segfaults
+    ) as m:
+        result = tune(str(INPUTS / "matmul.mlir"), config=config, db=db, measurer=m)
+    (r,) = result.tasks
+    with Database(db) as d:
+        recs = d.records()
+    kinds = {}
+    for rec in recs:
+        kinds.setdefault(rec.error_kind, []).append(rec)
+    assert len(recs) == 24
+    assert "crash" in kinds and any("SIGABRT" in x.error_msg for x in kinds["crash"])
+    assert any("SIGSEGV" in x.error_msg for x in kinds["crash"])
+    assert "timeout" in kinds
+    assert "wrong_answer" in kinds and "exceeds tolerance" in kinds["wrong_answer"][0].error_msg
+    # Tuning went on: valid records exist, none of them with the faulty tiles.
+    assert kinds.get("none")
+    for rec in kinds["none"]:
+        assert dict(rec.knobs).get("r_d0") not in (2, 4, 8)
+    assert dict(r.best_knobs).get("r_d0") not in (2, 4, 8)
+
+
+def _cli(*args, stdin=None):
+    return subprocess.run(
+        [sys.executable, "-m", "mlir_ansor.cli", *args], capture_output=True, text=True, input=stdin, timeout=600
+    )
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("malformed.mlir", "malformed.mlir:3:"),
+        ("dynamic.mlir", "dynamic"),
+        ("unsupported_op.mlir", "unsupported_op.mlir:"),
+        ("i32_matmul.mlir", "element type i32 is not supported"),
+        ("no_linalg.mlir", "no Linalg operation"),
+        ("does_not_exist.mlir", "no such file"),
+    ],
+)
+def test_cli_bad_input_is_a_clear_error(tmp_path, name, expected):
+    proc = _cli("tune", str(INPUTS / name), "--trials", "1", "--db", str(tmp_path / "x.db"))
+    assert proc.returncode == 2, proc.stderr
+    assert expected in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_refuses_a_foreign_database(tmp_path):
+    bogus = tmp_path / "notes.db"
+    bogus.write_text("not a database\n")
+    proc = _cli("tune", str(INPUTS / "matmul.mlir"), "--trials", "1", "--db", str(bogus))
+    assert proc.returncode == 2 and "notes.db" in proc.stderr and "Traceback" not in proc.stderr
+    assert bogus.read_text() == "not a database\n"
+
+
+def test_cli_tune_json_from_stdin_and_show(tmp_path):
+    db = tmp_path / "cli.db"
+    text = (INPUTS / "matmul.mlir").read_text()
+    proc = _cli("tune", "-", "--trials", "2", "--batch-size", "2", "--db", str(db), "--seed", "1", "--json", stdin=text)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    (task,) = out["tasks"]
+    assert task["name"] == "matmul_128x256x64_f32"
+    assert task["flops"] == 2 * 128 * 256 * 64 and task["weight"] == 1 and task["trials"] == 2
+    assert task["best_latency_s"] > 0 and task["gflops"] > 0 and task["baseline_latency_s"] > 0
+    assert out["latency_s"] == pytest.approx(task["best_latency_s"])
+    show = _cli("show", str(db))
+    assert show.returncode == 0 and "matmul_128x256x64_f32" in show.stdout
