@@ -373,9 +373,22 @@ def _draw(st: _TaskState, n: int, config: TuneConfig) -> list[tuple[Sketch, Assi
         key = (sk.hash, knobs)
         if key in st.seen:
             continue
+        if math.prod(e for _, e in sk.forall) >= config.threads and not _balanced(
+            sk.parallelism(knobs), config.threads
+        ):
+            continue
         st.seen.add(key)
         out.append((sk, knobs))
     return out
+
+
+def _balanced(iterations: int, threads: int) -> bool:
+    """Whether a parallel loop of `iterations` keeps `threads` threads busy:
+    at least one iteration each, and an even split unless there are many
+    (then the imbalance is small). With one thread every schedule is fine."""
+    if threads <= 1:
+        return True
+    return iterations >= threads and (iterations % threads == 0 or iterations >= 8 * threads)
 
 
 def _search(

@@ -50,7 +50,7 @@ _HDR = struct.Struct("<Q")
 _POLL_S = 0.05  # how often a waiting parent checks that its workers are alive
 
 
-class ErrorKind(str, enum.Enum):
+class ErrorKind(enum.StrEnum):
     """Why a job (or a candidate) failed. Stored in the database as ``.value``."""
 
     NONE = "none"
@@ -60,9 +60,6 @@ class ErrorKind(str, enum.Enum):
     WRONG_ANSWER = "wrong_answer"  # set by callers
     BUILD_ERROR = "build_error"  # set by callers
     RUN_ERROR = "run_error"  # set by callers
-
-    def __str__(self) -> str:  # so f"{kind}" gives "timeout", not "ErrorKind.TIMEOUT"
-        return self.value
 
 
 @dataclass

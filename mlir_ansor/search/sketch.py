@@ -206,6 +206,15 @@ class Sketch:
     script: str
     knobs: tuple[KnobSpec, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    forall: tuple[tuple[str, int], ...] = ()  # (tile knob, loop extent) of the scf.forall
+
+    def parallelism(self, assignment: Assignment) -> int:
+        """How many iterations the scf.forall of this schedule has."""
+        values = dict(assignment)
+        n = 1
+        for name, extent in self.forall:
+            n *= extent // max(1, values.get(name, extent))
+        return n
 
     @property
     def hash(self) -> str:
@@ -431,7 +440,8 @@ def _contraction_sketch(
         w.tile_each(w.match_ops(forall, ["linalg.copy"]), [1, 0])
 
     _finish(w, vectorize=True)
-    return Sketch("cpu-contraction", payload, w.text(), tuple(specs))
+    forall_knobs = tuple((f"p_d{d}", ranges[d]) for d in anchor.parallel)
+    return Sketch("cpu-contraction", payload, w.text(), tuple(specs), forall=forall_knobs)
 
 
 _CONV_1D = ("linalg.conv_1d_nwc_wcf", "linalg.conv_1d_ncw_fcw", "linalg.depthwise_conv_1d_nwc_wc")
@@ -470,7 +480,8 @@ def _default_sketch(payload: str, ops: tuple[OpStructure, ...], anchor: OpStruct
             h = w.match_op_id("%root", o.op_id)
             _, forall = w.fuse_into(h, forall)
     _finish(w, vectorize=False)
-    return Sketch("cpu-default", payload, w.text(), tuple(knobs))
+    forall_knobs = tuple((f"p_d{d}", root.loop_ranges[d]) for d in root.parallel)
+    return Sketch("cpu-default", payload, w.text(), tuple(knobs), forall=forall_knobs)
 
 
 def _finish(w: ScheduleWriter, *, vectorize: bool) -> None:
