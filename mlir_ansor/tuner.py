@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from . import __version__
@@ -52,13 +53,17 @@ class TuneConfig:
     threads: threads the kernels run on (OpenMP), also when measured.
     seed: the same seed gives the same candidates.
     batch_size: candidates built (in parallel) before measuring them.
-    build_workers: builder processes; None = one per core.
+    build_workers: builder processes; None = one per core (with `overlap`,
+      one per core the kernels leave free).
     build_timeout_s / run_timeout_s: a candidate past these is a recorded
       timeout (a hang in the compiler or in the kernel).
     timing: how each candidate is timed (warm-up, repeats, minimum time).
     baseline_timing: how the untuned lowering is timed (it can be slow).
     opt_level: LLVM optimization level of the builds.
     max_sample_tries: attempts to draw a not-yet-measured assignment.
+    overlap: build the next batch while measuring this one, on the cores
+      the kernels leave free (in-search timings then run on a busier machine;
+      benchmarks re-time the best in a fresh process).
     cutoff_factor: a candidate whose checking run is this many times slower
       than the best so far is costed by that one run (it cannot win).
     hang_factor / min_run_timeout_s: with a best known, a run longer than
@@ -78,7 +83,8 @@ class TuneConfig:
     )
     opt_level: int = 3
     max_sample_tries: int = 200
-    cutoff_factor: float = 4.0
+    overlap: bool = True
+    cutoff_factor: float = 2.0
     hang_factor: float = 50.0
     min_run_timeout_s: float = 5.0
 
@@ -136,6 +142,7 @@ class TuneResult:
     elapsed_s: float
     measured: int
     db_path: str
+    search_s: float = 0.0  # time spent building and measuring candidates (after the references)
 
     @property
     def latency_s(self) -> float:
@@ -143,7 +150,9 @@ class TuneResult:
 
     @property
     def candidates_per_s(self) -> float:
-        return self.measured / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        """Candidates built and measured per second of search (the one-time
+        reference and baseline runs of each task are not counted)."""
+        return self.measured / self.search_s if self.search_s > 0 else 0.0
 
     def to_json(self) -> dict:
         lat = self.latency_s
@@ -156,6 +165,7 @@ class TuneResult:
             "host": self.target.model,
             "trials": self.measured,
             "tuning_time_s": self.elapsed_s,
+            "search_time_s": self.search_s,
             "candidates_per_s": self.candidates_per_s,
             "db": self.db_path,
         }
@@ -200,7 +210,12 @@ class Measurer:
         self.config = config
         self.build_fn = build_fn
         self.run_fn = run_fn
-        n_build = config.build_workers or max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+        # Overlap builds with measurement only when the kernels leave a core
+        # free; the builders then get the cores the kernels do not use.
+        self.overlap = config.overlap and config.threads < cores
+        default_builders = max(1, cores - config.threads) if self.overlap else cores
+        n_build = config.build_workers or default_builders
         env = {"OMP_NUM_THREADS": str(config.threads), "KMP_WARNINGS": "0"}
         self.builders = WorkerPool(n_build, env=env, max_jobs_per_worker=200)
         self.runner = WorkerPool(1, env=env, max_jobs_per_worker=500)
@@ -286,9 +301,12 @@ def tune(
     m = measurer or Measurer(config)
     t_start = time.perf_counter()
     measured = 0
+    search_s = 0.0
     try:
         states = _prepare(tasks, target, config, database, m)
+        t_search = time.perf_counter()
         measured = _search(states, target, config, database, m, on_batch)
+        search_s = time.perf_counter() - t_search
     finally:
         if own_measurer:
             m.close()
@@ -302,6 +320,7 @@ def tune(
         elapsed_s=time.perf_counter() - t_start,
         measured=measured,
         db_path=db_path,
+        search_s=search_s,
     )
 
 
@@ -391,6 +410,41 @@ def _balanced(iterations: int, threads: int) -> bool:
     return iterations >= threads and (iterations % threads == 0 or iterations >= 8 * threads)
 
 
+class _Batches:
+    """Hands out batches of new candidates, round-robin over the tasks,
+    until the budget is drawn or every task's space is exhausted."""
+
+    def __init__(self, states: list[_TaskState], config: TuneConfig, m: Measurer) -> None:
+        self.states = states
+        self.config = config
+        self.m = m
+        self.left = config.trials
+        self.exhausted: set[int] = set()
+        self.next_task = 0
+        self.counter = 0
+
+    def next(self) -> tuple[_TaskState, list[Candidate]] | None:
+        while self.left > 0 and len(self.exhausted) < len(self.states):
+            ti = self.next_task
+            self.next_task = (ti + 1) % len(self.states)
+            if ti in self.exhausted:
+                continue
+            st = self.states[ti]
+            drawn = _draw(st, min(self.config.batch_size, self.left), self.config)
+            if not drawn:
+                self.exhausted.add(ti)
+                continue
+            self.left -= len(drawn)
+            cands = []
+            for sk, knobs in drawn:
+                self.counter += 1
+                c = Candidate(st, sk, knobs, so_path=self.m.path(f"c{self.counter}.so"))
+                c.script = sk.concrete(knobs)
+                cands.append(c)
+            return st, cands
+        return None
+
+
 def _search(
     states: list[_TaskState],
     target: Target,
@@ -399,38 +453,38 @@ def _search(
     m: Measurer,
     on_batch: Callable[[TaskResult], None] | None,
 ) -> int:
+    """Spend the trial budget. With `m.overlap`, the next batch is built
+    while the current one is measured (builders use the cores the kernels
+    do not)."""
     host = target.model
     versions = _versions()
-    budget = config.trials
     measured = 0
-    exhausted: set[int] = set()
-    counter = 0
-    while measured < budget and len(exhausted) < len(states):
-        for ti, st in enumerate(states):
-            if ti in exhausted or measured >= budget:
-                continue
-            n = min(config.batch_size, budget - measured)
-            drawn = _draw(st, n, config)
-            if not drawn:
-                exhausted.add(ti)
-                continue
-            cands = []
-            for sk, knobs in drawn:
-                counter += 1
-                c = Candidate(st, sk, knobs, so_path=m.path(f"c{counter}.so"))
-                c.script = sk.concrete(knobs)
-                cands.append(c)
-            builds = m.build(cands)
+    batches = _Batches(states, config, m)
+    pool = ThreadPoolExecutor(1) if m.overlap else None
+
+    def start(batch):
+        if batch is None:
+            return None
+        if pool is not None:
+            return batch, pool.submit(m.build, batch[1])
+        return batch, None
+
+    try:
+        pending = start(batches.next())
+        while pending is not None:
+            (st, cands), fut = pending
+            builds = fut.result() if fut is not None else m.build(cands)
+            pending = start(batches.next())
             for c, b in zip(cands, builds):
-                rec = _measure_one(c, b, st, target, config, m)
+                out = _measure_one(c, b, st, target, config, m)
                 rec = Record(
                     workload_key=st.task.workload_key,
                     target=target.key,
                     sketch_hash=c.sketch.hash,
                     knobs=c.knobs,
-                    costs=tuple(rec["costs"]),
-                    error_kind=rec["error_kind"],
-                    error_msg=rec["error_msg"][-2000:],
+                    costs=tuple(out["costs"]),
+                    error_kind=out["error_kind"],
+                    error_msg=out["error_msg"][-2000:],
                     host=host,
                     threads=config.threads,
                     build_s=b.elapsed_s,
@@ -456,6 +510,11 @@ def _search(
             )
             if on_batch:
                 on_batch(r)
+    finally:
+        if pending is not None and pending[1] is not None:
+            pending[1].cancel()
+        if pool is not None:
+            pool.shutdown(wait=True)
     return measured
 
 
