@@ -57,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--timeout", type=_positive(float), default=60.0, help="seconds per build and per run")
     t.add_argument("--batch-size", type=_positive(int), default=16, help="candidates built before measuring")
     t.add_argument("--func", default=None, help="tune only this function")
+    t.add_argument("--search", default="random", help="search strategy (random)")
     t.add_argument("--executor", default="local", help="local (a Ray executor is planned)")
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
@@ -91,6 +92,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         build_timeout_s=max(args.timeout, 1.0),
         run_timeout_s=max(args.timeout, 1.0),
+        strategy=args.search,
     )
     result = tune(source, target=target, config=config, db=args.db, func=args.func)
     if args.json:

@@ -21,7 +21,6 @@ import logging
 import math
 import os
 import platform
-import random
 import shutil
 import tempfile
 import time
@@ -38,7 +37,8 @@ from .measure.pool import ErrorKind, JobResult, WorkerPool
 from .measure.runner import TimingPolicy, tolerance
 from .records import Database, Record
 from .search.sketch import Sketch, generate_sketches
-from .search.space import Assignment, sample
+from .search.space import Assignment
+from .search.strategy import STRATEGIES, MeasuredCandidate, SearchStrategy, TaskContext
 from .search.task import Task, extract_tasks
 from .target import Target
 
@@ -60,6 +60,7 @@ class TuneConfig:
     timing: how each candidate is timed (warm-up, repeats, minimum time).
     baseline_timing: how the untuned lowering is timed (it can be slow).
     opt_level: LLVM optimization level of the builds.
+    strategy: the search strategy, by name (see `STRATEGIES`).
     max_sample_tries: attempts to draw a not-yet-measured assignment.
     overlap: build the next batch while measuring this one, on the cores
       the kernels leave free (in-search timings then run on a busier machine;
@@ -82,6 +83,7 @@ class TuneConfig:
         default_factory=lambda: TimingPolicy(warmup=0, min_repeat=1, max_repeat=3, min_time_s=0.5)
     )
     opt_level: int = 3
+    strategy: str = "random"
     max_sample_tries: int = 200
     overlap: bool = True
     cutoff_factor: float = 2.0
@@ -257,13 +259,17 @@ class Measurer:
 class _TaskState:
     task: Task
     sketches: list[Sketch]
-    rng: random.Random
+    strategy: SearchStrategy
     result: TaskResult
     data_path: str = ""
     tol: float = 1e-4
-    seen: set = field(default_factory=set)  # (sketch hash, knobs)
     binaries: dict = field(default_factory=dict)  # binary hash -> costs
-    failures: int = 0
+
+
+def make_strategy(config: TuneConfig) -> SearchStrategy:
+    if config.strategy not in STRATEGIES:
+        raise AnsorError(f"unknown search strategy {config.strategy!r}: expected one of {', '.join(sorted(STRATEGIES))}")
+    return STRATEGIES[config.strategy](config)
 
 
 def _reduction_length(task: Task) -> int:
@@ -328,13 +334,20 @@ def _prepare(tasks: list[Task], target: Target, config: TuneConfig, database: Da
     states: list[_TaskState] = []
     for i, task in enumerate(tasks):
         sketches = generate_sketches(task.mlir, target)
-        rng = random.Random(f"{config.seed}:{task.workload_key}")
-        st = _TaskState(task, sketches, rng, TaskResult(task))
+        ctx = TaskContext(task, sketches, target, config.threads, config.seed)
+        st = _TaskState(task, sketches, make_strategy(config), TaskResult(task))
         st.tol = tolerance(task.outputs[0].dtype if task.outputs else "f32", _reduction_length(task))
         database.add_workload(task.workload_key, task.name, task.mlir, task.flops)
         # Resume: skip what is measured, start from the best valid record.
         for sk_hash, knobs in database.measured_keys(task.workload_key, target.key):
-            st.seen.add((sk_hash, tuple(knobs)))
+            ctx.measured.add((sk_hash, tuple(knobs)))
+        by_hash = {sk.hash: sk for sk in sketches}
+        for rec in database.records(task.workload_key, target.key):
+            if rec.threads == config.threads and rec.sketch_hash in by_hash:
+                ctx.history.append(
+                    MeasuredCandidate(by_hash[rec.sketch_hash], tuple(rec.knobs), tuple(rec.costs), rec.error_kind)
+                )
+        st.strategy.pre_tuning(ctx)
         best = database.best(task.workload_key, target.key, threads=config.threads)
         if best:
             rec = best[0]
@@ -378,38 +391,6 @@ def _prepare(tasks: list[Task], target: Target, config: TuneConfig, database: Da
     return states
 
 
-def _draw(st: _TaskState, n: int, config: TuneConfig) -> list[tuple[Sketch, Assignment]]:
-    """Up to `n` new (sketch, assignment) pairs, never measured before."""
-    # The first sketch is the rule-based one; fall back to the others only
-    # when it keeps failing.
-    pool = st.sketches[:1] if st.failures < 2 * config.batch_size or len(st.sketches) == 1 else st.sketches
-    out: list[tuple[Sketch, Assignment]] = []
-    tries = 0
-    while len(out) < n and tries < config.max_sample_tries:
-        tries += 1
-        sk = pool[st.rng.randrange(len(pool))]
-        knobs = sample(sk.knobs, st.rng)
-        key = (sk.hash, knobs)
-        if key in st.seen:
-            continue
-        if math.prod(e for _, e in sk.forall) >= config.threads and not _balanced(
-            sk.parallelism(knobs), config.threads
-        ):
-            continue
-        st.seen.add(key)
-        out.append((sk, knobs))
-    return out
-
-
-def _balanced(iterations: int, threads: int) -> bool:
-    """Whether a parallel loop of `iterations` keeps `threads` threads busy:
-    at least one iteration each, and an even split unless there are many
-    (then the imbalance is small). With one thread every schedule is fine."""
-    if threads <= 1:
-        return True
-    return iterations >= threads and (iterations % threads == 0 or iterations >= 8 * threads)
-
-
 class _Batches:
     """Hands out batches of new candidates, round-robin over the tasks,
     until the budget is drawn or every task's space is exhausted."""
@@ -430,7 +411,7 @@ class _Batches:
             if ti in self.exhausted:
                 continue
             st = self.states[ti]
-            drawn = _draw(st, min(self.config.batch_size, self.left), self.config)
+            drawn = st.strategy.generate_candidates(min(self.config.batch_size, self.left))
             if not drawn:
                 self.exhausted.add(ti)
                 continue
@@ -475,6 +456,7 @@ def _search(
             (st, cands), fut = pending
             builds = fut.result() if fut is not None else m.build(cands)
             pending = start(batches.next())
+            outcomes: list[MeasuredCandidate] = []
             for c, b in zip(cands, builds):
                 out = _measure_one(c, b, st, target, config, m)
                 rec = Record(
@@ -494,10 +476,12 @@ def _search(
                 database.commit_record(rec)
                 measured += 1
                 _account(st, c, rec)
+                outcomes.append(MeasuredCandidate(c.sketch, c.knobs, rec.costs, rec.error_kind))
                 try:
                     os.unlink(c.so_path)
                 except OSError:
                     pass
+            st.strategy.notify_results(outcomes)
             r = st.result
             log.info(
                 "%s: %d trials, best %.3g s (%.1f GFLOP/s, %.1fx untuned), errors %s",
@@ -511,6 +495,8 @@ def _search(
             if on_batch:
                 on_batch(r)
     finally:
+        for st in states:
+            st.strategy.post_tuning()
         if pending is not None and pending[1] is not None:
             pending[1].cancel()
         if pool is not None:
@@ -548,7 +534,6 @@ def _account(st: _TaskState, c: Candidate, rec: Record) -> None:
     r.trials += 1
     if rec.error_kind != ErrorKind.NONE.value:
         r.errors[rec.error_kind] += 1
-        st.failures += 1
     elif rec.latency_s < r.best_latency_s:
         r.best_latency_s = rec.latency_s
         r.best_knobs = c.knobs

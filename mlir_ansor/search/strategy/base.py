@@ -1,0 +1,98 @@
+"""The interface every search strategy implements, and what it is given."""
+
+from __future__ import annotations
+
+import abc
+import math
+import random
+from dataclasses import dataclass, field
+
+from ...target import Target
+from ..sketch import Sketch
+from ..space import Assignment
+from ..task import Task
+
+
+@dataclass
+class TaskContext:
+    """What a strategy knows about its task.
+
+    sketches: the task's sketches, the rule-based one first.
+    threads: threads the kernels will run on (a forall with fewer
+      iterations than threads wastes cores).
+    seed: the strategy's random stream derives from it, so the same seed
+      gives the same candidates.
+    measured: (sketch hash, assignment) pairs already measured (in earlier
+      runs too: a resumed run never measures one twice).
+    history: earlier valid measurements, for warm starts.
+    """
+
+    task: Task
+    sketches: list[Sketch]
+    target: Target
+    threads: int
+    seed: int
+    measured: set[tuple[str, Assignment]] = field(default_factory=set)
+    history: list[MeasuredCandidate] = field(default_factory=list)
+
+    def rng(self, salt: str = "") -> random.Random:
+        return random.Random(f"{self.seed}:{self.task.workload_key}:{salt}")
+
+
+@dataclass(frozen=True)
+class MeasuredCandidate:
+    """The outcome of one candidate: costs in seconds (empty when invalid)."""
+
+    sketch: Sketch
+    knobs: Assignment
+    costs: tuple[float, ...]
+    error_kind: str = "none"
+
+    @property
+    def valid(self) -> bool:
+        return self.error_kind == "none" and bool(self.costs)
+
+    @property
+    def latency_s(self) -> float:
+        if not self.valid:
+            return math.inf
+        c = sorted(self.costs)
+        return c[len(c) // 2]
+
+
+class SearchStrategy(abc.ABC):
+    """Proposes candidates for one task, learning from their measurements."""
+
+    name: str = "abstract"
+
+    def pre_tuning(self, ctx: TaskContext) -> None:
+        """Called once before the first `generate_candidates`."""
+        self.ctx = ctx
+
+    @abc.abstractmethod
+    def generate_candidates(self, n: int) -> list[tuple[Sketch, Assignment]] | None:
+        """Up to `n` new candidates, never measured before; None when the
+        strategy has nothing left to propose."""
+
+    def notify_results(self, results: list[MeasuredCandidate]) -> None:  # noqa: B027 - optional hook
+        """Called with the outcome of every candidate it proposed."""
+
+    def post_tuning(self) -> None:  # noqa: B027 - optional hook
+        """Called once when the task's tuning ends."""
+
+
+def balanced(iterations: int, threads: int) -> bool:
+    """Whether a parallel loop of `iterations` keeps `threads` threads busy:
+    at least one iteration each, and an even split unless there are many
+    (then the imbalance is small). With one thread every schedule is fine."""
+    if threads <= 1:
+        return True
+    return iterations >= threads and (iterations % threads == 0 or iterations >= 8 * threads)
+
+
+def usable(sketch: Sketch, knobs: Assignment, threads: int) -> bool:
+    """Whether a sampled assignment is worth measuring at `threads` threads
+    (a forall that cannot keep the threads busy is not, unless the loop
+    nest is too small to ever do so)."""
+    max_parallel = math.prod(e for _, e in sketch.forall)
+    return max_parallel < threads or balanced(sketch.parallelism(knobs), threads)
