@@ -40,6 +40,7 @@ from .search.sketch import Sketch, generate_sketches
 from .search.space import Assignment
 from .search.strategy import STRATEGIES, MeasuredCandidate, SearchStrategy, TaskContext
 from .search.task import Task, extract_tasks
+from .search.task_scheduler import TaskScheduler, TaskStats
 from .target import Target
 
 log = logging.getLogger("mlir_ansor")
@@ -62,6 +63,8 @@ class TuneConfig:
     opt_level: LLVM optimization level of the builds.
     strategy: the search strategy, by name (see `STRATEGIES`).
     max_sample_tries: attempts to draw a not-yet-measured assignment.
+    memory_limit_mb: a worker (builder or runner) whose resident memory
+      passes this is killed, and its candidate recorded as a crash.
     overlap: build the next batch while measuring this one, on the cores
       the kernels leave free (in-search timings then run on a busier machine;
       benchmarks re-time the best in a fresh process).
@@ -69,6 +72,9 @@ class TuneConfig:
       than the best so far is costed by that one run (it cannot win).
     hang_factor / min_run_timeout_s: with a best known, a run longer than
       max(min_run_timeout_s, hang_factor * best) is a timeout.
+    task_scheduler: which task gets the next batch: "gradient" (Ansor's
+      gradient-based allocation after a round-robin warm-up, see
+      `search.task_scheduler`) or "round-robin".
     """
 
     trials: int = 64
@@ -86,9 +92,11 @@ class TuneConfig:
     strategy: str = "random"
     max_sample_tries: int = 200
     overlap: bool = True
+    memory_limit_mb: int = 6144
     cutoff_factor: float = 2.0
     hang_factor: float = 50.0
     min_run_timeout_s: float = 5.0
+    task_scheduler: str = "gradient"
 
 
 @dataclass
@@ -219,8 +227,9 @@ class Measurer:
         default_builders = max(1, cores - config.threads) if self.overlap else cores
         n_build = config.build_workers or default_builders
         env = {"OMP_NUM_THREADS": str(config.threads), "KMP_WARNINGS": "0"}
-        self.builders = WorkerPool(n_build, env=env, max_jobs_per_worker=200)
-        self.runner = WorkerPool(1, env=env, max_jobs_per_worker=500)
+        mem = config.memory_limit_mb
+        self.builders = WorkerPool(n_build, env=env, max_jobs_per_worker=200, memory_limit_mb=mem)
+        self.runner = WorkerPool(1, env=env, max_jobs_per_worker=500, memory_limit_mb=mem)
         self.workdir = tempfile.mkdtemp(prefix="mlir-ansor-")
 
     def close(self) -> None:
@@ -392,8 +401,8 @@ def _prepare(tasks: list[Task], target: Target, config: TuneConfig, database: Da
 
 
 class _Batches:
-    """Hands out batches of new candidates, round-robin over the tasks,
-    until the budget is drawn or every task's space is exhausted."""
+    """Hands out batches of new candidates, to the task the task scheduler
+    picks, until the budget is drawn or every task's space is exhausted."""
 
     def __init__(self, states: list[_TaskState], config: TuneConfig, m: Measurer) -> None:
         self.states = states
@@ -401,15 +410,32 @@ class _Batches:
         self.m = m
         self.left = config.trials
         self.exhausted: set[int] = set()
-        self.next_task = 0
         self.counter = 0
+        try:
+            self.scheduler = TaskScheduler(len(states), strategy=config.task_scheduler, seed=config.seed)
+        except ValueError as e:
+            raise AnsorError(str(e)) from None
+
+    def _stats(self) -> list[TaskStats]:
+        return [
+            TaskStats(
+                st.task.name,
+                st.task.weight,
+                st.task.flops,
+                f"{st.task.kind}:{st.task.anchor_op}",
+                st.result.best_latency_s,
+                st.result.history,
+                st.result.baseline_latency_s,
+            )
+            for st in self.states
+        ]
 
     def next(self) -> tuple[_TaskState, list[Candidate]] | None:
         while self.left > 0 and len(self.exhausted) < len(self.states):
-            ti = self.next_task
-            self.next_task = (ti + 1) % len(self.states)
-            if ti in self.exhausted:
-                continue
+            choice = self.scheduler.choose(self._stats(), self.exhausted)
+            if choice is None:
+                return None
+            ti = choice.task
             st = self.states[ti]
             drawn = st.strategy.generate_candidates(min(self.config.batch_size, self.left))
             if not drawn:

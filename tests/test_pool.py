@@ -299,3 +299,19 @@ def test_mlir_abort_is_a_crash():
         assert "did you intend to nest?" in r.error_msg
         r = p.run(mlir_ok_job, (), timeout_s=60)
         assert r.ok and r.value == 1, r
+
+
+def _hog_memory(mb: int) -> int:
+    import time as _time
+
+    blocks = [bytearray(2**20) for _ in range(mb)]
+    _time.sleep(5)
+    return len(blocks)
+
+
+def test_memory_limit_kills_the_job_and_the_pool_goes_on():
+    with WorkerPool(1, memory_limit_mb=200) as pool:
+        res = pool.run(_hog_memory, (600,), timeout_s=30)
+        assert res.error_kind == ErrorKind.CRASH
+        assert "memory limit exceeded" in res.error_msg
+        assert pool.run(_hog_memory, (1,), timeout_s=30).value == 1

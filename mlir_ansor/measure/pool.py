@@ -118,6 +118,32 @@ def _format_exception(exc: BaseException) -> str:
 # worker side
 
 
+def _start_watchdog(parent_pid: int | None, memory_limit_mb: int | None) -> None:  # pragma: no cover
+    """A daemon thread that ends the worker when its parent is gone (a killed
+    tuner must not leave compilers running) or when the worker's resident
+    memory passes `memory_limit_mb` (a schedule whose IR explodes); the
+    parent then sees a crash by SIGKILL, with this message in the log."""
+
+    def watch() -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        while True:
+            time.sleep(0.5)
+            if parent_pid is not None and os.getppid() != parent_pid:
+                os._exit(70)
+            if memory_limit_mb:
+                try:
+                    with open("/proc/self/statm") as f:
+                        rss_mb = int(f.read().split()[1]) * page / 2**20
+                except (OSError, ValueError, IndexError):
+                    continue
+                if rss_mb > memory_limit_mb:
+                    sys.stderr.write(f"mlir-ansor worker: memory limit exceeded ({rss_mb:.0f} MB > {memory_limit_mb} MB)\n")
+                    sys.stderr.flush()
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="mlir-ansor-watchdog", daemon=True).start()
+
+
 def _worker_main() -> None:  # pragma: no cover - runs in the child
     # Take the protocol pipes off fds 0/1, then point 0 at /dev/null and 1 at
     # the stderr log so that job output cannot corrupt the protocol.
@@ -134,14 +160,13 @@ def _worker_main() -> None:  # pragma: no cover - runs in the child
     if config is None:
         return
     sys.path[:] = config["sys_path"]
+    _start_watchdog(config.get("parent_pid"), config.get("memory_limit_mb"))
     main_path = config.get("main_path")
     try:
-        if main_path:
-            _load_main(main_path)
         init = _read_frame_blocking(rfd)
         if init is None:
             return
-        initializer, init_args = pickle.loads(init)
+        initializer, init_args = _loads(init, main_path)
         if initializer is not None:
             initializer(*init_args)
     except BaseException as exc:  # noqa: BLE001
@@ -156,7 +181,7 @@ def _worker_main() -> None:  # pragma: no cover - runs in the child
         payload = msg[1]
         t0 = time.perf_counter()
         try:
-            fn, args = pickle.loads(payload)
+            fn, args = _loads(payload, main_path)
             value = fn(*args)
             elapsed = time.perf_counter() - t0
             out = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
@@ -166,6 +191,19 @@ def _worker_main() -> None:  # pragma: no cover - runs in the child
         sys.stdout.flush()
         sys.stderr.flush()
         _write_frame(wfd, reply)
+
+
+def _loads(payload: bytes, main_path: str | None):  # pragma: no cover - runs in the child
+    """Unpickle a job. The parent's ``__main__`` script is loaded only when
+    the job refers to it: running a user's script (which may lack an
+    ``if __name__ == "__main__"`` guard) in every worker would re-run it."""
+    try:
+        return pickle.loads(payload)
+    except (AttributeError, ModuleNotFoundError):
+        if not main_path or "__mp_main__" in sys.modules:
+            raise
+        _load_main(main_path)
+        return pickle.loads(payload)
 
 
 def _load_main(path: str) -> None:  # pragma: no cover - runs in the child
@@ -225,7 +263,13 @@ class _Worker:
         self.dead = False
         try:
             _write_frame(
-                self.wfd, {"sys_path": list(sys.path), "main_path": pool._main_path}
+                self.wfd,
+                {
+                    "sys_path": list(sys.path),
+                    "main_path": pool._main_path,
+                    "parent_pid": os.getpid(),
+                    "memory_limit_mb": pool._memory_limit_mb,
+                },
             )
             _write_frame(self.wfd, pool._init_payload)
         except OSError:
@@ -344,6 +388,7 @@ class WorkerPool:
         start_method: str = "spawn",
         max_jobs_per_worker: int | None = None,
         init_timeout_s: float = 300.0,
+        memory_limit_mb: int | None = None,
     ):
         if n_workers < 1:
             raise ValueError("n_workers must be >= 1")
@@ -357,6 +402,7 @@ class WorkerPool:
         self._env = dict(env or {})
         self._max_jobs = max_jobs_per_worker
         self._init_timeout_s = init_timeout_s
+        self._memory_limit_mb = memory_limit_mb
         self._init_payload = pickle.dumps(
             (initializer, tuple(init_args)), protocol=pickle.HIGHEST_PROTOCOL
         )

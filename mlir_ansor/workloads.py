@@ -1,0 +1,265 @@
+"""Single-operator workloads as MLIR text: Ansor's operator set and friends.
+
+Each function returns a module (text) with one `func.func` on tensors, ready
+for `mlir_ansor.tune`; `ANSOR_SET` names the shapes the benchmarks use
+(Ansor's paper, section 7.1: C1D, C2D, C3D, GMM, GRP, DIL, DEP, T2D, NRM,
+SFM, and a conv + batch-norm + ReLU layer). `numpy_reference` computes the
+same function with numpy, for tests on awkward shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+
+def _t(shape: tuple[int, ...], dtype: str = "f32") -> str:
+    return "tensor<" + "x".join(str(d) for d in shape) + f"x{dtype}>"
+
+
+def _zero_init(shape: tuple[int, ...], dtype: str = "f32", name: str = "%init") -> str:
+    t = _t(shape, dtype)
+    return (
+        f"  %zero = arith.constant 0.0 : {dtype}\n"
+        f"  %empty = tensor.empty() : {t}\n"
+        f"  {name} = linalg.fill ins(%zero : {dtype}) outs(%empty : {t}) -> {t}\n"
+    )
+
+
+def _func(name: str, args: list[tuple[str, tuple[int, ...]]], out: tuple[int, ...], body: str, dtype: str = "f32") -> str:
+    params = ", ".join(f"%{a}: {_t(s, dtype)}" for a, s in args)
+    return f"func.func @{name}({params}) -> {_t(out, dtype)} {{\n{body}}}\n"
+
+
+def matmul(m: int, n: int, k: int, dtype: str = "f32") -> str:
+    body = _zero_init((m, n), dtype) + (
+        f"  %r = linalg.matmul ins(%A, %B : {_t((m, k), dtype)}, {_t((k, n), dtype)}) "
+        f"outs(%init : {_t((m, n), dtype)}) -> {_t((m, n), dtype)}\n  return %r : {_t((m, n), dtype)}\n"
+    )
+    return _func("matmul", [("A", (m, k)), ("B", (k, n))], (m, n), body, dtype)
+
+
+def batch_matmul(b: int, m: int, n: int, k: int) -> str:
+    body = _zero_init((b, m, n)) + (
+        f"  %r = linalg.batch_matmul ins(%A, %B : {_t((b, m, k))}, {_t((b, k, n))}) "
+        f"outs(%init : {_t((b, m, n))}) -> {_t((b, m, n))}\n  return %r : {_t((b, m, n))}\n"
+    )
+    return _func("batch_matmul", [("A", (b, m, k)), ("B", (b, k, n))], (b, m, n), body)
+
+
+def matmul_transposed_b(m: int, n: int, k: int) -> str:
+    """C = A . B^T with B stored (n, k), written as a linalg.generic."""
+    body = _zero_init((m, n)) + (
+        "  %r = linalg.generic {indexing_maps = [affine_map<(m, n, k) -> (m, k)>, affine_map<(m, n, k) -> (n, k)>, "
+        "affine_map<(m, n, k) -> (m, n)>], iterator_types = [\"parallel\", \"parallel\", \"reduction\"]}\n"
+        f"      ins(%A, %B : {_t((m, k))}, {_t((n, k))}) outs(%init : {_t((m, n))}) {{\n"
+        "  ^bb0(%a: f32, %b: f32, %c: f32):\n"
+        "    %p = arith.mulf %a, %b : f32\n    %s = arith.addf %c, %p : f32\n    linalg.yield %s : f32\n"
+        f"  }} -> {_t((m, n))}\n  return %r : {_t((m, n))}\n"
+    )
+    return _func("matmul_transposed_b", [("A", (m, k)), ("B", (n, k))], (m, n), body)
+
+
+def conv1d_nwc(n: int, w: int, c: int, f: int, kw: int, stride: int = 1) -> str:
+    ow = (w - kw) // stride + 1
+    body = _zero_init((n, ow, f)) + (
+        f"  %r = linalg.conv_1d_nwc_wcf {{dilations = dense<1> : tensor<1xi64>, strides = dense<{stride}> : tensor<1xi64>}}\n"
+        f"      ins(%I, %K : {_t((n, w, c))}, {_t((kw, c, f))}) outs(%init : {_t((n, ow, f))}) -> {_t((n, ow, f))}\n"
+        f"  return %r : {_t((n, ow, f))}\n"
+    )
+    return _func("conv1d", [("I", (n, w, c)), ("K", (kw, c, f))], (n, ow, f), body)
+
+
+def conv2d_nhwc(n: int, h: int, w: int, c: int, f: int, kh: int, kw: int, stride: int = 1, dilation: int = 1) -> str:
+    """`h`, `w` are the (already padded) input sizes."""
+    oh = (h - dilation * (kh - 1) - 1) // stride + 1
+    ow = (w - dilation * (kw - 1) - 1) // stride + 1
+    out = (n, oh, ow, f)
+    body = _zero_init(out) + (
+        f"  %r = linalg.conv_2d_nhwc_hwcf {{dilations = dense<{dilation}> : tensor<2xi64>, strides = dense<{stride}> : tensor<2xi64>}}\n"
+        f"      ins(%I, %K : {_t((n, h, w, c))}, {_t((kh, kw, c, f))}) outs(%init : {_t(out)}) -> {_t(out)}\n"
+        f"  return %r : {_t(out)}\n"
+    )
+    return _func("conv2d", [("I", (n, h, w, c)), ("K", (kh, kw, c, f))], out, body)
+
+
+def conv2d_nchw(n: int, c: int, h: int, w: int, f: int, kh: int, kw: int, stride: int = 1) -> str:
+    oh = (h - kh) // stride + 1
+    ow = (w - kw) // stride + 1
+    out = (n, f, oh, ow)
+    body = _zero_init(out) + (
+        f"  %r = linalg.conv_2d_nchw_fchw {{dilations = dense<1> : tensor<2xi64>, strides = dense<{stride}> : tensor<2xi64>}}\n"
+        f"      ins(%I, %K : {_t((n, c, h, w))}, {_t((f, c, kh, kw))}) outs(%init : {_t(out)}) -> {_t(out)}\n"
+        f"  return %r : {_t(out)}\n"
+    )
+    return _func("conv2d_nchw", [("I", (n, c, h, w)), ("K", (f, c, kh, kw))], out, body)
+
+
+def depthwise_conv2d_nhwc(n: int, h: int, w: int, c: int, kh: int, kw: int, stride: int = 1) -> str:
+    oh = (h - kh) // stride + 1
+    ow = (w - kw) // stride + 1
+    out = (n, oh, ow, c)
+    body = _zero_init(out) + (
+        f"  %r = linalg.depthwise_conv_2d_nhwc_hwc {{dilations = dense<1> : tensor<2xi64>, strides = dense<{stride}> : tensor<2xi64>}}\n"
+        f"      ins(%I, %K : {_t((n, h, w, c))}, {_t((kh, kw, c))}) outs(%init : {_t(out)}) -> {_t(out)}\n"
+        f"  return %r : {_t(out)}\n"
+    )
+    return _func("depthwise_conv2d", [("I", (n, h, w, c)), ("K", (kh, kw, c))], out, body)
+
+
+def grouped_conv2d_nhwgc(n: int, h: int, w: int, g: int, c: int, f: int, kh: int, kw: int) -> str:
+    """Grouped convolution: `g` groups of `c` input and `f` output channels."""
+    oh, ow = h - kh + 1, w - kw + 1
+    out = (n, oh, ow, g, f)
+    body = _zero_init(out) + (
+        "  %r = linalg.conv_2d_nhwgc_gfhwc {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}\n"
+        f"      ins(%I, %K : {_t((n, h, w, g, c))}, {_t((g, f, kh, kw, c))}) outs(%init : {_t(out)}) -> {_t(out)}\n"
+        f"  return %r : {_t(out)}\n"
+    )
+    return _func("grouped_conv2d", [("I", (n, h, w, g, c)), ("K", (g, f, kh, kw, c))], out, body)
+
+
+def conv3d_ndhwc(n: int, d: int, h: int, w: int, c: int, f: int, k: int) -> str:
+    od, oh, ow = d - k + 1, h - k + 1, w - k + 1
+    out = (n, od, oh, ow, f)
+    body = _zero_init(out) + (
+        "  %r = linalg.conv_3d_ndhwc_dhwcf {dilations = dense<1> : tensor<3xi64>, strides = dense<1> : tensor<3xi64>}\n"
+        f"      ins(%I, %K : {_t((n, d, h, w, c))}, {_t((k, k, k, c, f))}) outs(%init : {_t(out)}) -> {_t(out)}\n"
+        f"  return %r : {_t(out)}\n"
+    )
+    return _func("conv3d", [("I", (n, d, h, w, c)), ("K", (k, k, k, c, f))], out, body)
+
+
+def pool2d_nhwc(n: int, h: int, w: int, c: int, k: int, stride: int, kind: str = "max") -> str:
+    oh, ow = (h - k) // stride + 1, (w - k) // stride + 1
+    out = (n, oh, ow, c)
+    init = "0xFF800000" if kind == "max" else "0.0"
+    body = (
+        f"  %zero = arith.constant {init} : f32\n"
+        f"  %empty = tensor.empty() : {_t(out)}\n"
+        f"  %init = linalg.fill ins(%zero : f32) outs(%empty : {_t(out)}) -> {_t(out)}\n"
+        f"  %win = tensor.empty() : {_t((k, k))}\n"
+        f"  %r = linalg.pooling_nhwc_{kind} {{dilations = dense<1> : tensor<2xi64>, strides = dense<{stride}> : tensor<2xi64>}}\n"
+        f"      ins(%I, %win : {_t((n, h, w, c))}, {_t((k, k))}) outs(%init : {_t(out)}) -> {_t(out)}\n"
+        f"  return %r : {_t(out)}\n"
+    )
+    return _func(f"pool_{kind}", [("I", (n, h, w, c))], out, body)
+
+
+def reduce_last(m: int, n: int) -> str:
+    """Row sums: out[i] = sum_j in[i, j]."""
+    body = _zero_init((m,)) + (
+        "  %r = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i)>], "
+        "iterator_types = [\"parallel\", \"reduction\"]}\n"
+        f"      ins(%X : {_t((m, n))}) outs(%init : {_t((m,))}) {{\n"
+        "  ^bb0(%x: f32, %acc: f32):\n    %s = arith.addf %acc, %x : f32\n    linalg.yield %s : f32\n"
+        f"  }} -> {_t((m,))}\n  return %r : {_t((m,))}\n"
+    )
+    return _func("reduce_sum", [("X", (m, n))], (m,), body)
+
+
+def elementwise_add_relu(m: int, n: int) -> str:
+    t = _t((m, n))
+    body = (
+        "  %zero = arith.constant 0.0 : f32\n"
+        f"  %e = tensor.empty() : {t}\n"
+        "  %r = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i, j)>, "
+        "affine_map<(i, j) -> (i, j)>], iterator_types = [\"parallel\", \"parallel\"]}\n"
+        f"      ins(%X, %Y : {t}, {t}) outs(%e : {t}) {{\n"
+        "  ^bb0(%x: f32, %y: f32, %o: f32):\n    %s = arith.addf %x, %y : f32\n"
+        "    %m = arith.maximumf %s, %zero : f32\n    linalg.yield %m : f32\n"
+        f"  }} -> {t}\n  return %r : {t}\n"
+    )
+    return _func("add_relu", [("X", (m, n)), ("Y", (m, n))], (m, n), body)
+
+
+def softmax(m: int, n: int) -> str:
+    """Row softmax as a chain of linalg.generic ops (max, exp-sum, divide)."""
+    t, r = _t((m, n)), _t((m,))
+    red = "affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i)>"
+    body = (
+        "  %ninf = arith.constant 0xFF800000 : f32\n  %zero = arith.constant 0.0 : f32\n"
+        f"  %er = tensor.empty() : {r}\n  %e = tensor.empty() : {t}\n"
+        f"  %mi = linalg.fill ins(%ninf : f32) outs(%er : {r}) -> {r}\n"
+        f"  %mx = linalg.generic {{indexing_maps = [{red}], iterator_types = [\"parallel\", \"reduction\"]}}\n"
+        f"      ins(%X : {t}) outs(%mi : {r}) {{\n"
+        "  ^bb0(%x: f32, %a: f32):\n    %v = arith.maximumf %a, %x : f32\n    linalg.yield %v : f32\n"
+        f"  }} -> {r}\n"
+        f"  %si = linalg.fill ins(%zero : f32) outs(%er : {r}) -> {r}\n"
+        f"  %sm = linalg.generic {{indexing_maps = [{red}, affine_map<(i, j) -> (i)>], iterator_types = [\"parallel\", \"reduction\"]}}\n"
+        f"      ins(%X, %mx : {t}, {r}) outs(%si : {r}) {{\n"
+        "  ^bb0(%x: f32, %m: f32, %a: f32):\n    %d = arith.subf %x, %m : f32\n    %ex = math.exp %d : f32\n"
+        "    %v = arith.addf %a, %ex : f32\n    linalg.yield %v : f32\n"
+        f"  }} -> {r}\n"
+        "  %o = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i)>, "
+        "affine_map<(i, j) -> (i)>, affine_map<(i, j) -> (i, j)>], iterator_types = [\"parallel\", \"parallel\"]}\n"
+        f"      ins(%X, %mx, %sm : {t}, {r}, {r}) outs(%e : {t}) {{\n"
+        "  ^bb0(%x: f32, %m: f32, %s: f32, %out: f32):\n    %d = arith.subf %x, %m : f32\n"
+        "    %ex = math.exp %d : f32\n    %v = arith.divf %ex, %s : f32\n    linalg.yield %v : f32\n"
+        f"  }} -> {t}\n  return %o : {t}\n"
+    )
+    return _func("softmax", [("X", (m, n))], (m, n), body)
+
+
+def conv_bias_relu(n: int, h: int, w: int, c: int, f: int, k: int) -> str:
+    """conv2d NHWC + per-channel bias (folded batch norm) + ReLU: one task."""
+    oh, ow = h - k + 1, w - k + 1
+    out = (n, oh, ow, f)
+    t = _t(out)
+    idm = "affine_map<(n, h, w, f) -> (n, h, w, f)>"
+    body = _zero_init(out) + (
+        "  %c = linalg.conv_2d_nhwc_hwcf {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}\n"
+        f"      ins(%I, %K : {_t((n, h, w, c))}, {_t((k, k, c, f))}) outs(%init : {t}) -> {t}\n"
+        f"  %e2 = tensor.empty() : {t}\n"
+        f"  %r = linalg.generic {{indexing_maps = [{idm}, affine_map<(n, h, w, f) -> (f)>, {idm}], "
+        "iterator_types = [\"parallel\", \"parallel\", \"parallel\", \"parallel\"]}\n"
+        f"      ins(%c, %B : {t}, {_t((f,))}) outs(%e2 : {t}) {{\n"
+        "  ^bb0(%x: f32, %b: f32, %o: f32):\n    %s = arith.addf %x, %b : f32\n"
+        "    %m = arith.maximumf %s, %zero : f32\n    linalg.yield %m : f32\n"
+        f"  }} -> {t}\n  return %r : {t}\n"
+    )
+    return _func("conv_bias_relu", [("I", (n, h, w, c)), ("K", (k, k, c, f)), ("B", (f,))], out, body)
+
+
+def _conv_nhwc_ref(x: np.ndarray, k: np.ndarray, stride: int = 1, dilation: int = 1) -> np.ndarray:
+    n, h, w, c = x.shape
+    kh, kw, _, f = k.shape
+    oh = (h - dilation * (kh - 1) - 1) // stride + 1
+    ow = (w - dilation * (kw - 1) - 1) // stride + 1
+    out = np.zeros((n, oh, ow, f), dtype=np.float64)
+    for i in range(kh):
+        for j in range(kw):
+            patch = x[:, i * dilation : i * dilation + stride * oh : stride, j * dilation : j * dilation + stride * ow : stride, :]
+            out += np.einsum("nhwc,cf->nhwf", patch, k[i, j])
+    return out
+
+
+def numpy_reference(name: str) -> Callable[..., np.ndarray]:
+    """A numpy implementation of the workload called `name` (see ANSOR_SET)."""
+    return {
+        "matmul": lambda a, b: a.astype(np.float64) @ b,
+        "matmul_transposed_b": lambda a, b: a.astype(np.float64) @ b.T,
+        "batch_matmul": lambda a, b: np.matmul(a.astype(np.float64), b),
+        "conv2d": _conv_nhwc_ref,
+        "add_relu": lambda x, y: np.maximum(x + y, 0),
+        "reduce_sum": lambda x: x.astype(np.float64).sum(axis=1),
+        "softmax": lambda x: np.exp(x - x.max(1, keepdims=True)) / np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True),
+        "conv_bias_relu": lambda x, k, b: np.maximum(_conv_nhwc_ref(x, k) + b, 0),
+    }[name]
+
+
+# Ansor's single-operator set (batch 1), as our workloads. T2D (transposed
+# convolution) has no Linalg named op; it is left out.
+ANSOR_SET: dict[str, Callable[[], str]] = {
+    "C1D": lambda: conv1d_nwc(1, 258, 64, 128, 3),
+    "C2D": lambda: conv2d_nhwc(1, 58, 58, 64, 64, 3, 3),
+    "C3D": lambda: conv3d_ndhwc(1, 18, 58, 58, 64, 64, 3),
+    "GMM": lambda: matmul(1024, 1024, 1024),
+    "GRP": lambda: grouped_conv2d_nhwgc(1, 58, 58, 4, 16, 16, 3, 3),
+    "DIL": lambda: conv2d_nhwc(1, 60, 60, 64, 64, 3, 3, dilation=2),
+    "DEP": lambda: depthwise_conv2d_nhwc(1, 114, 114, 32, 3, 3),
+    "NRM": lambda: reduce_last(1024, 1024),
+    "SFM": lambda: softmax(1024, 1024),
+    "CBR": lambda: conv_bias_relu(1, 58, 58, 64, 64, 3),
+}
