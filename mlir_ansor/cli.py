@@ -3,6 +3,8 @@
 Subcommands (shared/DESIGN.md, "The command line"):
   tune [INPUT] [--target cpu] [--trials N] [--db FILE] [--threads N] [--seed N]
        [--timeout S] [--executor local] [--json]
+  compile [INPUT] [--db FILE] [--threads N] [-o OUT.mlir|OUT.so]
+  run [INPUT] [--db FILE] [--threads N] [--repeat N] [--json]
   show FILE.db
 
 User errors (bad input, unsupported ops, a corrupt database) print one
@@ -61,6 +63,24 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--executor", default="local", help="local (a Ray executor is planned)")
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
+    c = sub.add_parser("compile", help="compile a module with the best schedules of a records database")
+    c.add_argument("input", nargs="?", help="MLIR file ('-' for stdin); default: a bundled 256^3 matmul")
+    c.add_argument("--target", default="cpu", help="cpu (the host)")
+    c.add_argument("--db", default="tuning.db", help="records database (a missing file: default schedules)")
+    c.add_argument("--threads", type=_positive(int), default=1, help="threads the kernels use")
+    c.add_argument("--untuned", action="store_true", help="naive lowering for every task (ignore --db)")
+    c.add_argument("-o", "--output", default=None, help="OUT.mlir (scheduled MLIR) or OUT.so (shared library); default: MLIR on stdout")
+
+    r = sub.add_parser("run", help="compile, run on random inputs, time, and check against the untuned module")
+    r.add_argument("input", nargs="?", help="MLIR file ('-' for stdin); default: a bundled 256^3 matmul")
+    r.add_argument("--target", default="cpu", help="cpu (the host)")
+    r.add_argument("--db", default="tuning.db", help="records database (a missing file: default schedules)")
+    r.add_argument("--threads", type=_positive(int), default=1, help="threads the kernels use")
+    r.add_argument("--repeat", type=_positive(int), default=10, help="timed runs (the median is reported)")
+    r.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    r.add_argument("--func", default=None, help="the function to run (default: the first with tasks)")
+    r.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
     s = sub.add_parser("show", help="summarize a records database")
     s.add_argument("db")
     s.add_argument("--json", action="store_true")
@@ -113,6 +133,105 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             print(f"{'':<4}errors: " + ", ".join(f"{k} {v}" for k, v in sorted(r.errors.items())))
     print(f"whole module: {_fmt_s(result.latency_s)} (records in {result.db_path})")
     return 0
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    import shutil
+
+    from .compile import compile as compile_module
+    from .target import Target
+
+    target = Target.parse(args.target)
+    source = args.input or _example_path()
+    cm = compile_module(source, db=None if args.untuned else args.db, threads=args.threads, target=target,
+                        default="naive" if args.untuned else "sketch")
+    out = args.output
+    if out is None:
+        sys.stdout.write(cm.mlir)
+        return 0
+    if out.endswith(".so"):
+        shutil.copyfile(cm.library_path, out)
+        entries = ", ".join(f"_mlir_ciface_{name}" for name in cm.functions)
+        print(f"wrote {out} (C entry points: {entries}; memref descriptors, inputs then outputs)", file=sys.stderr)
+    elif out.endswith(".mlir"):
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(cm.mlir)
+        print(f"wrote {out}", file=sys.stderr)
+    else:
+        raise AnsorError(f"-o {out}: expected a file name ending in .mlir or .so")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import statistics
+
+    import numpy as np
+
+    from .compile import compile as compile_module
+    from .compile import compile_untuned
+    from .measure.jobs import random_inputs
+    from .measure.runner import TimingPolicy, relative_error, time_callable, tolerance
+    from .target import Target
+
+    target = Target.parse(args.target)
+    source = args.input or _example_path()
+    cm = compile_module(source, db=args.db, threads=args.threads, target=target, entry=args.func)
+    ref = compile_untuned(source, threads=args.threads)
+    ref.entry = cm.entry
+    ins_spec, outs_spec, _ = cm.functions[cm.entry]
+    inputs = random_inputs(ins_spec, args.seed)
+    policy = TimingPolicy(warmup=1, min_repeat=args.repeat, max_repeat=args.repeat, min_time_s=0.0)
+    run, outs = cm.bind(*inputs)
+    run()
+    ref_run, ref_outs = ref.bind(*inputs)
+    ref_run()
+    red = max((_reduction_length(k.task) for k in cm.kernels), default=1)
+    dtypes = [d for _, d in outs_spec] or [d for _, d in ins_spec]
+    tol = 8 * max(tolerance(d, red) for d in dtypes) if dtypes else 0.0
+    err = max((relative_error(o, r) for o, r in zip(outs, ref_outs)), default=0.0)
+    ok = bool(err <= tol)
+    lat = statistics.median(time_callable(run, policy))
+    ref_lat = statistics.median(time_callable(ref_run, policy))
+    result = {
+        "input": source,
+        "function": cm.entry,
+        "threads": args.threads,
+        "target": target.key,
+        "tasks": [k.to_json() for k in cm.kernels],
+        "latency_s": lat,
+        "untuned_latency_s": ref_lat,
+        "speedup": ref_lat / lat if lat > 0 else None,
+        "max_relative_error": err if np.isfinite(err) else None,
+        "tolerance": tol,
+        "ok": ok,
+        "repeat": args.repeat,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        header = f"{'task':<44} {'weight':>6} {'schedule':>8} {'trials':>6} {'record':>11} {'GFLOP/s':>8}"
+        print(header)
+        print("-" * len(header))
+        for k in cm.kernels:
+            t = k.to_json()
+            print(f"{k.task.name[:44]:<44} {k.task.weight:>6} {k.source:>8} {k.trials:>6} "
+                  f"{_fmt_s(t['best_latency_s']):>11} {t['gflops']:>8.1f}")
+        print(f"@{cm.entry}, {args.threads} thread(s): {_fmt_s(lat)} (untuned {_fmt_s(ref_lat)}, "
+              f"{ref_lat / lat:.2f}x), max relative error {err:.3g} (tolerance {tol:.3g}): "
+              f"{'ok' if ok else 'MISMATCH'}")
+    if not ok:
+        print(f"mlir-ansor: error: the compiled module does not match the untuned one "
+              f"(relative error {err:.3g} > {tol:.3g})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _reduction_length(task) -> int:
+    n = 1
+    for r, it in zip(task.loop_ranges, task.iterator_types):
+        if it == "reduction":
+            n *= r
+    return n
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
@@ -170,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_tune(args)
         if args.command == "show":
             return _cmd_show(args)
+        if args.command == "compile":
+            return _cmd_compile(args)
+        if args.command == "run":
+            return _cmd_run(args)
     except AnsorError as e:
         print(f"mlir-ansor: error: {e}", file=sys.stderr)
         return 2

@@ -39,10 +39,12 @@ __all__ = [
     "ALLOWED_NON_LINALG_OPS",
     "ANCHOR_ATTR",
     "FUSED_ATTR",
+    "Occurrence",
     "SUPPORTED_DTYPES",
     "Task",
     "TensorSpec",
     "extract_tasks",
+    "partition",
     "workload_key",
 ]
 
@@ -481,6 +483,10 @@ class _TaskBuilder:
         self.arg_types: list[ir.Type] = []
         self.written: list[ir.Value] = []  # memrefs written, first-write order
         self.member_ops = {m.op for m in group.members}
+        self.arg_sources: list[ir.Value] = []
+        """The original value behind each argument of ``@kernel``."""
+        self.result_sources: list[ir.Value] = []
+        """The original value (op result, or memref written) behind each result."""
 
     # Values -------------------------------------------------------------
     def value(self, v: ir.Value, user: ir.Operation) -> ir.Value:
@@ -500,6 +506,7 @@ class _TaskBuilder:
             )
         arg = self.block.add_argument(_tensor_type(t), self.loc)
         self.arg_types.append(_tensor_type(t))
+        self.arg_sources.append(v)
         self.mapping[v] = arg
         return arg
 
@@ -584,16 +591,18 @@ class _TaskBuilder:
         for info in g.fused:
             self._emit(info.op, role=FUSED_ATTR)
         outputs: list[ir.Value] = []
+        sources: list[ir.Value] = []
         if self.written:
-            outputs = [self.mapping[m] for m in self.written]
+            sources = list(self.written)
         else:
             for info in g.members:
                 for r in info.op.results:
                     if any(u.owner.operation not in self.member_ops for u in r.uses):
-                        outputs.append(self.mapping[r])
-            if not outputs:
-                last = g.members[-1].op
-                outputs = [self.mapping[r] for r in last.results]
+                        sources.append(r)
+            if not sources:
+                sources = list(g.members[-1].op.results)
+        outputs = [self.mapping[v] for v in sources]
+        self.result_sources = sources
         with self.ctx, self.loc, ir.InsertionPoint(self.block):
             func_d.ReturnOp(outputs)
             result_types = [v.type for v in outputs]
@@ -748,6 +757,39 @@ def _task_name(group: _Group, dtype: str) -> str:
 # Entry point.
 
 
+@dataclass(frozen=True, eq=False)
+class Occurrence:
+    """One place a task occurs in a user's function, tied to that function's IR.
+
+    The values and ops belong to the :class:`Program` given to
+    :func:`partition`; they stay valid while it lives and is not modified.
+    Calling the task's ``@kernel`` on ``args`` computes ``results``: on
+    tensors, ``results`` are op results the rest of the function uses; on
+    memrefs, they are the memrefs the occurrence writes (the kernel returns
+    their new contents).
+    """
+
+    task: Task
+    """The merged task (same object for every occurrence of one workload)."""
+    func_name: str
+    ops: tuple[ir.Operation, ...]
+    """The member ops in the user's function, in program order."""
+    args: tuple[ir.Value, ...]
+    """One value of the user's function per ``@kernel`` argument, in order."""
+    results: tuple[ir.Value, ...]
+    """One value of the user's function per ``@kernel`` result, in order."""
+    on_memref: bool
+    """Whether the occurrence works on memrefs (results are memrefs written)."""
+
+
+def _load_program(program_or_module: Program | ir.Module | str) -> Program:
+    return (
+        program_or_module
+        if isinstance(program_or_module, Program)
+        else load(program_or_module)
+    )
+
+
 def extract_tasks(
     program_or_module: Program | ir.Module | str, *, func: str | None = None
 ) -> list[Task]:
@@ -760,11 +802,18 @@ def extract_tasks(
     (dynamic shapes, element types other than f32/f64, non-Linalg compute ops,
     no Linalg op at all).
     """
-    program = (
-        program_or_module
-        if isinstance(program_or_module, Program)
-        else load(program_or_module)
-    )
+    return _extract(_load_program(program_or_module), func)[0]
+
+
+def partition(program: Program, func: str | None = None) -> list[Occurrence]:
+    """Every task occurrence of every function (or only ``func``), in program
+    order, with the mapping from the function's values to the task's
+    arguments and results. The tasks are those :func:`extract_tasks` returns
+    for the same arguments (merged, with weights)."""
+    return _extract(program, func)[1]
+
+
+def _extract(program: Program, func: str | None) -> tuple[list[Task], list[Occurrence]]:
     ctx = program.context
     funcs = [
         o.operation
@@ -784,6 +833,7 @@ def extract_tasks(
 
     found: dict[str, dict] = {}
     order: list[str] = []
+    pending: list[tuple[str, str, list[_OpInfo], _TaskBuilder]] = []
     for fn in funcs:
         body = _function_body(fn)
         if body is None:
@@ -804,9 +854,12 @@ def extract_tasks(
                 )
             infos.append(_generic_info(op, gen))
         for group in _partition(infos):
-            module, arg_types, res_types = _TaskBuilder(ctx, group).build()
+            builder = _TaskBuilder(ctx, group)
+            module, arg_types, res_types = builder.build()
             text = str(module)
             key = workload_key(text)
+            members = sorted(group.members, key=lambda m: positions[m.op])
+            pending.append((key, _func_name(fn), members, builder))
             loc = location_str(group.anchor.op)
             if key in found:
                 found[key]["weight"] += 1
@@ -833,6 +886,7 @@ def extract_tasks(
     if not order:
         raise UnsupportedError(f"no Linalg operation to tune in {program.source}")
     tasks: list[Task] = []
+    by_key: dict[str, Task] = {}
     seen: dict[str, int] = {}
     for key in order:
         fields = found[key]
@@ -841,5 +895,19 @@ def extract_tasks(
         if seen[base] > 1:
             fields["name"] = f"{base}_{seen[base]}"
         fields["locations"] = tuple(fields["locations"])
-        tasks.append(Task(**fields))
-    return tasks
+        by_key[key] = Task(**fields)
+        tasks.append(by_key[key])
+    occurrences = []
+    for key, fname, members, builder in pending:
+        occurrences.append(
+            Occurrence(
+                task=by_key[key],
+                func_name=fname,
+                ops=tuple(m.op for m in members),
+                args=tuple(builder.arg_sources),
+                results=tuple(builder.result_sources),
+                on_memref=any(m.on_memref for m in members),
+            )
+        )
+    return tasks, occurrences
+

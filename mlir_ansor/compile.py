@@ -1,0 +1,573 @@
+"""Compile a whole module with the best schedules found: callable, .so, MLIR.
+
+Roadmap: :func:`compile` is the entry point.
+
+1. ``search.task.partition`` splits every function into task occurrences and
+   says which of the function's values feed each task's ``@kernel`` and which
+   values its results stand for.
+2. :func:`plan_kernels` picks one schedule per *distinct* task (identical
+   tasks share one kernel): the best valid record of the records database
+   for this target and thread count; else the task's default sketch with a
+   heuristic assignment (parallel tiles for the threads); else, if that fails
+   to build, no schedule at all (the naive lowering).
+3. :func:`schedule_kernel` (in an isolated worker process: an MLIR build with
+   assertions can abort on a bad schedule) applies the schedule to the task
+   module, bufferizes it and renames ``@kernel`` to a unique symbol.
+4. :func:`_build_driver` rewrites each user function: the ops of every
+   occurrence are replaced by a ``func.call`` of its kernel, with everything
+   outside tasks (weights, reshapes, allocations) left in place. The driver is
+   bufferized (kernel declarations carry ``bufferization.access = "read"``,
+   which is true because kernels are scheduled with read-only arguments), then
+   the scheduled kernels replace their declarations. That module, on memrefs,
+   is the scheduled MLIR.
+5. :func:`lower_and_link` (in a worker too) lowers it to LLVM with the same
+   pipeline candidates are measured with and links one shared library; every
+   function gets a C entry point ``_mlir_ciface_<name>(inputs..., outputs...)``
+   (memref descriptors, results as trailing out-parameters).
+
+Why one MLIR driver rather than Python glue between separate kernel
+libraries: the shared library is then self-contained (a C program can call
+it), the Python callable is a thin ctypes call into that same library (so the
+tests of the callable test the library), intermediate buffers are allocated and
+freed by MLIR's own bufferization and deallocation passes, and weights become
+``memref.global`` constants inside the library instead of numpy arrays.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import tempfile
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+from mlir import ir, passmanager
+
+from .errors import AnsorError
+from .frontend import Program, load
+from .measure.pool import WorkerPool
+from .measure.runner import Kernel, np_dtype
+from .passes.lowering import BUFFERIZE, emit_shared_library, lower_to_llvm
+from .search.task import Occurrence, Task, partition
+from .target import Target
+
+__all__ = ["CompiledModule", "KernelPlan", "compile", "compile_untuned", "plan_kernels"]
+
+log = logging.getLogger("mlir_ansor")
+
+_ACCESS = "bufferization.access"
+_WRITABLE = "bufferization.writable"
+
+
+@dataclass
+class KernelPlan:
+    """How one distinct task is compiled.
+
+    source: "tuned" (best record of the database), "default" (the default
+    sketch with a heuristic assignment) or "naive" (no schedule).
+    """
+
+    task: Task
+    symbol: str
+    source: str
+    payload: str
+    script: str | None = None
+    sketch_name: str = ""
+    knobs: tuple = ()
+    latency_s: float = math.inf
+    """Measured latency of the record (tuned only)."""
+    error: str = ""
+    """Why a schedule was dropped for the naive lowering, if it was."""
+    trials: int = 0
+    """Records of this task in the database (this target, any thread count)."""
+
+    def to_json(self) -> dict:
+        lat = self.latency_s if math.isfinite(self.latency_s) else None
+        return {
+            "name": self.task.name,
+            "workload_key": self.task.workload_key,
+            "flops": self.task.flops,
+            "weight": self.task.weight,
+            "trials": self.trials,
+            "schedule": self.source,
+            "sketch": self.sketch_name,
+            "knobs": dict(self.knobs),
+            "best_latency_s": lat,
+            "gflops": self.task.flops / lat / 1e9 if lat else 0.0,
+            "baseline_latency_s": None,
+            "error": self.error,
+        }
+
+
+@dataclass
+class CompiledModule:
+    """A compiled module: call it on numpy arrays, or use its library.
+
+    ``__call__`` runs the entry function (the only function with tasks, or
+    the first one; ``entry=`` picks another) and returns its results: a single
+    array, or a tuple. A function on memrefs returns the memref arguments it
+    writes, as new arrays (the caller's arrays are not modified).
+    """
+
+    library_path: str
+    mlir: str
+    """The scheduled module: kernels after their schedules, and the drivers, on memrefs."""
+    functions: dict[str, tuple[list[tuple[tuple[int, ...], str]], list[tuple[tuple[int, ...], str]], list[int]]]
+    """name -> (input specs, output specs, indices of written memref inputs)."""
+    entry: str
+    kernels: list[KernelPlan] = field(default_factory=list)
+    threads: int = 1
+    _lib: dict = field(default_factory=dict, repr=False)
+
+    def function(self, name: str):
+        """A callable for another function of the module."""
+        if name not in self.functions:
+            raise AnsorError(f"no function @{name} in the compiled module ({', '.join(self.functions)})")
+        return lambda *arrays: self._call(name, arrays)
+
+    def __call__(self, *arrays: np.ndarray):
+        return self._call(self.entry, arrays)
+
+    def _kernel(self, name: str) -> Kernel:
+        if name not in self._lib:
+            self._lib[name] = Kernel(self.library_path, name)
+        return self._lib[name]
+
+    def bind(self, *arrays: np.ndarray, name: str | None = None):
+        """(run, outputs): a no-argument callable that runs the function on
+        copies of `arrays`, and the arrays it writes its outputs to (timing)."""
+        name = name or self.entry
+        ins_spec, outs_spec, written = self.functions[name]
+        if len(arrays) != len(ins_spec):
+            raise AnsorError(f"@{name} takes {len(ins_spec)} argument(s), got {len(arrays)}")
+        ins = []
+        for i, (a, (shape, dtype)) in enumerate(zip(arrays, ins_spec)):
+            a = np.asarray(a)
+            if tuple(a.shape) != tuple(shape):
+                raise AnsorError(f"@{name}: argument {i} has shape {a.shape}, expected {tuple(shape)}")
+            ins.append(np.array(a, dtype=np_dtype(dtype), order="C", copy=True))
+        outs = [np.empty(shape, dtype=np_dtype(dtype)) for shape, dtype in outs_spec]
+        run = self._kernel(name).bind(ins + outs)
+        results = outs if outs_spec else [ins[i] for i in written]
+        return run, results
+
+    def _call(self, name: str, arrays) -> np.ndarray | tuple[np.ndarray, ...] | None:
+        run, results = self.bind(*arrays, name=name)
+        run()
+        if not results:
+            return None
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def close(self) -> None:
+        for k in self._lib.values():
+            k.close()
+        self._lib.clear()
+
+
+# --------------------------------------------------------------------------
+# Choosing a schedule per task.
+
+
+def default_assignment(sketch, threads: int) -> tuple[tuple[str, int], ...]:
+    """Knob values for a default sketch: parallel tiles (outer loops first)
+    that give the scf.forall at least `threads` iterations where the extents
+    allow, whole extents otherwise."""
+    need = max(1, threads)
+    values: dict[str, int] = {}
+    extents = dict(sketch.forall)
+    for spec in sketch.knobs:
+        extent = extents.get(spec.name)
+        if extent is None or spec.alternatives:
+            values[spec.name] = spec.options[0]
+            continue
+        if need <= 1:
+            values[spec.name] = extent if extent in spec.options else max(spec.options)
+            continue
+        # the fewest chunks (largest tile) that still gives `need` iterations
+        fits = [t for t in spec.options if extent // t >= need]
+        tile = max(fits) if fits else min(spec.options)
+        values[spec.name] = tile
+        need = max(1, math.ceil(need / (extent // tile)))
+    return tuple(sorted(values.items()))
+
+
+def _symbol(task: Task) -> str:
+    return "ansor_" + "".join(c if c.isalnum() or c == "_" else "_" for c in task.name)
+
+
+def plan_kernels(
+    tasks: list[Task], *, db: str | os.PathLike | None, target: Target, threads: int, default: str = "sketch"
+) -> list[KernelPlan]:
+    """One :class:`KernelPlan` per task: the best valid record of `db` whose
+    sketch the current sketch rules still make, else the default."""
+    from .records import Database
+    from .search.sketch import generate_sketches
+
+    database = None
+    if db is not None:
+        if os.path.exists(db):
+            database = Database(db)
+        else:
+            log.warning("compile: no records database at %s; every task gets the default schedule", db)
+    plans: list[KernelPlan] = []
+    try:
+        for task in tasks:
+            sym = _symbol(task)
+            try:
+                sketches = generate_sketches(task.mlir, target)
+            except AnsorError as e:
+                log.warning("compile: task %s: no sketch (%s); naive lowering", task.name, e)
+                plans.append(KernelPlan(task, sym, "naive", task.mlir))
+                continue
+            plan = None
+            trials = 0
+            if database is not None:
+                trials = database.count(task.workload_key, target.key)
+                by_hash = {sk.hash: sk for sk in sketches}
+                for rec in database.best(task.workload_key, target.key, threads=threads, k=16):
+                    sk = by_hash.get(rec.sketch_hash)
+                    if sk is None:
+                        continue
+                    plan = KernelPlan(
+                        task, sym, "tuned", sk.payload, sk.concrete(rec.knobs), sk.name, tuple(rec.knobs), rec.latency_s
+                    )
+                    break
+                if plan is None and trials:
+                    log.warning(
+                        "compile: task %s: no valid record for %d thread(s) whose sketch is still generated",
+                        task.name,
+                        threads,
+                    )
+            if plan is None and default == "sketch":
+                sk = sketches[-1]
+                knobs = default_assignment(sk, threads)
+                plan = KernelPlan(task, sym, "default", sk.payload, sk.concrete(knobs), sk.name, knobs)
+            if plan is None:
+                plan = KernelPlan(task, sym, "naive", task.mlir)
+            plan.trials = trials
+            log.info(
+                "compile: task %s (x%d): %s%s",
+                task.name,
+                task.weight,
+                plan.source,
+                f" {plan.sketch_name} {dict(plan.knobs)}" if plan.knobs else "",
+            )
+            plans.append(plan)
+    finally:
+        if database is not None:
+            database.close()
+    return plans
+
+
+# --------------------------------------------------------------------------
+# Worker jobs (module-level: they run in isolated processes).
+
+
+def _kernel_func(module: ir.Module) -> ir.Operation:
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and ir.StringAttr(op.operation.attributes["sym_name"]).value == "kernel":
+            return op.operation
+    raise AnsorError("the task module has no @kernel")
+
+
+def schedule_kernel(payload: str, script: str | None, symbol: str, threads: int, check: bool) -> str:
+    """Apply `script` (None: no schedule) to a task module with read-only
+    arguments, bufferize it, rename ``@kernel`` to `symbol` (and its private
+    symbols after it); returns the module's text. With `check`, the result is
+    also lowered to LLVM once, so a schedule that does not lower fails here."""
+    from .measure.builder import apply_schedule
+
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(payload)
+        fn = _kernel_func(module)
+        n_args = len(ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value).inputs)
+        fn.attributes["arg_attrs"] = ir.ArrayAttr.get(
+            [ir.DictAttr.get({_WRITABLE: ir.BoolAttr.get(False)}) for _ in range(n_args)]
+        )
+        module = apply_schedule(str(module), script)
+        passmanager.PassManager.parse(f"builtin.module({BUFFERIZE},canonicalize,cse)").run(module.operation)
+        for op in list(module.body.operations):
+            if "sym_name" not in op.operation.attributes:
+                continue
+            name = ir.StringAttr(op.operation.attributes["sym_name"]).value
+            new = symbol if name == "kernel" else f"{symbol}__{name}"
+            ir.SymbolTable.replace_all_symbol_uses(name, new, module.operation)
+            ir.SymbolTable.set_symbol_name(op.operation, new)
+        text = str(module)
+        if check:
+            probe = ir.Module.parse(text)
+            lower_to_llvm(probe, threads)
+        return text
+
+
+def lower_and_link(mlir_text: str, threads: int, so_path: str, opt_level: int = 3) -> dict:
+    """Lower the scheduled whole module to LLVM and link it into `so_path`."""
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(mlir_text)
+        lower_to_llvm(module, threads)
+        emit_shared_library(module, so_path, opt_level=opt_level)
+    return {"path": so_path}
+
+
+# --------------------------------------------------------------------------
+# The driver.
+
+
+def _memref_type(t: ir.Type) -> ir.Type:
+    st = ir.ShapedType(t)
+    return ir.MemRefType.get(list(st.shape), st.element_type)
+
+
+def _func_ops(module: ir.Module) -> list[ir.Operation]:
+    return [o.operation for o in module.body.operations if o.operation.name == "func.func"]
+
+
+def _name(op: ir.Operation) -> str:
+    return ir.StringAttr(op.attributes["sym_name"]).value
+
+
+def _build_driver(program: Program, occs: list[Occurrence], plans: dict[str, KernelPlan]) -> None:
+    """Rewrite `program.module` in place: every occurrence becomes a call of
+    its kernel's declaration (tensor form, or ``<symbol>__m`` in memref form)."""
+    from mlir.dialects import func as func_d
+    from mlir.dialects import memref as memref_d
+
+    module = program.module
+    declared: dict[str, ir.Operation] = {}
+    with program.context, ir.Location.unknown():
+        first = module.body.operations[0] if len(module.body.operations) else None
+
+        def declare(sym: str, arg_types: list[ir.Type], res_types: list[ir.Type], read_only: bool) -> None:
+            if sym in declared:
+                return
+            ip = ir.InsertionPoint(first) if first is not None else ir.InsertionPoint(module.body)
+            with ip:
+                f = func_d.FuncOp(sym, (arg_types, res_types), visibility="private")
+            if read_only:
+                f.operation.attributes["arg_attrs"] = ir.ArrayAttr.get(
+                    [ir.DictAttr.get({_ACCESS: ir.StringAttr.get("read")}) for _ in arg_types]
+                )
+            declared[sym] = f.operation
+
+        # Calls first, erasures last: a later occurrence's arguments may be
+        # results of an earlier one (replaced by the call's results).
+        remap: dict[ir.Value, ir.Value] = {}
+        for occ in occs:
+            plan = plans[occ.task.workload_key]
+            last = occ.ops[-1]
+            args = [remap.get(v, v) for v in occ.args]
+            with ir.InsertionPoint(last), last.location:
+                if not occ.on_memref:
+                    arg_types = [v.type for v in args]
+                    res_types = [v.type for v in occ.results]
+                    declare(plan.symbol, arg_types, res_types, True)
+                    call = func_d.CallOp(res_types, ir.FlatSymbolRefAttr.get(plan.symbol), args)
+                    for v, r in zip(occ.results, call.results):
+                        v.replace_all_uses_with(r)
+                        remap[v] = r
+                else:
+                    sym = plan.symbol + "__m"
+                    arg_types = [_memref_type(v.type) for v in args]
+                    res_types = [_memref_type(v.type) for v in occ.results]
+                    declare(sym, arg_types, res_types, False)
+                    call = func_d.CallOp(res_types, ir.FlatSymbolRefAttr.get(sym), args)
+                    for v, r in zip(occ.results, call.results):
+                        memref_d.CopyOp(r, v)
+        for occ in reversed(occs):
+            for op in reversed(occ.ops):
+                op.erase()
+    passmanager.PassManager.parse("builtin.module(canonicalize,cse)", program.context).run(module.operation)
+
+
+def _spec(t: ir.Type) -> tuple[tuple[int, ...], str]:
+    st = ir.ShapedType(t)
+    return tuple(int(d) for d in st.shape), str(st.element_type)
+
+
+def _signatures(module: ir.Module) -> dict:
+    """name -> (input specs, output specs, written memref inputs) of every defined function."""
+    out = {}
+    for fn in _func_ops(module):
+        if not fn.regions[0].blocks or "sym_visibility" in fn.attributes:
+            continue
+        ftype = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
+        for t in list(ftype.inputs) + list(ftype.results):
+            if not isinstance(t, (ir.RankedTensorType, ir.MemRefType)):
+                raise AnsorError(f"@{_name(fn)}: argument/result type {t} is not a tensor or memref")
+        written = _written_args(fn)
+        out[_name(fn)] = ([_spec(t) for t in ftype.inputs], [_spec(t) for t in ftype.results], sorted(written))
+    return out
+
+
+def _written_args(fn: ir.Operation) -> list[int]:
+    """Indices of the memref arguments a function writes (Linalg outs, copy targets)."""
+    args = list(fn.regions[0].blocks[0].arguments)
+    written: set[int] = set()
+
+    def mark(v: ir.Value) -> None:
+        for i, a in enumerate(args):
+            if v == a:
+                written.add(i)
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name.startswith("linalg.") and "operandSegmentSizes" in op.attributes:
+            n_ins = int(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"])[0])
+            for v in list(op.operands)[n_ins:]:
+                mark(v)
+        elif op.name == "memref.copy":
+            mark(op.operands[1])
+        return ir.WalkResult.ADVANCE
+
+    fn.walk(visit)
+    return sorted(written)
+
+
+def _pick_entry(signatures: dict, occs: list[Occurrence], entry: str | None) -> str:
+    if entry is not None:
+        if entry not in signatures:
+            raise AnsorError(f"no function @{entry} to call ({', '.join(signatures) or 'none'})")
+        return entry
+    with_tasks = [o.func_name for o in occs]
+    for name in signatures:
+        if name in with_tasks:
+            return name
+    return next(iter(signatures))
+
+
+def _workdir() -> str:
+    return tempfile.mkdtemp(prefix="mlir-ansor-compile-")
+
+
+_POOL: list[WorkerPool] = []
+
+
+def _pool() -> WorkerPool:
+    """The worker processes compile jobs run in, started once per process
+    (a crash in one job only costs that worker)."""
+    if not _POOL:
+        import atexit
+
+        pool = WorkerPool(max(1, os.cpu_count() or 1), env={"KMP_WARNINGS": "0"}, max_jobs_per_worker=100)
+        atexit.register(pool.close)
+        _POOL.append(pool)
+    return _POOL[0]
+
+
+def _finish(module_text: str, signatures: dict, entry: str, threads: int, plans: list[KernelPlan], opt_level: int) -> CompiledModule:
+    workdir = _workdir()
+    so_path = os.path.join(workdir, "module.so")
+    res = _pool().run(lower_and_link, (module_text, threads, so_path, opt_level), timeout_s=1800)
+    if not res.ok:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise AnsorError(f"lowering the whole module failed ({res.error_kind.value}): {res.error_msg.strip()[-2000:]}")
+    cm = CompiledModule(so_path, module_text, signatures, entry, plans, threads)
+    weakref.finalize(cm, shutil.rmtree, workdir, True)
+    return cm
+
+
+def compile(  # noqa: A001 - the public name the design asks for
+    source,
+    *,
+    db: str | os.PathLike | None = None,
+    threads: int = 1,
+    target: Target | None = None,
+    default: str = "sketch",
+    entry: str | None = None,
+    opt_level: int = 3,
+) -> CompiledModule:
+    """Compile a whole module with the best schedule of every task.
+
+    `source`: a path, "-", an ``ir.Module`` or a loaded :class:`Program`.
+    `db`: the records database (best valid record per task for `target` and
+    `threads`); None or a missing file: every task gets the default.
+    `default`: "sketch" (the default sketch with parallel tiles; the naive
+    lowering where it fails to build) or "naive" (no schedule).
+    """
+    if default not in ("sketch", "naive"):
+        raise AnsorError(f"default={default!r}: expected 'sketch' or 'naive'")
+    target = target or Target.host()
+    program = load(source.module if isinstance(source, Program) else source)
+    occs = partition(program)
+    tasks: dict[str, Task] = {}
+    for o in occs:
+        tasks.setdefault(o.task.workload_key, o.task)
+    plans = plan_kernels(list(tasks.values()), db=db, target=target, threads=threads, default=default)
+    by_key = {p.task.workload_key: p for p in plans}
+
+    # Schedule every distinct task in isolated workers.
+    pool = _pool()
+    args = [(p.payload, p.script, p.symbol, threads, p.source == "default") for p in plans]
+    results = pool.map(schedule_kernel, args, timeout_s=600)
+    retry = [i for i, r in enumerate(results) if not r.ok and plans[i].script is not None]
+    for i in retry:
+        p = plans[i]
+        msg = results[i].error_msg.strip().splitlines()
+        p.error = f"{results[i].error_kind.value}: {msg[-1] if msg else ''}"
+        log.warning("compile: task %s: the %s schedule failed (%s); naive lowering", p.task.name, p.source, p.error)
+        p.source, p.payload, p.script = "naive", p.task.mlir, None
+    if retry:
+        again = pool.map(schedule_kernel, [(plans[i].payload, None, plans[i].symbol, threads, False) for i in retry], timeout_s=600)
+        for i, r in zip(retry, again):
+            results[i] = r
+    for p, r in zip(plans, results):
+        if not r.ok:
+            raise AnsorError(f"task {p.task.name}: cannot lower even without a schedule: {r.error_msg.strip()[-1000:]}")
+
+    user_funcs = [_name(f) for f in _func_ops(program.module)]
+    _build_driver(program, occs, by_key)
+    with program.context, ir.Location.unknown():
+        module = program.module
+        passmanager.PassManager.parse(f"builtin.module({BUFFERIZE})").run(module.operation)
+        kernels = {}
+        for p, r in zip(plans, results):
+            kmod = ir.Module.parse(r.value)
+            kernels[p.symbol] = kmod
+        _link_kernels(module, kernels)
+        try:
+            module.operation.verify()
+        except ir.MLIRError as e:
+            raise AnsorError(f"the scheduled module does not verify: {e}") from None
+        text = str(module)
+        signatures = {k: v for k, v in _signatures(module).items() if k in user_funcs}
+    entry_name = _pick_entry(signatures, occs, entry)
+    # The signatures above are the bufferized ones; the C ABI is the same
+    # (memrefs in, results as trailing out-parameters).
+    return _finish(text, signatures, entry_name, threads, plans, opt_level)
+
+
+def _link_kernels(module: ir.Module, kernels: dict[str, ir.Module]) -> None:
+    """Replace each kernel declaration (and its memref-form alias) by the
+    scheduled kernel."""
+    funcs = {_name(f): f for f in _func_ops(module)}
+    for sym, kmod in kernels.items():
+        alias = sym + "__m"
+        if alias in funcs:
+            ir.SymbolTable.replace_all_symbol_uses(alias, sym, module.operation)
+            if sym in funcs:
+                funcs[alias].erase()
+            else:
+                ir.SymbolTable.set_symbol_name(funcs[alias], sym)
+                funcs[sym] = funcs[alias]
+            del funcs[alias]
+        decl = funcs.get(sym)
+        if decl is None:
+            continue
+        for op in list(kmod.body.operations):
+            op.operation.move_before(decl)
+        decl.erase()
+
+
+def compile_untuned(source, *, threads: int = 1, opt_level: int = 3) -> CompiledModule:
+    """The whole module lowered as it is, without tasks or schedules: the
+    reference a compiled module is checked against."""
+    program = load(source.module if isinstance(source, Program) else source)
+    with program.context, ir.Location.unknown():
+        text = str(program.module)
+        signatures = _signatures(program.module)
+    entry = next((n for n in signatures), None)
+    if entry is None:
+        raise AnsorError(f"no function to call in {program.source}")
+    return _finish(text, signatures, entry, threads, [], opt_level)

@@ -1,0 +1,156 @@
+"""Which task gets the next batch of trials (Ansor, section 6).
+
+The objective is the end-to-end latency of the module, f = sum_i w_i g_i,
+where w_i is the task's weight (occurrences) and g_i its best latency so far.
+After a round-robin warm-up (every task gets `warmup_rounds` batches), the
+next batch goes to the task whose latency is expected to bring f down
+fastest per trial:
+
+    df/dt_i ~= w_i * ( alpha * backward_i + (1 - alpha) * forward_i )
+    backward_i = (g_i(t_i) - g_i(t_i - window)) / window         (its recent slope)
+    forward_i  = min(-g_i / t_i,                                  (optimistic: keep improving
+                     beta * flops_i / max_{k in N(i)} V_k - g_i)   as fast as so far; or reach
+                                                                  what similar tasks achieve)
+
+with t_i the task's trials, N(i) the tasks of the same kind (same anchor op
+and kind, i itself included) and V_k = flops_k / g_k their best throughput.
+The task with the most negative gradient wins; with probability `epsilon` a
+random task is picked instead (exploration). A task without any valid
+measurement yet has an unknown latency and goes first. Every choice and its
+reason goes to the ``mlir_ansor`` log.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from dataclasses import dataclass, field
+
+log = logging.getLogger("mlir_ansor")
+
+SCHEDULERS = ("gradient", "round-robin")
+
+
+@dataclass
+class TaskStats:
+    """What the scheduler knows about one task.
+
+    history: best latency so far after each trial of this run (inf until a
+    valid one); best_s: the best latency known (may come from an earlier run).
+    """
+
+    name: str
+    weight: int
+    flops: int
+    group: str
+    """Tasks with the same group are "similar" (forward estimate)."""
+    best_s: float = math.inf
+    history: list[float] = field(default_factory=list)
+    baseline_s: float = math.inf
+    """The untuned latency: stands for g while no candidate is valid."""
+
+    @property
+    def trials(self) -> int:
+        return len(self.history)
+
+
+@dataclass(frozen=True)
+class Choice:
+    task: int
+    reason: str
+    gradient: float = 0.0
+
+
+class TaskScheduler:
+    """Hands out task indices: round-robin, or gradient-based after a warm-up."""
+
+    def __init__(
+        self,
+        n_tasks: int,
+        *,
+        strategy: str = "gradient",
+        warmup_rounds: int = 1,
+        window: int = 3,
+        alpha: float = 0.2,
+        beta: float = 2.0,
+        epsilon: float = 0.05,
+        seed: int = 0,
+    ) -> None:
+        if strategy not in SCHEDULERS:
+            raise ValueError(f"unknown task scheduler {strategy!r}: expected one of {', '.join(SCHEDULERS)}")
+        self.n = n_tasks
+        self.strategy = strategy
+        self.warmup_rounds = warmup_rounds
+        self.window = max(1, window)
+        self.alpha = alpha
+        self.beta = beta
+        self.epsilon = epsilon
+        self.rng = random.Random(seed)
+        self.rounds = [0] * n_tasks
+        self._next_rr = 0
+
+    # -- the objective's pieces ------------------------------------------------
+
+    def gradient(self, i: int, stats: list[TaskStats]) -> tuple[float, str]:
+        """d(weighted latency)/d(trials of task i), and how it was made."""
+        s = stats[i]
+        g = s.best_s
+        if not math.isfinite(g):
+            if s.trials == 0:
+                if self.rounds[i] == 0:
+                    return -math.inf, "no measurement yet"
+                return 0.0, "its first batch is still being measured"
+            g = s.baseline_s
+            if not math.isfinite(g):
+                return 0.0, "no valid candidate and no baseline"
+        t = max(1, s.trials)
+        backward = 0.0
+        if s.trials > self.window:
+            before = s.history[-1 - self.window]
+            if math.isfinite(before):
+                backward = (s.history[-1] - before) / self.window
+        optimistic = -g / t
+        rates = [k.flops / k.best_s for k in stats if k.group == s.group and math.isfinite(k.best_s) and k.best_s > 0]
+        forward = optimistic
+        similar = ""
+        if rates and s.flops > 0:
+            reachable = self.beta * s.flops / max(rates) - g
+            forward = min(optimistic, reachable)
+            similar = f", similar tasks reach {max(rates) / 1e9:.3g} GFLOP/s"
+        grad = s.weight * (self.alpha * backward + (1 - self.alpha) * forward)
+        why = f"backward {backward:.3g} s/trial, forward {forward:.3g} s/trial, weight {s.weight}{similar}"
+        return grad, why
+
+    # -- choosing --------------------------------------------------------------
+
+    def choose(self, stats: list[TaskStats], exhausted: set[int] = frozenset()) -> Choice | None:
+        """The task to give the next batch to, or None when all are exhausted."""
+        live = [i for i in range(self.n) if i not in exhausted]
+        if not live:
+            return None
+        if self.strategy == "round-robin":
+            choice = self._round_robin(live, "round-robin")
+        elif any(self.rounds[i] < self.warmup_rounds for i in live):
+            cold = [i for i in live if self.rounds[i] < self.warmup_rounds]
+            choice = self._round_robin(cold, f"warm-up ({self.warmup_rounds} batch(es) per task)")
+        elif len(live) > 1 and self.rng.random() < self.epsilon:
+            choice = Choice(self.rng.choice(live), f"epsilon exploration (p={self.epsilon})")
+        else:
+            grads = {i: self.gradient(i, stats) for i in live}
+            best = min(live, key=lambda i: (grads[i][0], self.rounds[i], i))
+            runner_up = min((grads[i][0] for i in live if i != best), default=None)
+            extra = f"; next best {runner_up:.3g}" if runner_up is not None else ""
+            choice = Choice(best, f"gradient {grads[best][0]:.3g} s/trial ({grads[best][1]}){extra}", grads[best][0])
+        self.rounds[choice.task] += 1
+        name = stats[choice.task].name if choice.task < len(stats) else str(choice.task)
+        log.info("task scheduler: next batch -> %s: %s", name, choice.reason)
+        return choice
+
+    def _round_robin(self, candidates: list[int], reason: str) -> Choice:
+        for k in range(self.n):
+            i = (self._next_rr + k) % self.n
+            if i in candidates:
+                self._next_rr = (i + 1) % self.n
+                return Choice(i, reason)
+        return Choice(candidates[0], reason)  # pragma: no cover - candidates is never empty

@@ -1,0 +1,129 @@
+"""Whole-module compilation: partition, driver, best records, CLI."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import sys
+
+import numpy as np
+import pytest
+from conftest import INPUTS
+
+import mlir_ansor
+from mlir_ansor import TuneConfig, tune
+from mlir_ansor.cli import main
+from mlir_ansor.frontend import load
+from mlir_ansor.measure.runner import TimingPolicy, descriptor
+from mlir_ansor.search.task import extract_tasks, partition
+
+compile_mod = sys.modules["mlir_ansor.compile"]
+FAST = TimingPolicy(warmup=1, min_repeat=2, max_repeat=5, min_time_s=0.005)
+
+
+def _inputs(cm, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(-1, 1, size=s).astype(np.float32 if d == "f32" else np.float64) for s, d in cm.functions[cm.entry][0]]
+
+
+def test_partition_maps_values_between_occurrences():
+    program = load(str(INPUTS / "two_matmuls.mlir"))
+    occs = partition(program)
+    assert [o.task.name for o in occs] == ["matmul_32x64x64_f32", "matmul_32x64x64_f32", "matmul_32x16x64_f32"]
+    assert occs[0].task is occs[1].task and occs[0].task.weight == 2
+    fn_args = list(program.module.body.operations[0].regions[0].blocks[0].arguments)
+    assert occs[0].args == (fn_args[0], fn_args[1])
+    # the second matmul reads the first one's result
+    assert occs[1].args[0] == occs[0].results[0] and occs[1].args[1] == fn_args[2]
+    assert all(o.ops[-1].name == "linalg.matmul" and not o.on_memref for o in occs)
+    assert [t.workload_key for t in extract_tasks(program)] == [occs[0].task.workload_key, occs[2].task.workload_key]
+
+
+def test_compile_untuned_defaults_match_reference_and_numpy():
+    cm = mlir_ansor.compile(str(INPUTS / "two_matmuls.mlir"), threads=2)
+    ref = compile_mod.compile_untuned(str(INPUTS / "two_matmuls.mlir"))
+    x, w1, w2, w3 = _inputs(cm)
+    out = cm(x, w1, w2, w3)
+    np.testing.assert_allclose(out, ref(x, w1, w2, w3), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, ((x @ w1) @ w2) @ w3, rtol=1e-4, atol=1e-4)
+    assert {k.source for k in cm.kernels} == {"default"}
+    # the scheduled MLIR holds one kernel per distinct task and the driver
+    assert cm.mlir.count("func.func @ansor_") == 2 and "call @ansor_matmul_32x64x64_f32" in cm.mlir
+    # the library's C ABI: inputs, then the output, as memref descriptors
+    lib = ctypes.CDLL(cm.library_path)
+    c = np.full((32, 16), np.nan, dtype=np.float32)
+    descs = [descriptor(a) for a in (x, w1, w2, w3, c)]
+    lib._mlir_ciface_mlp(*[ctypes.byref(d) for d in descs])
+    np.testing.assert_allclose(c, out, rtol=1e-6)
+
+
+def test_weights_reshape_reduction_and_two_results():
+    path = str(INPUTS / "mini_net.mlir")
+    cm = mlir_ansor.compile(path)
+    ref = compile_mod.compile_untuned(path)
+    (x,) = _inputs(cm)
+    got, want = cm(x), ref(x)
+    assert [g.shape for g in got] == [(2, 4, 8), (8,)]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    assert "memref.global" in cm.mlir  # the weights stay constants of the library
+    naive = mlir_ansor.compile(path, default="naive")
+    assert {k.source for k in naive.kernels} == {"naive"}
+    for g, w in zip(naive(x), want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_memref_function_returns_written_arguments():
+    path = str(INPUTS / "matmul_memref.mlir")
+    cm = mlir_ansor.compile(path)
+    a, b, c = _inputs(cm)
+    c_before = c.copy()
+    out = cm(a, b, c)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-10)
+    np.testing.assert_array_equal(c, c_before)  # the caller's array is untouched
+
+
+def test_best_record_is_applied(tmp_path):
+    db = tmp_path / "t.db"
+    cfg = TuneConfig(trials=3, batch_size=3, build_workers=2, timing=FAST)
+    result = tune(str(INPUTS / "matmul.mlir"), config=cfg, db=db)
+    (r,) = result.tasks
+    cm = mlir_ansor.compile(str(INPUTS / "matmul.mlir"), db=db)
+    (k,) = cm.kernels
+    assert k.source == "tuned" and k.knobs == r.best_knobs and k.trials == 3
+    a, b = _inputs(cm)
+    np.testing.assert_allclose(cm(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    # another thread count has no record: the default schedule
+    cm2 = mlir_ansor.compile(str(INPUTS / "matmul.mlir"), db=db, threads=2)
+    assert cm2.kernels[0].source == "default"
+
+
+def test_default_assignment_gives_threads_work():
+    from mlir_ansor.search.sketch import generate_sketches
+    from mlir_ansor.target import Target
+
+    (task,) = extract_tasks(str(INPUTS / "matmul.mlir"))
+    sk = generate_sketches(task.mlir, Target.host())[-1]
+    assert sk.parallelism(compile_mod.default_assignment(sk, 1)) == 1
+    assert sk.parallelism(compile_mod.default_assignment(sk, 4)) >= 4
+
+
+def test_cli_compile_and_run(tmp_path, capsys):
+    path = str(INPUTS / "mini_net.mlir")
+    out_mlir = tmp_path / "m.mlir"
+    assert main(["compile", path, "--db", str(tmp_path / "none.db"), "-o", str(out_mlir)]) == 0
+    assert "func.func @net" in out_mlir.read_text()
+    assert not (tmp_path / "none.db").exists()  # compile never creates a database
+    assert main(["compile", path, "-o", str(tmp_path / "bad.txt")]) == 2
+    capsys.readouterr()
+    assert main(["run", path, "--db", str(tmp_path / "none.db"), "--repeat", "2", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["ok"] and res["latency_s"] > 0 and res["untuned_latency_s"] > 0
+    assert [t["name"] for t in res["tasks"]] == ["matmul_8x8x16_f32_add_relu", "reduction_8x8_f32", "div_8x8_f32"]
+    assert {"workload_key", "flops", "weight", "trials", "best_latency_s", "gflops", "baseline_latency_s"} <= set(res["tasks"][0])
+
+
+def test_wrong_argument_shape_is_an_error():
+    cm = mlir_ansor.compile(str(INPUTS / "matmul.mlir"), default="naive")
+    with pytest.raises(mlir_ansor.AnsorError, match="shape"):
+        cm(np.zeros((2, 2), np.float32), np.zeros((2, 2), np.float32))
