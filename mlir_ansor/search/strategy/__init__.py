@@ -9,12 +9,31 @@ from collections.abc import Callable
 from typing import Any
 
 from .base import MeasuredCandidate, SearchStrategy, TaskContext
+from .evolutionary import EvolutionarySearch, EvolutionConfig
 from .random_search import RandomSearch
+
+
+def _evolutionary(config: Any) -> SearchStrategy:
+    from ..cost_model import XGBModel
+
+    return EvolutionarySearch(
+        EvolutionConfig(max_tries=config.max_sample_tries), model=XGBModel(seed=config.seed)
+    )
+
 
 STRATEGIES: dict[str, Callable[[Any], SearchStrategy]] = {
     "random": lambda config: RandomSearch(max_tries=config.max_sample_tries),
+    "evolutionary": _evolutionary,
 }
 """Search strategies by name (`TuneConfig.strategy`, `mlir-ansor tune --search`).
 Each entry makes a fresh strategy (one per task) from the `TuneConfig`."""
 
-__all__ = ["STRATEGIES", "MeasuredCandidate", "RandomSearch", "SearchStrategy", "TaskContext"]
+__all__ = [
+    "STRATEGIES",
+    "EvolutionConfig",
+    "EvolutionarySearch",
+    "MeasuredCandidate",
+    "RandomSearch",
+    "SearchStrategy",
+    "TaskContext",
+]

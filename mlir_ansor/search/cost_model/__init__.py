@@ -1,0 +1,12 @@
+"""Cost models: predict which candidates of a task run fastest.
+
+`base.py` holds the interface (:class:`CostModel`) and the ranking metric;
+`xgb_model.py` the learned model (XGBoost over the statement features of
+`search/features.py`); `random_model.py` the baseline that knows nothing.
+"""
+
+from .base import CostModel, pairwise_accuracy
+from .random_model import RandomModel
+from .xgb_model import XGBModel, XGBModelConfig
+
+__all__ = ["CostModel", "RandomModel", "XGBModel", "XGBModelConfig", "pairwise_accuracy"]
