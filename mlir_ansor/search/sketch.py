@@ -6,29 +6,15 @@ Roadmap:
     (:class:`OpStructure`: loop extents, iterator types, which loop each
     operand dimension indexes) from a generalized copy, so rules read the
     op's structure, never just its name.
-  * :func:`generate_sketches` returns the sketches for a task:
-    :func:`_contraction_sketch` for the matmul family and convolutions,
-    :func:`_default_sketch` for anything else.
+  * :func:`generate_sketches` returns the sketches for a task, made by the
+    rules of `search/rules/` (one rule per file), the default schedule last.
   * :class:`Sketch` holds the script (text with unselected knobs), its
     :class:`~mlir_ansor.search.space.KnobSpec` list, and
     :meth:`Sketch.concrete`, which sets every knob's ``selected`` value and
     returns a script that plain ``mlir-opt --transform-interpreter`` applies.
 
-The CPU contraction sketch (tiling structure S S R S R, Ansor's "SSRSRS" with
-the innermost spatial level vectorized):
-
-  1. ``scf.forall`` over the parallel loops of the root op (tile knobs
-     ``p_d<i>``), with the anchor and its fused producers/consumers fused in:
-     the outer level, spread over threads;
-  2. ``scf.for`` over the reduction loops (``k_d<i>``): the cache level;
-  3. optionally (alternatives ``pack``) copy the tile of the reused operand
-     (the one that does not depend on the row loop: B of a matmul, the
-     filter of a convolution) into a contiguous buffer: the biggest single
-     win on GEMM (shared/MLIR-NOTES.md);
-  4. ``scf.for`` over a register tile (``r_d<i>``): rows x vector columns;
-  5. ``scf.for`` over the remaining reduction with unroll factor ``u``;
-  6. vectorize, hoist the accumulator out of the reduction loops (it stays in
-     registers), bufferize, lower contractions to FMAs.
+The rules themselves (multi-level tiling, elementwise, reduction, default)
+live in `search/rules/`, one per file.
 """
 
 from __future__ import annotations
@@ -38,10 +24,9 @@ from dataclasses import dataclass, field
 
 from mlir import ir, passmanager
 
-from ..dialects.schedule import ScheduleWriter
 from ..errors import UnsupportedError
 from ..target import Target
-from .space import Assignment, KnobSpec, divisors
+from .space import Assignment, KnobSpec
 
 OP_ATTR = "ansor.op"
 ANCHOR_ATTR = "ansor.anchor"
@@ -73,6 +58,18 @@ class OpStructure:
     dtype: str
     is_root: bool
     compound_dims: tuple[tuple[int, ...], ...] = ()  # loops of each compound expr (conv windows)
+    body_ops: tuple[str, ...] = ()  # op names in the body of the generalized op
+    used_inputs: tuple[bool, ...] = ()  # per input: is its block argument read by the body
+
+    @property
+    def is_mul_add(self) -> bool:
+        """A multiply-accumulate body (contractions, convolutions)."""
+        b = set(self.body_ops)
+        return bool(b & {"arith.mulf", "arith.muli"}) and bool(b & {"arith.addf", "arith.addi"})
+
+    @property
+    def is_elementwise(self) -> bool:
+        return not self.reductions
 
     @property
     def parallel(self) -> tuple[int, ...]:
@@ -177,6 +174,9 @@ def _structure(op: ir.Operation, op_id: int, name: str, role: str, is_root: bool
     num_inputs = int(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"])[0]) if "operandSegmentSizes" in op.attributes else len(op.operands) - len(op.results)
     out_t = op.operands[num_inputs].type if num_inputs < len(op.operands) else op.results[0].type
     dtype = str(ir.ShapedType(out_t).element_type)
+    block = op.regions[0].blocks[0]
+    body_ops = tuple(o.operation.name for o in block.operations if o.operation.name != "linalg.yield")
+    used = tuple(len(list(block.arguments[i].uses)) > 0 for i in range(num_inputs))
     return OpStructure(
         op_id=op_id,
         name=name,
@@ -188,6 +188,8 @@ def _structure(op: ir.Operation, op_id: int, name: str, role: str, is_root: bool
         dtype=dtype,
         is_root=is_root,
         compound_dims=tuple(compound),
+        body_ops=body_ops,
+        used_inputs=used,
     )
 
 
@@ -263,234 +265,23 @@ def apply_selection(module: ir.Module, values: dict[str, int]) -> None:
         raise ValueError(f"no value given for knob(s): {', '.join(missing)}")
 
 
-# --------------------------------------------------------------------------
-# Rules
-# --------------------------------------------------------------------------
-
-_ROW_TILES = (1, 2, 3, 4, 5, 6, 8)
-_UNROLLS = (1, 2, 4)
-
-
 def generate_sketches(task_mlir: str, target: Target) -> list[Sketch]:
-    """All sketches for one task (the first one is the default to try)."""
+    """All sketches for one task: those of the rules that apply (see
+    `search/rules/`), in rule order, then the default schedule last."""
+    from .rules import CPU_RULES, DEFAULT_RULE, RuleResult, SketchContext
+
     payload, ops = prepare_payload(task_mlir)
     anchors = [o for o in ops if o.role == "anchor"] or list(ops[:1])
     if not anchors:
         raise UnsupportedError("task has no Linalg operation")
-    anchor = anchors[0]
+    ctx = SketchContext(payload, ops, anchors[0], target)
     sketches: list[Sketch] = []
-    if _is_mul_add_like(anchor) and anchor.reductions:
-        sk = _contraction_sketch(payload, ops, anchor, target)
-        if sk is not None:
-            sketches.append(sk)
-    sketches.append(_default_sketch(payload, ops, anchor, target))
-    return sketches
-
-
-def _is_mul_add_like(op: OpStructure) -> bool:
-    # Contractions and convolutions: reductions, an output indexed by plain
-    # loops only, and inputs indexed by the reduction loops.
-    out = op.output_dims
-    return all(d is not None for d in out) and len(op.parallel) >= 1 and op.name not in (
-        "linalg.pooling_nhwc_max",
-        "linalg.pooling_nhwc_sum",
-    )
-
-
-def _vector_and_row_dims(anchor: OpStructure) -> tuple[int, int | None]:
-    out = [d for d in anchor.output_dims if d is not None]
-    vec = out[-1]
-    # Loops that appear inside compound (window) expressions next to a
-    # reduction, other than the innermost window, must be tiled to 1 so the
-    # convolution decomposes to a 1-D one that vectorizes.
-    forced_one = _forced_unit_loops(anchor)
-    row = None
-    for d in reversed(out[:-1]):
-        if d not in forced_one:
-            row = d
+    for rule in CPU_RULES:
+        verdict = rule.condition(ctx)
+        if verdict is RuleResult.SKIP:
+            continue
+        sketches.extend(rule.apply(ctx))
+        if verdict is RuleResult.APPLY_AND_SKIP_REST:
             break
-    return vec, row
-
-
-def _forced_unit_loops(anchor: OpStructure) -> set[int]:
-    """Loops that must be tiled to 1 for a convolution to decompose to 1-D:
-    every window pair except the innermost one (e.g. oh and kh of a 2-D
-    NHWC convolution)."""
-    windows = [c for c in anchor.compound_dims if len(c) >= 2]
-    forced: set[int] = set()
-    for w in windows[:-1]:
-        forced.update(w)
-    return forced
-
-
-_DECOMPOSABLE = {
-    "linalg.conv_2d_nhwc_hwcf",
-    "linalg.conv_2d_nchw_fchw",
-    "linalg.depthwise_conv_2d_nhwc_hwc",
-    "linalg.pooling_nhwc_sum",
-    "linalg.pooling_nhwc_max",
-    "linalg.pooling_nchw_sum",
-    "linalg.pooling_nchw_max",
-}
-
-
-def _contraction_sketch(
-    payload: str, ops: tuple[OpStructure, ...], anchor: OpStructure, target: Target
-) -> Sketch | None:
-    is_conv = bool(anchor.compound_dims)
-    if is_conv and anchor.name not in _DECOMPOSABLE and anchor.name not in _CONV_1D:
-        return None
-    ranges = anchor.loop_ranges
-    lanes = target.lanes(anchor.dtype)
-    vec, row = _vector_and_row_dims(anchor)
-    forced_one = _forced_unit_loops(anchor) if is_conv else set()
-    inner_red = [d for d in anchor.reductions if d not in forced_one]
-    reused = _reused_operand(anchor, row)
-
-    # The knobs, in sampling order: the register tile first, then the outer
-    # tiles as multiples of it (so every level nests, by construction).
-    specs: list[KnobSpec] = []
-    for d in anchor.parallel:
-        if d == vec:
-            opts = tuple(v for v in (lanes, 2 * lanes, 4 * lanes) if ranges[d] % v == 0) or tuple(
-                x for x in divisors(ranges[d]) if x <= lanes
-            )
-            specs.append(KnobSpec(f"r_d{d}", opts, doc=f"vector (register) tile of loop d{d}"))
-        elif d == row:
-            opts = tuple(x for x in _ROW_TILES if ranges[d] % x == 0)
-            specs.append(KnobSpec(f"r_d{d}", opts, doc=f"register rows of loop d{d}"))
-    if inner_red:
-        d = inner_red[-1]
-        opts = tuple(x for x in _UNROLLS if ranges[d] % x == 0)
-        specs.append(KnobSpec(f"u_d{d}", opts, doc=f"inner unroll of reduction loop d{d}"))
-    reg = {sp.name for sp in specs}
-    for d in anchor.parallel:
-        base = f"r_d{d}" if f"r_d{d}" in reg else None
-        specs.append(KnobSpec(f"p_d{d}", divisors(ranges[d]), multiple_of=base, doc=f"parallel (scf.forall) tile of loop d{d}"))
-    for d in anchor.reductions:
-        if d in forced_one:
-            continue
-        base = f"u_d{d}" if f"u_d{d}" in reg else None
-        specs.append(KnobSpec(f"k_d{d}", divisors(ranges[d]), multiple_of=base, doc=f"reduction (cache) tile of loop d{d}"))
-    if reused is not None:
-        specs.append(
-            KnobSpec("pack", (0, 1), alternatives=True, doc=f"0: copy the tile of operand {reused} to a contiguous buffer; 1: read it in place")
-        )
-
-    w = ScheduleWriter()
-    h = {sp.name: w.knob(sp.name, sp.options) for sp in specs if not sp.alternatives}
-
-    # Level 1: parallel tiles of the root, mapped to scf.forall, with every
-    # other op of the task fused in (consumers first).
-    roots = [o for o in ops if o.is_root]
-    root = roots[-1] if roots else anchor
-    root_sizes: list[int | str] = [0] * len(root.loop_ranges)
-    for a_d, r_d in zip(anchor.output_dims, root.output_dims):
-        if r_d is not None and a_d is not None and f"p_d{a_d}" in h:
-            root_sizes[r_d] = h[f"p_d{a_d}"]
-    _, forall = w.tile_forall(w.match_op_id("%root", root.op_id), root_sizes)
-    for o in reversed(ops):
-        if o.op_id != root.op_id:
-            _, forall = w.fuse_into(w.match_op_id("%root", o.op_id), forall)
-
-    # Level 2: reduction (cache) tiles.
-    a_h = w.match_op_id(forall, anchor.op_id)
-    k_sizes: list[int | str] = [h.get(f"k_d{d}", 0) if d in anchor.reductions else 0 for d in range(len(ranges))]
-    if any(isinstance(s, str) for s in k_sizes):
-        a_h, _ = w.tile_for(a_h, k_sizes)
-
-    # Level 3 (structural): pack the reused operand's tile, or not.
-    if reused is not None:
-        n_ops = len(anchor.operand_dims)
-        cur = a_h
-        (a_h,) = w.alternatives(
-            "pack",
-            [lambda wr: [wr.pack_operand(cur, reused, n_ops, anchor.dtype)], lambda wr: [cur]],
-        )
-
-    # Level 4: register tile (rows x vector columns); other loops to 1.
-    r_sizes: list[int | str] = [0] * len(ranges)
-    for d in anchor.parallel:
-        r_sizes[d] = h.get(f"r_d{d}", 1)
-    for d in forced_one:
-        r_sizes[d] = 1
-    a_h, _ = w.tile_for(a_h, r_sizes)
-
-    # Level 5: the remaining reductions, the innermost unrolled by u.
-    u_sizes: list[int | str] = [0] * len(ranges)
-    for d in anchor.reductions:
-        u_sizes[d] = h.get(f"u_d{d}", 1)
-    a_h, _ = w.tile_for(a_h, u_sizes)
-    if is_conv and anchor.name in _DECOMPOSABLE:
-        w.decompose(a_h)
-
-    # Other ops in the forall (fills, fused elementwise consumers) get the
-    # register tiling too, so that their vectors stay register-sized.
-    for o in ops:
-        if o.op_id == anchor.op_id:
-            continue
-        sizes: list[int | str] = [0] * len(o.loop_ranges)
-        for a_d, o_d in zip(anchor.output_dims, o.output_dims):
-            if o_d is not None and a_d is not None:
-                sizes[o_d] = r_sizes[a_d] if r_sizes[a_d] != 0 else 1
-        if any(s != 0 for s in sizes):
-            w.tile_for(w.match_op_id(forall, o.op_id), sizes)
-    # Copies made by packing: one row at a time (vectors of the tile width).
-    if reused is not None:
-        w.tile_each(w.match_ops(forall, ["linalg.copy"]), [1, 0])
-
-    _finish(w, vectorize=True)
-    forall_knobs = tuple((f"p_d{d}", ranges[d]) for d in anchor.parallel)
-    return Sketch("cpu-contraction", payload, w.text(), tuple(specs), forall=forall_knobs)
-
-
-_CONV_1D = ("linalg.conv_1d_nwc_wcf", "linalg.conv_1d_ncw_fcw", "linalg.depthwise_conv_1d_nwc_wc")
-
-
-def _reused_operand(anchor: OpStructure, row: int | None) -> int | None:
-    """The input reused across the row loop (B of C = A.B, the filter of a
-    convolution): indexed by plain loops only, not by the row loop."""
-    if row is None:
-        return None
-    for i in range(anchor.num_inputs):
-        dims = anchor.operand_dims[i]
-        if len(dims) >= 2 and None not in dims and row not in dims:
-            return i
-    return None
-
-
-def _default_sketch(payload: str, ops: tuple[OpStructure, ...], anchor: OpStructure, target: Target) -> Sketch:
-    """A sound schedule for any op: parallel outer tiles over scf.forall,
-    with the rest of the task fused in, lowered as loops."""
-    w = ScheduleWriter()
-    knobs: list[KnobSpec] = []
-    roots = [o for o in ops if o.is_root]
-    root = roots[-1] if roots else anchor
-    sizes: list[int | str] = [0] * len(root.loop_ranges)
-    for d in root.parallel:
-        spec = KnobSpec(f"p_d{d}", divisors(root.loop_ranges[d]), doc=f"parallel tile of loop d{d}")
-        knobs.append(spec)
-        sizes[d] = w.knob(spec.name, spec.options)
-    if any(isinstance(s, str) for s in sizes):
-        root_h = w.match_op_id("%root", root.op_id)
-        _, forall = w.tile_forall(root_h, sizes)
-        for o in reversed(ops):
-            if o.op_id == root.op_id:
-                continue
-            h = w.match_op_id("%root", o.op_id)
-            _, forall = w.fuse_into(h, forall)
-    _finish(w, vectorize=False)
-    forall_knobs = tuple((f"p_d{d}", root.loop_ranges[d]) for d in root.parallel)
-    return Sketch("cpu-default", payload, w.text(), tuple(knobs), forall=forall_knobs)
-
-
-def _finish(w: ScheduleWriter, *, vectorize: bool) -> None:
-    func = w.match_func("%root")
-    if vectorize:
-        func = w.vectorize_children(func)
-        w.cleanup(func)
-        w.hoist_accumulators(func)
-        w.cleanup(func)
-    buf = w.bufferize("%root")
-    func = w.match_func(buf)
-    w.lower_vectors(func)
+    sketches.extend(DEFAULT_RULE.apply(ctx))
+    return sketches

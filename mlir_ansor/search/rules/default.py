@@ -1,0 +1,32 @@
+"""The sound default for any task: parallel outer tiles over ``scf.forall``
+with the whole task fused in, the rest lowered as loops (LLVM may still
+vectorize them). Always applies; it is the fallback of every other rule."""
+
+from __future__ import annotations
+
+from ...dialects.schedule import ScheduleWriter
+from ..sketch import Sketch
+from ..space import KnobSpec, divisors
+from .base import Rule, RuleResult, SketchContext, finish, tile_root_and_fuse
+
+
+class DefaultSchedule(Rule):
+    name = "cpu-default"
+
+    def condition(self, ctx: SketchContext) -> RuleResult:
+        return RuleResult.APPLY
+
+    def apply(self, ctx: SketchContext) -> list[Sketch]:
+        root = ctx.root
+        w = ScheduleWriter()
+        specs: list[KnobSpec] = []
+        sizes: list[int | str] = [0] * len(root.loop_ranges)
+        for d in root.parallel:
+            spec = KnobSpec(f"p_d{d}", divisors(root.loop_ranges[d]), doc=f"parallel tile of loop d{d}")
+            specs.append(spec)
+            sizes[d] = w.knob(spec.name, spec.options)
+        if any(isinstance(s, str) for s in sizes):
+            tile_root_and_fuse(w, ctx, sizes)
+        finish(w, vectorize=False)
+        forall = tuple((f"p_d{d}", root.loop_ranges[d]) for d in root.parallel)
+        return [Sketch(self.name, ctx.payload, w.text(), tuple(specs), forall=forall)]

@@ -1,0 +1,207 @@
+"""Multi-level tiling for contractions, convolutions and pooling (CPU).
+
+Ansor's "SSRSRS" structure, adapted to what MLIR's transform dialect and a
+2-core AVX2 machine reward:
+
+  S  ``scf.forall`` over the parallel loops of the task's root, with the
+     whole task (fill, anchor, fused elementwise consumers) fused in: the
+     thread level (knobs ``p_d<i>``);
+  R  ``scf.for`` over the reduction loops: the cache level (``k_d<i>``);
+     then, as a ``transform.tune.alternatives`` choice, *packing*: the tile
+     of the reused operand (B of a matmul, the filter of a convolution) is
+     copied into a contiguous buffer;
+  S  ``scf.for`` over a register tile: rows x vector lanes (``r_d<i>``);
+  R  ``scf.for`` over the remaining reduction, the innermost unrolled by
+     ``u_d<i>``;
+  then vectorization, with the output tile kept in registers across the
+  reduction loops ("cache write" to registers: `hoist_loop_invariant_subsets`),
+  bufferization and FMA lowering.
+
+Convolutions and pooling must decompose to 1-D to vectorize: every window
+pair but the innermost (oh/kh of a 2-D convolution) is tiled to 1, then
+`transform.structured.decompose`.
+
+Knobs are sampled register-first, the outer tiles as multiples: every level
+nests by construction, and tile sizes divide the loop extents.
+"""
+
+from __future__ import annotations
+
+from ...dialects.schedule import ScheduleWriter
+from ..sketch import OpStructure, Sketch
+from ..space import KnobSpec, divisors
+from .base import (
+    Rule,
+    RuleResult,
+    SketchContext,
+    finish,
+    root_sizes_from_anchor,
+    tile_others_like,
+    tile_root_and_fuse,
+    vector_tile_options,
+)
+
+ROW_TILES = (1, 2, 3, 4, 5, 6, 8)
+UNROLLS = (1, 2, 4)
+
+# Ops that `transform.structured.decompose` turns into 1-D ones once their
+# outer window loops are tiled to 1 (upstream DecomposeConvolutionPatterns).
+DECOMPOSABLE = frozenset(
+    {
+        "linalg.conv_2d_nhwc_hwcf",
+        "linalg.conv_2d_nchw_fchw",
+        "linalg.depthwise_conv_2d_nhwc_hwc",
+        "linalg.pooling_nhwc_sum",
+        "linalg.pooling_nhwc_max",
+        "linalg.pooling_nchw_sum",
+        "linalg.pooling_nchw_max",
+    }
+)
+# 1-D window ops the vectorizer handles directly.
+ONE_D = frozenset({"linalg.conv_1d_nwc_wcf", "linalg.conv_1d_ncw_fcw", "linalg.depthwise_conv_1d_nwc_wc"})
+# Channel-first layouts: with more than one output channel per register tile,
+# vectorized 1-D NCW convolutions gave wrong results with these MLIR wheels
+# (caught by the reference check), so their row tile stays 1.
+CHANNEL_FIRST = ("nchw", "ncw")
+
+
+def forced_unit_loops(anchor: OpStructure) -> set[int]:
+    """Loops tiled to 1 so that a window op decomposes to 1-D: every window
+    pair except the innermost one (oh and kh of a 2-D NHWC convolution)."""
+    windows = [c for c in anchor.compound_dims if len(c) >= 2]
+    forced: set[int] = set()
+    for w in windows[:-1]:
+        forced.update(w)
+    return forced
+
+
+def vector_and_row_dims(anchor: OpStructure) -> tuple[int, int | None]:
+    """The vectorized loop (the output's contiguous dimension) and the
+    register-row loop (the next output dimension that may be tiled)."""
+    out = [d for d in anchor.output_dims if d is not None]
+    vec = out[-1]
+    if any(tag in anchor.name for tag in CHANNEL_FIRST):
+        return vec, None
+    forced = forced_unit_loops(anchor)
+    for d in reversed(out[:-1]):
+        if d not in forced:
+            return vec, d
+    return vec, None
+
+
+def reused_operand(anchor: OpStructure, row: int | None) -> int | None:
+    """The input reused across the row loop (B of C = A.B, the filter of a
+    convolution): read by the body, indexed by plain loops, not by the row."""
+    if row is None or not anchor.is_mul_add:
+        return None
+    for i in range(anchor.num_inputs):
+        dims = anchor.operand_dims[i]
+        used = anchor.used_inputs[i] if i < len(anchor.used_inputs) else True
+        if used and len(dims) >= 2 and None not in dims and row not in dims:
+            return i
+    return None
+
+
+def _reads_vector_dim_transposed(anchor: OpStructure, vec: int) -> bool:
+    """Whether some input is indexed by the vector loop in a dimension other
+    than its last (contiguous) one, e.g. B of A.B^T."""
+    for dims in anchor.operand_dims[: anchor.num_inputs]:
+        if vec in dims and dims[-1] != vec:
+            return True
+    return False
+
+
+class MultiLevelTiling(Rule):
+    name = "cpu-contraction"
+
+    def condition(self, ctx: SketchContext) -> RuleResult:
+        a = ctx.anchor
+        if not a.reductions or any(d is None for d in a.output_dims):
+            return RuleResult.SKIP
+        if a.compound_dims:
+            ok = a.name in DECOMPOSABLE or a.name in ONE_D
+            return RuleResult.APPLY if ok and (a.is_mul_add or "pooling" in a.name) else RuleResult.SKIP
+        return RuleResult.APPLY if a.is_mul_add else RuleResult.SKIP
+
+    def apply(self, ctx: SketchContext) -> list[Sketch]:
+        anchor = ctx.anchor
+        is_window = bool(anchor.compound_dims)
+        ranges = anchor.loop_ranges
+        lanes = ctx.lanes()
+        vec, row = vector_and_row_dims(anchor)
+        forced = forced_unit_loops(anchor) if is_window else set()
+        inner_red = [d for d in anchor.reductions if d not in forced]
+        reused = reused_operand(anchor, row)
+
+        # The knobs, in sampling order: register tile first, then outer tiles
+        # as its multiples.
+        specs: list[KnobSpec] = []
+        for d in anchor.parallel:
+            if d == vec:
+                specs.append(KnobSpec(f"r_d{d}", vector_tile_options(ranges[d], lanes), doc=f"vector tile of loop d{d}"))
+            elif d == row:
+                opts = tuple(x for x in ROW_TILES if ranges[d] % x == 0)
+                specs.append(KnobSpec(f"r_d{d}", opts, doc=f"register rows of loop d{d}"))
+        if inner_red:
+            d = inner_red[-1]
+            opts = tuple(x for x in UNROLLS if ranges[d] % x == 0)
+            if _reads_vector_dim_transposed(anchor, vec) and len(opts) > 1:
+                # A [rows, lanes, 1] contraction over an operand read
+                # transposed along the vector loop sent the vector
+                # canonicalization patterns into an endless loop with these
+                # MLIR wheels (builds hung until their timeout): unroll >= 2.
+                opts = tuple(x for x in opts if x > 1)
+            specs.append(KnobSpec(f"u_d{d}", opts, doc=f"inner unroll of reduction loop d{d}"))
+        reg = {sp.name for sp in specs}
+        for d in anchor.parallel:
+            base = f"r_d{d}" if f"r_d{d}" in reg else None
+            specs.append(KnobSpec(f"p_d{d}", divisors(ranges[d]), multiple_of=base, doc=f"parallel (scf.forall) tile of loop d{d}"))
+        for d in anchor.reductions:
+            if d in forced:
+                continue
+            base = f"u_d{d}" if f"u_d{d}" in reg else None
+            specs.append(KnobSpec(f"k_d{d}", divisors(ranges[d]), multiple_of=base, doc=f"reduction (cache) tile of loop d{d}"))
+        if reused is not None:
+            specs.append(
+                KnobSpec("pack", (0, 1), alternatives=True, doc=f"0: copy the tile of operand {reused} to a contiguous buffer; 1: read it in place")
+            )
+
+        w = ScheduleWriter()
+        h = {sp.name: w.knob(sp.name, sp.options) for sp in specs if not sp.alternatives}
+
+        # S: threads.
+        forall = tile_root_and_fuse(
+            w, ctx, root_sizes_from_anchor(ctx, {d: h[f"p_d{d}"] for d in anchor.parallel if f"p_d{d}" in h})
+        )
+        # R: cache tiles of the reductions.
+        a_h = w.match_op_id(forall, anchor.op_id)
+        k_sizes: list[int | str] = [h.get(f"k_d{d}", 0) if d in anchor.reductions else 0 for d in range(len(ranges))]
+        if any(isinstance(s, str) for s in k_sizes):
+            a_h, _ = w.tile_for(a_h, k_sizes)
+        # Packing, or not.
+        if reused is not None:
+            n_ops = len(anchor.operand_dims)
+            cur = a_h
+            (a_h,) = w.alternatives(
+                "pack", [lambda wr: [wr.pack_operand(cur, reused, n_ops, anchor.dtype)], lambda wr: [cur]]
+            )
+        # S: register tile.
+        r_sizes: list[int | str] = [0] * len(ranges)
+        for d in anchor.parallel:
+            r_sizes[d] = h.get(f"r_d{d}", 1)
+        for d in forced:
+            r_sizes[d] = 1
+        a_h, _ = w.tile_for(a_h, r_sizes)
+        # R: the remaining reductions, the innermost unrolled.
+        u_sizes: list[int | str] = [0] * len(ranges)
+        for d in anchor.reductions:
+            u_sizes[d] = h.get(f"u_d{d}", 1)
+        a_h, _ = w.tile_for(a_h, u_sizes)
+        if is_window and anchor.name in DECOMPOSABLE:
+            w.decompose(a_h)
+        tile_others_like(w, ctx, forall, r_sizes, skip={anchor.op_id})
+        if reused is not None:
+            w.tile_each(w.match_ops(forall, ["linalg.copy"]), [1, 0])
+        finish(w, vectorize=True)
+        forall_knobs = tuple((f"p_d{d}", ranges[d]) for d in anchor.parallel)
+        return [Sketch(self.name, ctx.payload, w.text(), tuple(specs), forall=forall_knobs)]
