@@ -5,7 +5,11 @@ Subcommands (shared/DESIGN.md, "The command line"):
        [--timeout S] [--executor local] [--json]
   compile [INPUT] [--db FILE] [--threads N] [-o OUT.mlir|OUT.so]
   run [INPUT] [--db FILE] [--threads N] [--repeat N] [--json]
-  show FILE.db
+  show FILE.db [--json]
+  plot FILE.db [-o curve.png] [--input MODULE.mlir]
+  peak [--threads N] [--json]
+  export FILE.db [--task NAME_OR_KEY] [-o schedule.mlir] [--payload payload.mlir]
+  opt [INPUT] --pass-pipeline='builtin.module(...)' [-o OUT] [--print-ir-after-all]
 
 User errors (bad input, unsupported ops, a corrupt database) print one
 message to stderr and exit with status 2; nothing reaches the user as a
@@ -62,6 +66,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--search", default="random", help="search strategy (random)")
     t.add_argument("--executor", default="local", help="local (a Ray executor is planned)")
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    t.add_argument("--progress", choices=("auto", "live", "log", "none"), default="auto",
+                   help="progress display: live on a terminal, log lines otherwise (auto)")
 
     c = sub.add_parser("compile", help="compile a module with the best schedules of a records database")
     c.add_argument("input", nargs="?", help="MLIR file ('-' for stdin); default: a bundled 256^3 matmul")
@@ -81,9 +87,36 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--func", default=None, help="the function to run (default: the first with tasks)")
     r.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
-    s = sub.add_parser("show", help="summarize a records database")
+    s = sub.add_parser("show", help="summarize a records database (per task: best, GFLOP/s, % of peak, errors)")
     s.add_argument("db")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    pl = sub.add_parser("plot", help="plot the tuning curves of a records database")
+    pl.add_argument("db")
+    pl.add_argument("-o", "--output", default="curve.png", help="image file (.png, .svg, .pdf); default curve.png")
+    pl.add_argument("--input", default=None, help="the tuned module: weights of its tasks for the end-to-end curve")
+    pl.add_argument("--title", default=None)
+
+    pk = sub.add_parser("peak", help="measure the machine's FMA peak and memory bandwidth, and cache them")
+    pk.add_argument("--threads", type=_positive(int), default=None, help="threads of the multi-thread figures (default: all cores)")
+    pk.add_argument("--min-time", type=_positive(float), default=0.3, help="seconds each figure is measured for")
+    pk.add_argument("--cache", default=None, help="cache file (default: $MLIR_ANSOR_PEAK or ~/.cache/mlir-ansor/peak.json)")
+    pk.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    e = sub.add_parser("export", help="the best schedule of a task as a transform script mlir-opt applies")
+    e.add_argument("db")
+    e.add_argument("--task", default=None, help="task name or workload key (default: the only task)")
+    e.add_argument("-o", "--output", default=None, help="schedule file (default: stdout)")
+    e.add_argument("--payload", default=None, help="also write the tagged task module the schedule applies to")
+    e.add_argument("--threads", type=_positive(int), default=None, help="only records measured on this many threads")
+    e.add_argument("--target", default="cpu", help="cpu (the host)")
+
+    o = sub.add_parser("opt", help="run an mlir-opt style pass pipeline mixing upstream and mlir-ansor passes")
+    o.add_argument("input", nargs="?", default="-", help="MLIR file ('-' for stdin, the default)")
+    o.add_argument("--pass-pipeline", required=True,
+                   help="e.g. 'builtin.module(canonicalize,ansor-apply-best{db=tuning.db},ansor-lower-to-llvm)'")
+    o.add_argument("-o", "--output", default=None, help="output file (default: stdout)")
+    o.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every element (stderr)")
     return p
 
 
@@ -114,7 +147,14 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         run_timeout_s=max(args.timeout, 1.0),
         strategy=args.search,
     )
-    result = tune(source, target=target, config=config, db=args.db, func=args.func)
+    from .progress import ProgressDisplay
+
+    if args.progress == "none":
+        result = tune(source, target=target, config=config, db=args.db, func=args.func)
+    else:
+        live = {"auto": None, "live": True, "log": False}[args.progress]
+        with ProgressDisplay(sys.stderr, live=live) as display:
+            result = tune(source, target=target, config=config, db=args.db, func=args.func, on_progress=display)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
         return 0
@@ -234,45 +274,100 @@ def _reduction_length(task) -> int:
     return n
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}%"
+
+
 def _cmd_show(args: argparse.Namespace) -> int:
-    from collections import Counter
+    from .peak import load_peak, peak_cache_path
+    from .report import summarize
+    from .target import Target
 
-    from .errors import InputError
-    from .records import Database
-
-    if not os.path.exists(args.db):
-        raise InputError(f"{args.db}: no such file")
-    rows = []
-    with Database(args.db) as db:
-        for w in db.workloads():
-            recs = db.records(w["workload_key"])
-            errors = Counter(r.error_kind for r in recs if r.error_kind != "none")
-            valid = [r for r in recs if r.error_kind == "none" and r.costs]
-            best = min(valid, key=lambda r: r.latency_s) if valid else None
-            rows.append(
-                {
-                    "name": w["name"],
-                    "workload_key": w["workload_key"],
-                    "flops": w["flops"],
-                    "trials": len(recs),
-                    "best_latency_s": best.latency_s if best else None,
-                    "gflops": w["flops"] / best.latency_s / 1e9 if best else 0.0,
-                    "threads": best.threads if best else None,
-                    "errors": dict(errors),
-                }
-            )
+    peak = load_peak(host=Target.host().model)
+    rows = summarize(args.db, peak)
     if args.json:
-        print(json.dumps({"tasks": rows}, indent=2))
+        print(json.dumps({"tasks": [r.to_json() for r in rows], "peak": peak.__dict__ if peak else None}, indent=2))
         return 0
-    header = f"{'task':<44} {'trials':>6} {'best':>11} {'GFLOP/s':>8} {'threads':>7}  errors"
+    header = (f"{'task':<40} {'trials':>6} {'best':>11} {'GFLOP/s':>8} {'threads':>7} "
+              f"{'%peak':>6} {'%roof':>6}  errors")
     print(header)
     print("-" * len(header))
     for r in rows:
-        errs = ", ".join(f"{k} {v}" for k, v in sorted(r["errors"].items())) or "-"
+        errs = ", ".join(f"{k} {v}" for k, v in sorted(r.errors.items())) or "-"
         print(
-            f"{r['name'][:44]:<44} {r['trials']:>6} {_fmt_s(r['best_latency_s']):>11} {r['gflops']:>8.1f} "
-            f"{r['threads'] or '-':>7}  {errs}"
+            f"{r.name[:40]:<40} {r.trials:>6} {_fmt_s(r.best_latency_s):>11} {r.gflops:>8.1f} "
+            f"{r.threads or '-':>7} {_pct(r.percent_of_peak):>6} {_pct(r.percent_of_roofline):>6}  {errs}"
         )
+    if peak is None:
+        print(f"note: no peak measurement for this machine in {peak_cache_path()}; run `mlir-ansor peak` "
+              "to see % of peak and of the roofline")
+    else:
+        print(f"peak ({peak.host}): {peak.fma_gflops_1t:.1f} GFLOP/s on 1 thread, {peak.fma_gflops:.1f} on "
+              f"{peak.threads}; bandwidth {peak.bandwidth_gbs_1t:.1f} / {peak.bandwidth_gbs:.1f} GB/s. "
+              "%roof: of min(peak, flops/bytes x bandwidth)")
+    return 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from .report import plot
+
+    weights = None
+    if args.input:
+        from .search.task import extract_tasks
+
+        weights = {t.workload_key: t.weight for t in extract_tasks(args.input)}
+    c = plot(args.db, args.output, weights=weights, title=args.title)
+    n = max((len(v) for v in c.tasks.values()), default=0)
+    print(f"wrote {args.output} ({len(c.tasks)} task(s), {len(c.end_to_end)} trials, at most {n} per task)",
+          file=sys.stderr)
+    return 0
+
+
+def _cmd_peak(args: argparse.Namespace) -> int:
+    from .peak import measure_peak, save_peak
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    peak = measure_peak(args.threads, min_time_s=args.min_time)
+    if load > 0.5:
+        print(f"mlir-ansor: warning: the machine was busy (load average {load:.2f}); the all-core figures "
+              "may be low: run `mlir-ansor peak` again on an idle machine", file=sys.stderr)
+    path = save_peak(peak, args.cache)
+    if args.json:
+        print(json.dumps({**peak.__dict__, "cache": path}, indent=2))
+        return 0
+    print(f"{peak.host} ({peak.target})")
+    print(f"FMA peak (f32):   {peak.fma_gflops_1t:8.1f} GFLOP/s on 1 thread, {peak.fma_gflops:8.1f} on {peak.threads}")
+    print(f"memory (triad):   {peak.bandwidth_gbs_1t:8.1f} GB/s on 1 thread, {peak.bandwidth_gbs:8.1f} on {peak.threads}")
+    print(f"saved to {path}")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from .export import MLIR_OPT_HINT, export_best
+    from .target import Target
+
+    ex = export_best(args.db, args.task, target=Target.parse(args.target), threads=args.threads)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(ex.schedule)
+    else:
+        sys.stdout.write(ex.schedule)
+    if args.payload:
+        with open(args.payload, "w", encoding="utf-8") as f:
+            f.write(ex.payload)
+    print(f"task {ex.name}: {ex.sketch} {dict(ex.knobs)}, {_fmt_s(ex.latency_s)} ({ex.gflops:.1f} GFLOP/s, "
+          f"{ex.threads} thread(s))", file=sys.stderr)
+    if args.output and args.payload:
+        print("apply with: " + MLIR_OPT_HINT.format(payload=args.payload, schedule=args.output), file=sys.stderr)
+    return 0
+
+
+def _cmd_opt(args: argparse.Namespace) -> int:
+    from .pipeline import run_pipeline_on_file
+
+    run_pipeline_on_file(args.input, args.pass_pipeline, args.output, print_ir_after_all=args.print_ir_after_all)
+    if args.output and args.output != "-":
+        print(f"wrote {args.output}", file=sys.stderr)
     return 0
 
 
@@ -293,6 +388,14 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_compile(args)
         if args.command == "run":
             return _cmd_run(args)
+        if args.command == "plot":
+            return _cmd_plot(args)
+        if args.command == "peak":
+            return _cmd_peak(args)
+        if args.command == "export":
+            return _cmd_export(args)
+        if args.command == "opt":
+            return _cmd_opt(args)
     except AnsorError as e:
         print(f"mlir-ansor: error: {e}", file=sys.stderr)
         return 2

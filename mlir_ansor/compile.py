@@ -54,7 +54,7 @@ from .passes.lowering import BUFFERIZE, emit_shared_library, lower_to_llvm
 from .search.task import Occurrence, Task, partition
 from .target import Target
 
-__all__ = ["CompiledModule", "KernelPlan", "compile", "compile_untuned", "plan_kernels"]
+__all__ = ["CompiledModule", "KernelPlan", "ScheduledModule", "compile", "compile_untuned", "plan_kernels", "schedule_module"]
 
 log = logging.getLogger("mlir_ansor")
 
@@ -486,6 +486,33 @@ def compile(  # noqa: A001 - the public name the design asks for
     `default`: "sketch" (the default sketch with parallel tiles; the naive
     lowering where it fails to build) or "naive" (no schedule).
     """
+    s = schedule_module(source, db=db, threads=threads, target=target, default=default, entry=entry)
+    return _finish(s.mlir, s.signatures, s.entry, threads, s.kernels, opt_level)
+
+
+@dataclass
+class ScheduledModule:
+    """Steps 1-4 of :func:`compile`: the scheduled module, before LLVM."""
+
+    mlir: str
+    """Kernels after their schedules and the drivers, on memrefs."""
+    signatures: dict
+    entry: str
+    kernels: list[KernelPlan]
+
+
+def schedule_module(
+    source,
+    *,
+    db: str | os.PathLike | None = None,
+    threads: int = 1,
+    target: Target | None = None,
+    default: str = "sketch",
+    entry: str | None = None,
+) -> ScheduledModule:
+    """The whole module with the best schedule of every task applied, not
+    lowered (what ``ansor-apply-best`` splices into a pass pipeline); the
+    arguments are those of :func:`compile`."""
     if default not in ("sketch", "naive"):
         raise AnsorError(f"default={default!r}: expected 'sketch' or 'naive'")
     target = target or Target.host()
@@ -535,7 +562,7 @@ def compile(  # noqa: A001 - the public name the design asks for
     entry_name = _pick_entry(signatures, occs, entry)
     # The signatures above are the bufferized ones; the C ABI is the same
     # (memrefs in, results as trailing out-parameters).
-    return _finish(text, signatures, entry_name, threads, plans, opt_level)
+    return ScheduledModule(text, signatures, entry_name, plans)
 
 
 def _link_kernels(module: ir.Module, kernels: dict[str, ir.Module]) -> None:
