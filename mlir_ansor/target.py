@@ -33,15 +33,37 @@ def _cpu_flags_and_model() -> tuple[frozenset[str], str]:
     return frozenset(flags), model
 
 
+# Per-architecture limits of one thread block: (static shared memory,
+# opt-in dynamic shared memory, registers per block). Static `.shared` (what workgroup attributions become) is capped at
+# 48 KiB on every architecture.
+_CUDA_ARCHS: dict[int, tuple[int, int, int]] = {
+    70: (48 * 1024, 96 * 1024, 65536),
+    75: (48 * 1024, 64 * 1024, 65536),
+    80: (48 * 1024, 163 * 1024, 65536),
+    86: (48 * 1024, 99 * 1024, 65536),
+    89: (48 * 1024, 99 * 1024, 65536),
+    90: (48 * 1024, 227 * 1024, 65536),
+    100: (48 * 1024, 227 * 1024, 65536),
+    120: (48 * 1024, 99 * 1024, 65536),
+}
+
+
 @dataclass(frozen=True)
 class Target:
-    """A CPU target.
+    """A CPU or CUDA target.
 
-    kind: "cpu" (GPU targets are a separate issue).
+    kind: "cpu" or "cuda".
     vector_bits: width of the widest SIMD register the schedules may use.
     cores: physical parallelism available to ``scf.forall``.
-    model: CPU model name, recorded with every measurement.
+    model: CPU model name (or the CUDA arch), recorded with every measurement.
     features: ISA features, e.g. ("avx2", "fma").
+
+    CUDA only (zero for a CPU):
+    arch: compute capability as an int (90 for sm_90).
+    smem_per_block: static shared memory a block may use, bytes.
+    smem_per_block_optin: with the dynamic opt-in, bytes.
+    max_threads_per_block, registers_per_block, max_registers_per_thread,
+    warp_size: the usual hardware limits.
     """
 
     kind: str = "cpu"
@@ -49,6 +71,46 @@ class Target:
     cores: int = 1
     model: str = "unknown"
     features: tuple[str, ...] = field(default_factory=tuple)
+    arch: int = 0
+    smem_per_block: int = 0
+    smem_per_block_optin: int = 0
+    max_threads_per_block: int = 0
+    registers_per_block: int = 0
+    max_registers_per_thread: int = 0
+    warp_size: int = 0
+
+    @staticmethod
+    def cuda(arch: int | str = 90) -> Target:
+        """An NVIDIA target, e.g. ``Target.cuda(90)`` or ``Target.cuda("sm_80")``."""
+        text = str(arch).lower()
+        digits = text[3:] if text.startswith("sm_") else text
+        digits = digits.rstrip("a")  # sm_90a: same limits
+        if not digits.isdigit():
+            raise AnsorError(f"CUDA arch {arch!r}: expected sm_XX (e.g. sm_90)")
+        cc = int(digits)
+        if cc not in _CUDA_ARCHS:
+            known = ", ".join(f"sm_{a}" for a in sorted(_CUDA_ARCHS))
+            raise AnsorError(f"CUDA arch sm_{cc} is not known; expected one of {known}")
+        smem, optin, regs = _CUDA_ARCHS[cc]
+        return Target(
+            kind="cuda",
+            vector_bits=128,  # widest global load (ld.global.v4.b32)
+            cores=1,
+            model=f"sm_{cc}",
+            features=(f"sm_{cc}",),
+            arch=cc,
+            smem_per_block=smem,
+            smem_per_block_optin=optin,
+            max_threads_per_block=1024,
+            registers_per_block=regs,
+            max_registers_per_thread=255,
+            warp_size=32,
+        )
+
+    @property
+    def chip(self) -> str:
+        """The arch name given to NVVM and ptxas ("sm_90")."""
+        return f"sm_{self.arch}"
 
     @staticmethod
     def host() -> Target:
@@ -65,14 +127,15 @@ class Target:
 
     @staticmethod
     def parse(spec: str | None) -> Target:
-        """Parse a command-line target spec: "cpu" (the host) for now."""
+        """Parse a command-line target spec: "cpu" (the host), "cuda" (sm_90)
+        or "cuda:sm_XX"."""
         if spec in (None, "", "cpu", "host", "llvm"):
             return Target.host()
-        if spec.startswith("cuda"):
-            raise AnsorError(
-                f"target {spec!r}: CUDA targets are not available in this version; use --target cpu"
-            )
-        raise AnsorError(f"unknown target {spec!r}: expected 'cpu'")
+        if spec in ("cuda", "gpu", "nvidia"):
+            return Target.cuda(90)
+        if spec.startswith("cuda:"):
+            return Target.cuda(spec.split(":", 1)[1])
+        raise AnsorError(f"unknown target {spec!r}: expected 'cpu', 'cuda' or 'cuda:sm_XX'")
 
     def lanes(self, dtype: str) -> int:
         """How many elements of `dtype` fit in one vector register."""
@@ -82,5 +145,7 @@ class Target:
     @property
     def key(self) -> str:
         """A short string naming the target, stored with every record."""
+        if self.kind == "cuda":
+            return f"cuda:{self.chip}"
         feats = "+".join(self.features) or "generic"
         return f"cpu:{feats}"

@@ -1,0 +1,132 @@
+"""Build GPU candidates into a folder of cubins + a JSON manifest (needs MLIR
+and ptxas, no GPU). `benchmarks/gpu_check.sh` times them on a GPU host.
+
+    .venv/bin/python benchmarks/gpu_build.py --out benchmarks/gpu_artifacts -n 8
+    .venv/bin/python benchmarks/gpu_build.py --preset test --out tests/inputs/gpu -n 2
+
+Presets: "bench" (GEMM 4096 f16 and f32, ResNet-50 conv 3x3 64->64 at 56x56,
+NHWC f32), "test" (a 64^3 f32 GEMM: small artifacts for the runner tests).
+Candidates are sampled per sketch with a fixed seed (tensor-core sketch
+first), built in isolated worker processes, and kept only when ptxas accepts
+them within the target's limits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mlir_ansor import workloads  # noqa: E402
+from mlir_ansor.measure.pool import WorkerPool  # noqa: E402
+from mlir_ansor.search.gpu_sketch import generate_gpu_sketches, sample  # noqa: E402
+from mlir_ansor.target import Target  # noqa: E402
+
+
+def _build_one(payload: str, script: str, arch: str, cubin_path: str) -> dict:
+    from mlir_ansor.passes.nvvm import build_cuda, check_limits
+
+    target = Target.cuda(arch)
+    b = build_cuda(payload, script, target, cubin_path)
+    out = b.to_json()
+    out["dropped"] = check_limits(b.ptxas, b.launches, target)
+    return out
+
+
+def presets(name: str) -> list[dict]:
+    if name == "test":
+        return [{"name": "gemm_64_f32", "kind": "matmul", "dtype": "f32", "mnk": [64, 64, 64],
+                 "mlir": workloads.matmul(64, 64, 64, "f32"), "flops": 2 * 64**3}]
+    n = 4096
+    conv = dict(n=1, h=58, w=58, c=64, f=64, kh=3, kw=3)
+    return [
+        {"name": "gemm_4096_f16", "kind": "matmul", "dtype": "f16", "mnk": [n, n, n],
+         "mlir": workloads.matmul(n, n, n, "f16"), "flops": 2 * n**3},
+        {"name": "gemm_4096_f32", "kind": "matmul", "dtype": "f32", "mnk": [n, n, n],
+         "mlir": workloads.matmul(n, n, n, "f32"), "flops": 2 * n**3},
+        {"name": "resnet_conv3x3_64_56", "kind": "conv2d_nhwc", "dtype": "f32", "conv": conv,
+         "mlir": workloads.conv2d_nhwc(1, 58, 58, 64, 64, 3, 3), "flops": 2 * 56 * 56 * 64 * 64 * 9},
+    ]
+
+
+def _split(n: int, names: list[str]) -> dict[str, int]:
+    """How many candidates each sketch gets: one each first (when n allows),
+    then every other one to the first sketch (tensor cores, or the
+    contraction sketch), the rest round-robin over the others."""
+    share = {k: 0 for k in names}
+    for k in names[:n]:
+        share[k] += 1
+    others = names[1:] or names
+    for i in range(max(0, n - len(names))):
+        share[names[0] if i % 2 == 0 else others[(i // 2) % len(others)]] += 1
+    return share
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="benchmarks/gpu_artifacts")
+    ap.add_argument("-n", type=int, default=8, help="candidates per workload")
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--preset", default="bench", choices=["bench", "test"])
+    ap.add_argument("--workers", type=int, default=None)
+    args = ap.parse_args(argv)
+    target = Target.cuda(args.arch)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.cubin"):
+        old.unlink()
+    manifest = {"target": target.key, "seed": args.seed, "workloads": []}
+    t0 = time.perf_counter()
+    pool = WorkerPool(args.workers or 2, memory_limit_mb=8192)
+    try:
+        for wl in presets(args.preset):
+            sketches = generate_gpu_sketches(wl["mlir"], target)
+            share = _split(args.n, [s.name for s in sketches])
+            jobs, meta = [], []
+            rng = random.Random(args.seed)
+            for sk in sketches:
+                seen = set()
+                for _ in range(share[sk.name] * 4):
+                    if len(seen) >= share[sk.name]:
+                        break
+                    a = sample(sk, rng)
+                    if a in seen:
+                        continue
+                    seen.add(a)
+                    cubin = out / f"{wl['name']}_{len(jobs)}.cubin"
+                    jobs.append((sk.payload, sk.concrete(a), args.arch, str(cubin)))
+                    meta.append({"sketch": sk.name, "knobs": dict(a), "sketch_hash": sk.hash})
+            results = pool.map(_build_one, jobs, timeout_s=300)
+            cands = []
+            for m, r, job in zip(meta, results, jobs):
+                if not r.ok:
+                    print(f"{wl['name']}: {m['sketch']} {m['knobs']}: build failed: {r.error_msg.strip()[-300:]}", file=sys.stderr)
+                    continue
+                if r.value["dropped"]:
+                    print(f"{wl['name']}: {m['sketch']} {m['knobs']}: dropped: {r.value['dropped']}", file=sys.stderr)
+                    Path(job[3]).unlink(missing_ok=True)
+                    continue
+                cands.append({**m, **r.value})
+                fig = next(iter(r.value["ptxas"].values()))
+                print(f"{wl['name']:>22} {m['sketch']:>17} regs {fig['registers']:>3} smem {fig['smem']:>6} "
+                      f"grid {r.value['launches'][0]['grid']} block {r.value['launches'][0]['block']} {m['knobs']}")
+            entry = {k: v for k, v in wl.items() if k != "mlir"}
+            entry["candidates"] = cands
+            manifest["workloads"].append(entry)
+    finally:
+        pool.close()
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    size = sum(p.stat().st_size for p in out.iterdir())
+    print(f"wrote {out}/manifest.json: {sum(len(w['candidates']) for w in manifest['workloads'])} candidates, "
+          f"{size / 1024:.0f} KiB, {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The prepared GPU check, for a machine with an NVIDIA GPU, Python 3.12,
+# torch, cupy and cuda-bindings, and no MLIR (shared/DESIGN.md, decision 6).
+#
+# Built here beforehand (needs MLIR + ptxas, no GPU):
+#   .venv/bin/python benchmarks/gpu_build.py --out benchmarks/gpu_artifacts -n 8
+#   .venv/bin/python benchmarks/gpu_build.py --preset test --out tests/inputs/gpu -n 3
+# On the GPU host:
+#   bash benchmarks/gpu_check.sh [ARTIFACTS_DIR]
+#
+# 1. the GPU tests (the runner on the small test artifacts; MLIR-side tests
+#    skip there), 2. every prebuilt candidate of GEMM 4096 f16/f32 and the
+#    ResNet conv checked and timed with CUDA events, against torch
+#    (cuBLAS/cuDNN) timed in the same run. Budget: well under 8 minutes.
+set -u
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+ART=${1:-benchmarks/gpu_artifacts}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
+echo "== GPU tests"
+timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py -rs 2>&1 | tail -25
+echo "== candidates vs torch ($ART)"
+timeout 420 "$PY" benchmarks/gpu_bench.py "$ART" --budget-s 300 --json "${OUT:-/tmp}/gpu_bench.json"

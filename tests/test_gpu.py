@@ -1,0 +1,317 @@
+"""GPU: CUDA targets, GPU sketches built to cubin with ptxas, and the runner.
+
+Two halves, so that the file runs on both kinds of machine:
+  * build side (needs MLIR and the CUDA toolkit's ptxas, no GPU): every
+    sampled candidate of the matmul, conv2d and softmax sketches becomes a
+    cubin that ptxas accepts within the target's limits; PTX checks;
+  * run side (needs only numpy and a CUDA driver binding, no MLIR): the
+    prebuilt candidates of tests/inputs/gpu (written by
+    `benchmarks/gpu_build.py --preset test`) are launched, checked against
+    numpy and timed. It skips, with the reason, where there is no GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import filecheck
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_INPUTS = Path(__file__).parent / "inputs" / "gpu"
+
+CANNED_PTXAS = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'matmul_kernel' for 'sm_90'
+ptxas info    : Function properties for matmul_kernel
+    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 88 registers, used 1 barriers, 5120 bytes smem, 368 bytes cmem[0]
+ptxas info    : Compile time = 45.396 ms
+ptxas info    : Compiling entry function 'fill_kernel' for 'sm_90'
+ptxas info    : Function properties for fill_kernel
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 20 registers, 360 bytes cmem[0]
+"""
+
+
+def _runner():
+    path = ROOT / "mlir_ansor" / "measure" / "cuda_runner.py"
+    spec = importlib.util.spec_from_file_location("ansor_cuda_runner_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+# --------------------------------------------------------------------------
+# Build side
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mlir_side():
+    pytest.importorskip("mlir", reason="MLIR bindings are not installed (a GPU host has none)")
+    from mlir_ansor.passes import nvvm
+
+    return nvvm
+
+
+@pytest.fixture(scope="module")
+def ptxas(mlir_side):
+    exe = mlir_side.find_ptxas()
+    if exe is None:
+        pytest.skip("ptxas (CUDA toolkit) not found on PATH, $CUDA_HOME/bin or /usr/local/cuda/bin")
+    return exe
+
+
+def test_cuda_target(mlir_side):
+    from mlir_ansor.errors import AnsorError
+    from mlir_ansor.target import Target
+
+    t = Target.parse("cuda")
+    assert (t.kind, t.chip, t.key) == ("cuda", "sm_90", "cuda:sm_90")
+    assert t.max_threads_per_block == 1024 and t.warp_size == 32 and t.smem_per_block == 48 * 1024
+    assert Target.parse("cuda:sm_80").arch == 80
+    assert Target.parse("cpu").kind == "cpu" and Target.parse("cpu").key.startswith("cpu:")
+    with pytest.raises(AnsorError):
+        Target.parse("cuda:sm_1")
+    with pytest.raises(AnsorError):
+        Target.parse("tpu")
+
+
+def test_tune_refuses_cuda_without_a_gpu_driver(mlir_side):
+    from mlir_ansor import tune
+    from mlir_ansor.errors import AnsorError
+    from mlir_ansor.target import Target
+
+    with pytest.raises(AnsorError, match="GPU host"):
+        tune(str(Path(__file__).parent / "inputs" / "matmul.mlir"), target=Target.cuda())
+
+
+def test_ptxas_report_parsing(mlir_side):
+    rep = mlir_side.parse_ptxas_report(CANNED_PTXAS)
+    assert rep["matmul_kernel"] == {
+        "registers": 88, "spill_stores": 4, "spill_loads": 12, "stack": 8, "smem": 5120, "barriers": 1
+    }
+    assert rep["fill_kernel"]["registers"] == 20 and rep["fill_kernel"]["smem"] == 0
+    from mlir_ansor.target import Target
+
+    launch = mlir_side.KernelLaunch("matmul_kernel", (1, 1, 1), (256, 1, 1), (0, 1, 2))
+    assert "spills" in mlir_side.check_limits(rep, [launch], Target.cuda())
+    rep["matmul_kernel"].update(spill_stores=0, spill_loads=0)
+    assert mlir_side.check_limits(rep, [launch], Target.cuda()) is None
+    big = mlir_side.KernelLaunch("matmul_kernel", (1, 1, 1), (1024, 1, 1), (0, 1, 2))
+    assert "registers" in mlir_side.check_limits(rep, [big], Target.cuda())
+
+
+def _tasks(kind: str) -> list[str]:
+    from mlir_ansor import workloads
+    from mlir_ansor.frontend import load
+    from mlir_ansor.search.task import extract_tasks
+
+    if kind == "matmul_f16":
+        return [workloads.matmul(128, 128, 64, "f16")]  # task extraction takes f32/f64 only
+    src = {
+        "matmul": workloads.matmul(256, 512, 128),
+        "conv2d": workloads.conv2d_nhwc(1, 18, 18, 32, 64, 3, 3),
+        "softmax": workloads.softmax(128, 256),
+    }[kind]
+    return [t.mlir for t in extract_tasks(load(text=src))]
+
+
+@pytest.mark.parametrize("kind,per_sketch", [("matmul", 3), ("matmul_f16", 2), ("conv2d", 3), ("softmax", 2)])
+def test_sampled_candidates_assemble(kind, per_sketch, mlir_side, ptxas, tmp_path):
+    from mlir_ansor.search.gpu_sketch import generate_gpu_sketches, sample
+    from mlir_ansor.target import Target
+
+    target = Target.cuda()
+    built = 0
+    names = set()
+    for ti, task in enumerate(_tasks(kind)):
+        for sk in generate_gpu_sketches(task, target):
+            names.add(sk.name)
+            rng = random.Random(1234 + ti)
+            for i in range(per_sketch):
+                a = sample(sk, rng)
+                assert sk.violation(a) is None
+                b = mlir_side.build_cuda(sk.payload, sk.concrete(a), target, str(tmp_path / f"{ti}_{i}.cubin"))
+                assert Path(b.cubin_path).stat().st_size > 0
+                assert mlir_side.check_limits(b.ptxas, b.launches, target) is None, (sk.name, a, b.ptxas)
+                (k,) = b.launches
+                assert k.entry in b.ptxas and ".visible .entry " + k.entry in b.ptx
+                assert k.block[0] * k.block[1] * k.block[2] == sk.block_threads(a) or sk.name == "cuda-default"
+                values = dict(a)
+                if values.get("smem") == 0:
+                    assert ".shared" in b.ptx and b.ptxas[k.entry]["smem"] == sk.smem_bytes(a) > 0
+                if sk.name == "cuda-mma":
+                    assert "mma.sync.aligned" in b.ptx
+                built += 1
+    assert built >= 4
+    if kind.startswith("matmul"):
+        assert {"cuda-mma", "cuda-contraction", "cuda-default"} <= names
+
+
+def test_promotion_and_tensor_core_ptx(mlir_side, ptxas, tmp_path):
+    """FileCheck over the PTX of a promoted tile and of the MMA sketch."""
+    from mlir_ansor import workloads
+    from mlir_ansor.search.gpu_sketch import generate_gpu_sketches
+    from mlir_ansor.search.space import make_assignment
+    from mlir_ansor.target import Target
+
+    target = Target.cuda()
+    mma, con, _ = generate_gpu_sketches(workloads.matmul(128, 128, 64, "f16"), target)
+    a = make_assignment({"b_d0": 64, "b_d1": 64, "k_d2": 16, "smem": 0, "t_d0": 16, "t_d1": 16})
+    b = mlir_side.build_cuda(con.payload, con.concrete(a), target, str(tmp_path / "s.cubin"))
+    assert b.launches[0].grid == (2, 2, 1) and b.launches[0].block == (16, 16, 1)
+    assert b.ptxas[b.launches[0].entry]["smem"] == (64 * 16 + 16 * 64) * 2
+    filecheck(b.ptx, """
+CHECK: .visible .entry matmul_kernel(
+CHECK: .shared .align {{[0-9]+}} .b8 {{.*}}[2048];
+CHECK: .shared .align {{[0-9]+}} .b8 {{.*}}[2048];
+CHECK: st.shared
+CHECK: bar.sync 0;
+CHECK: ld.shared
+""", tmp_path)
+    a = make_assignment({"b_d0": 64, "b_d1": 32, "k_d2": 32, "w_d0": 32, "w_d1": 16})
+    b = mlir_side.build_cuda(mma.payload, mma.concrete(a), target, str(tmp_path / "m.cubin"))
+    assert b.launches[0].block == (64, 2, 1)  # 2x2 warps
+    filecheck(b.ptx, """
+CHECK: .visible .entry matmul_kernel(
+CHECK: mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16
+""", tmp_path)
+
+
+def test_limits_reject_oversized_knobs(mlir_side):
+    from mlir_ansor import workloads
+    from mlir_ansor.search.gpu_sketch import generate_gpu_sketches
+    from mlir_ansor.search.space import make_assignment
+    from mlir_ansor.target import Target
+
+    _, con, _ = generate_gpu_sketches(workloads.matmul(1024, 1024, 1024, "f32"), Target.cuda())
+    too_much_smem = make_assignment({"b_d0": 256, "b_d1": 256, "k_d2": 64, "smem": 0, "t_d0": 32, "t_d1": 32})
+    assert "shared memory" in con.violation(too_much_smem)
+    too_few_threads = make_assignment({"b_d0": 8, "b_d1": 8, "k_d2": 8, "smem": 1, "t_d0": 2, "t_d1": 2})
+    assert "warp" in con.violation(too_few_threads)
+
+
+# --------------------------------------------------------------------------
+# Run side (no MLIR)
+# --------------------------------------------------------------------------
+
+
+def test_runner_imports_no_mlir():
+    src = (ROOT / "mlir_ansor" / "measure" / "cuda_runner.py").read_text()
+    assert "import mlir" not in src and "from mlir" not in src and "mlir_ansor" not in src.split('"""', 2)[2]
+    r = _runner()
+    assert r.relative_error(np.ones(3), np.ones(3)) == 0.0
+    assert r.relative_error(np.array([np.nan]), np.ones(1)) == float("inf")
+
+
+@pytest.fixture(scope="module")
+def backend():
+    r = _runner()
+    try:
+        return r, r.open_backend()
+    except r.CudaUnavailable as e:
+        pytest.skip(f"no GPU to run on: {e}")
+
+
+def test_prebuilt_candidates_run_and_match_numpy(backend):
+    r, be = backend
+    manifest = json.loads((GPU_INPUTS / "manifest.json").read_text())
+    (wl,) = manifest["workloads"]
+    m, n, k = wl["mnk"]
+    rng = np.random.default_rng(0)
+    a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+    ref = a.astype(np.float64) @ b
+    assert len(wl["candidates"]) >= 2
+    for c in wl["candidates"]:
+        tol = 2e-2 if c["sketch"] == "cuda-mma" else 1e-5  # tf32 tensor cores
+        res = r.run(be, c, GPU_INPUTS, [a, b], [ref], tol, min_repeat=2, min_time_s=0.0)
+        assert res.ok, (c["sketch"], c["knobs"], res.error)
+        assert 0 < res.latency_s < 1.0
+    # A wrong reference is caught.
+    bad = r.run(be, wl["candidates"][0], GPU_INPUTS, [a, b], [ref + 1.0], 1e-5)
+    assert not bad.ok and "wrong answer" in bad.error
+
+
+class _FakeBackend:
+    """Stands in for a device: buffers are numpy arrays, and a launch of the
+    test GEMM computes A.B (so the buffer plumbing of `run` is checked
+    without a GPU)."""
+
+    name = "fake"
+
+    def __init__(self, wrong: bool = False) -> None:
+        self.mem: dict[int, np.ndarray] = {}
+        self.launched: list[tuple] = []
+        self.wrong = wrong
+
+    def load(self, image):
+        assert image[:4] == b"\x7fELF"  # a cubin is an ELF file
+        return "module"
+
+    def function(self, module, entry):
+        return entry
+
+    def unload(self, module):
+        pass
+
+    def alloc(self, nbytes):
+        ptr = 4096 * (len(self.mem) + 1)
+        self.mem[ptr] = None
+        return ptr
+
+    def free(self, ptr):
+        del self.mem[ptr]
+
+    def to_device(self, ptr, array):
+        self.mem[ptr] = array.copy()
+
+    def to_host(self, array, ptr):
+        array[...] = self.mem[ptr]
+
+    def launch(self, func, grid, block, smem, ptrs):
+        self.launched.append((func, tuple(grid), tuple(block)))
+        # Buffers were allocated in host-argument order: A, B, C.
+        a, b, c = (self.mem[4096 * i] for i in (1, 2, 3))
+        assert sorted(ptrs) == [4096, 8192, 12288]
+        c[...] = a @ b + (1.0 if self.wrong else 0.0)
+
+    def event(self):
+        return object()
+
+    def record(self, ev):
+        pass
+
+    def elapsed_s(self, start, end):
+        return 1e-4
+
+    def synchronize(self):
+        pass
+
+
+def test_runner_plumbing_with_a_fake_device():
+    r = _runner()
+    manifest = json.loads((GPU_INPUTS / "manifest.json").read_text())
+    (wl,) = manifest["workloads"]
+    c = wl["candidates"][0]
+    m, n, k = wl["mnk"]
+    rng = np.random.default_rng(0)
+    a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+    be = _FakeBackend()
+    res = r.run(be, c, GPU_INPUTS, [a, b], [a.astype(np.float64) @ b], 1e-5, min_repeat=3, min_time_s=0.0)
+    assert res.ok and len(res.costs) == 3 and res.latency_s == 1e-4
+    launch = c["launches"][0]
+    assert be.launched[0] == (launch["entry"], tuple(launch["grid"]), tuple(launch["block"]))
+    assert not be.mem  # every buffer freed
+    bad = r.run(_FakeBackend(wrong=True), c, GPU_INPUTS, [a, b], [a.astype(np.float64) @ b], 1e-5)
+    assert not bad.ok and "wrong answer" in bad.error
+    assert not r.run(be, c, GPU_INPUTS, [a], None, 1e-5).ok  # missing input
