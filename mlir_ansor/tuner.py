@@ -16,6 +16,7 @@ parallel, then the batch is timed serially with the machine otherwise idle.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -142,6 +143,25 @@ class TaskResult:
             "best_knobs": dict(self.best_knobs),
             "errors": dict(self.errors),
         }
+
+
+@dataclass(frozen=True)
+class TuneProgress:
+    """Where a tuning run stands, after each measured batch (`on_progress`).
+
+    task: the task whose batch was just measured.
+    tasks: every task's result so far (best latency, trials, errors).
+    measured: candidates measured in this run so far.
+    total_trials: the run's budget (`TuneConfig.trials`); a run whose spaces
+      run out stops before it.
+    elapsed_s: seconds since the search began (after the references).
+    """
+
+    task: TaskResult
+    tasks: tuple[TaskResult, ...]
+    measured: int
+    total_trials: int
+    elapsed_s: float
 
 
 @dataclass
@@ -298,15 +318,30 @@ def tune(
     func: str | None = None,
     measurer: Measurer | None = None,
     on_batch: Callable[[TaskResult], None] | None = None,
+    on_progress: Callable[[TuneProgress], None] | None = None,
+    trials: int | None = None,
 ) -> TuneResult:
     """Tune every task of a module; returns the best verified schedules.
 
     `source`: a path, "-" (stdin), MLIR text wrapped by `frontend.load`, an
     `ir.Module` (any context) or a loaded `Program`.
     `db`: the records database (created if missing; a run resumes from it).
+    `on_batch`: called with the task's result after each measured batch.
+    `on_progress`: called with a :class:`TuneProgress` after each batch (the
+    live display of `mlir-ansor tune`, `progress.ProgressDisplay`).
+    `trials`: shorthand for ``config.trials``.
     """
     config = config or TuneConfig()
+    if trials is not None:
+        config = dataclasses.replace(config, trials=trials)
     target = target or Target.host()
+    if target.kind == "cuda":
+        raise AnsorError(
+            f"target {target.key}: tuning measures candidates, and CUDA candidates are measured on a GPU host "
+            "that this tuner does not drive yet; build GPU candidates with benchmarks/gpu_build.py "
+            "(mlir_ansor.search.gpu_sketch + mlir_ansor.passes.nvvm) and time them there with "
+            "benchmarks/gpu_check.sh"
+        )
     program = source if isinstance(source, Program) else load(source)
     tasks = extract_tasks(program, func=func)
     own_db = db is None
@@ -320,7 +355,7 @@ def tune(
     try:
         states = _prepare(tasks, target, config, database, m)
         t_search = time.perf_counter()
-        measured = _search(states, target, config, database, m, on_batch)
+        measured = _search(states, target, config, database, m, on_batch, on_progress)
         search_s = time.perf_counter() - t_search
     finally:
         if own_measurer:
@@ -459,6 +494,7 @@ def _search(
     database: Database,
     m: Measurer,
     on_batch: Callable[[TaskResult], None] | None,
+    on_progress: Callable[[TuneProgress], None] | None = None,
 ) -> int:
     """Spend the trial budget. With `m.overlap`, the next batch is built
     while the current one is measured (builders use the cores the kernels
@@ -468,6 +504,7 @@ def _search(
     measured = 0
     batches = _Batches(states, config, m)
     pool = ThreadPoolExecutor(1) if m.overlap else None
+    t0 = time.perf_counter()
 
     def start(batch):
         if batch is None:
@@ -520,6 +557,10 @@ def _search(
             )
             if on_batch:
                 on_batch(r)
+            if on_progress:
+                on_progress(
+                    TuneProgress(r, tuple(s.result for s in states), measured, config.trials, time.perf_counter() - t0)
+                )
     finally:
         for st in states:
             st.strategy.post_tuning()
