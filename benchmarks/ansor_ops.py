@@ -1,0 +1,176 @@
+"""Ansor's single-operator set: tuned latency against numpy/OpenBLAS and
+PyTorch CPU, measured in the same run, at each thread count.
+
+For every workload of `mlir_ansor.workloads.ANSOR_SET` (C1D, C2D, C3D, GMM,
+GRP, DIL, DEP, NRM, SFM, and conv + bias + ReLU; T2D has no Linalg named op)
+and thread count: tune with `--trials` candidates, compile the module with
+the best records (`mlir_ansor.compile`), check it against the untuned module,
+and time it; time the same computation in numpy (where it has one) and in
+PyTorch (channels-last convolutions, `torch.set_num_threads`), each in the
+same process right after, and print one table of latencies, GFLOP/s and
+ratios (>1 means mlir-ansor is faster).
+
+Usage:
+  python benchmarks/ansor_ops.py [--ops GMM,C2D] [--threads 1,2] [--trials 200]
+PyTorch is optional (`pip install torch==2.13.0`); without it that column is "-".
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from mlir_ansor import TuneConfig, compile, tune, workloads  # noqa: A004
+from mlir_ansor.compile import compile_untuned
+from mlir_ansor.search.task import extract_tasks
+
+
+def _time(fn, min_time: float = 0.5, min_repeat: int = 5) -> float:
+    fn()
+    ts: list[float] = []
+    total = 0.0
+    while len(ts) < min_repeat or total < min_time:
+        t0 = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t0
+        ts.append(dt)
+        total += dt
+        if len(ts) >= 1000:
+            break
+    return statistics.median(ts)
+
+
+def _peers(name: str, arrays: list[np.ndarray], threads: int) -> dict[str, float]:
+    """Latency of numpy and PyTorch doing the same computation."""
+    out: dict[str, float] = {}
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - optional
+        threadpool_limits = None
+    np_fn = {
+        "GMM": lambda a, b: a @ b,
+        "NRM": lambda x: x.sum(axis=1),
+        "SFM": lambda x: (lambda e: e / e.sum(1, keepdims=True))(np.exp(x - x.max(1, keepdims=True))),
+    }.get(name)
+    if np_fn is not None:
+        if threadpool_limits is not None:
+            with threadpool_limits(limits=threads):
+                out["numpy"] = _time(lambda: np_fn(*arrays))
+        else:
+            out["numpy"] = _time(lambda: np_fn(*arrays))
+    try:
+        import torch
+        import torch.nn.functional as F  # noqa: N812
+    except ImportError:
+        return out
+    torch.set_num_threads(threads)
+    t = [torch.from_numpy(a) for a in arrays]
+
+    def nhwc_conv(x, k, stride=1, dilation=1, groups=1, bias=None, relu=False):
+        # NHWC input, HWCF filter -> torch NCHW views in channels-last memory.
+        xin = x.permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
+        w = k.permute(3, 2, 0, 1).contiguous()
+        def run():
+            y = F.conv2d(xin, w, bias=bias, stride=stride, dilation=dilation, groups=groups)
+            return F.relu(y) if relu else y
+        return run
+
+    with torch.no_grad():
+        fn = None
+        if name == "GMM":
+            fn = lambda: torch.mm(t[0], t[1])  # noqa: E731
+        elif name == "C2D":
+            fn = nhwc_conv(t[0], t[1])
+        elif name == "DIL":
+            fn = nhwc_conv(t[0], t[1], dilation=2)
+        elif name == "CBR":
+            fn = nhwc_conv(t[0], t[1], bias=t[2], relu=True)
+        elif name == "DEP":
+            x = t[0].permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
+            w = t[1].permute(2, 0, 1).unsqueeze(1).contiguous()
+            fn = lambda: F.conv2d(x, w, groups=w.shape[0])  # noqa: E731
+        elif name == "C1D":
+            x = t[0].permute(0, 2, 1).contiguous()
+            w = t[1].permute(2, 1, 0).contiguous()
+            fn = lambda: F.conv1d(x, w)  # noqa: E731
+        elif name == "C3D":
+            x = t[0].permute(0, 4, 1, 2, 3).contiguous(memory_format=torch.channels_last_3d)
+            w = t[1].permute(4, 3, 0, 1, 2).contiguous()
+            fn = lambda: F.conv3d(x, w)  # noqa: E731
+        elif name == "GRP":
+            n, h, w_, g, c = t[0].shape
+            x = t[0].reshape(n, h, w_, g * c).permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
+            g_, f, kh, kw, c_ = t[1].shape
+            wt = t[1].permute(0, 1, 4, 2, 3).reshape(g_ * f, c_, kh, kw).contiguous()
+            fn = lambda: F.conv2d(x, wt, groups=g_)  # noqa: E731
+        elif name == "NRM":
+            fn = lambda: t[0].sum(dim=1)  # noqa: E731
+        elif name == "SFM":
+            fn = lambda: torch.softmax(t[0], dim=1)  # noqa: E731
+        if fn is not None:
+            out["torch"] = _time(fn)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ops", default=",".join(workloads.ANSOR_SET))
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--trials", type=int, default=200, help="trials per workload")
+    ap.add_argument("--search", default="random")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ansor-ops-") as wd:
+        for name in args.ops.split(","):
+            path = os.path.join(wd, f"{name}.mlir")
+            with open(path, "w") as f:
+                f.write(workloads.ANSOR_SET[name]())
+            tasks = extract_tasks(path)
+            flops = sum(t.flops * t.weight for t in tasks)
+            rng = np.random.default_rng(0)
+            arrays = [rng.uniform(-1, 1, s.shape).astype(np.float32) for s in tasks[0].inputs] if len(tasks) == 1 else None
+            for threads in (int(x) for x in args.threads.split(",")):
+                db = os.path.join(wd, f"{name}_{threads}.db")
+                t0 = time.perf_counter()
+                res = tune(path, config=TuneConfig(trials=args.trials, threads=threads, seed=args.seed, strategy=args.search), db=db)
+                tune_s = time.perf_counter() - t0
+                cm = compile(path, db=db, threads=threads)
+                ref = compile_untuned(path, threads=threads)
+                if arrays is None:
+                    specs = cm.functions[cm.entry][0]
+                    arrays = [rng.uniform(-1, 1, s).astype(np.float32) for s, _ in specs]
+                got, want = cm(*arrays), ref(*arrays)
+                err = float(np.max(np.abs(np.asarray(got) - np.asarray(want))) / (np.max(np.abs(want)) + 1e-30))
+                run, _ = cm.bind(*arrays)
+                ours = _time(run)
+                urun, _ = ref.bind(*arrays)
+                untuned = _time(urun, min_time=0.2, min_repeat=1)
+                peers = _peers(name, arrays, threads)
+                rows.append((name, threads, ours, untuned, peers, flops, tune_s, err, res.measured))
+                print(f"{name} x{threads}: {ours * 1e3:.3f} ms ({flops / ours / 1e9:.1f} GFLOP/s), tuned in {tune_s:.0f} s", file=sys.stderr, flush=True)
+    hdr = (
+        f"{'op':<5} {'thr':>3} {'ours ms':>9} {'GF/s':>7} {'untuned ms':>10} {'numpy ms':>9} {'torch ms':>9} "
+        f"{'vs numpy':>8} {'vs torch':>8} {'trials':>6} {'tune s':>6} {'rel err':>8}"
+    )
+    print(hdr)
+    print("-" * len(hdr))
+    fmt = lambda x: f"{x * 1e3:.3f}" if x is not None and math.isfinite(x) else "-"  # noqa: E731
+    for name, threads, ours, untuned, peers, flops, tune_s, err, n in rows:
+        npy, trc = peers.get("numpy"), peers.get("torch")
+        vs = lambda p: f"{p / ours:.2f}" if p else "-"  # noqa: E731
+        print(
+            f"{name:<5} {threads:>3} {fmt(ours):>9} {flops / ours / 1e9:>7.1f} {fmt(untuned):>10} {fmt(npy):>9} {fmt(trc):>9} "
+            f"{vs(npy):>8} {vs(trc):>8} {n:>6} {tune_s:>6.0f} {err:>8.1e}"
+        )
+
+
+if __name__ == "__main__":
+    main()
