@@ -17,6 +17,8 @@ same module:
   every task applied (the default schedule for untuned tasks), bufferized:
   :func:`mlir_ansor.compile.schedule_module`, spliced in place of the module's
   body.
+* ``ansor-lower-to-nvvm{chip=sm_90}``: a GPU-scheduled module (block and
+  thread ``scf.forall`` loops) to NVVM, kernels as PTX in a ``gpu.binary``.
 * ``ansor-lower-to-llvm{threads=N}``: the lowering candidates are measured
   with (`passes/lowering.py`), to the LLVM dialect.
 
@@ -207,6 +209,17 @@ def _lower_to_llvm(module: ir.Module, opts: dict) -> None:
     lower_to_llvm(module, opts.get("threads", 1))
 
 
+def _lower_to_nvvm(module: ir.Module, opts: dict) -> None:
+    from .errors import AnsorError
+    from .passes.nvvm import GpuBuildError, lower_to_nvvm
+    from .target import Target
+
+    try:
+        lower_to_nvvm(module, Target.parse(f"cuda:{opts.get('chip', 'sm_90')}"))
+    except GpuBuildError as e:
+        raise AnsorError(f"ansor-lower-to-nvvm: {e} (the module needs a GPU schedule: block/thread scf.forall loops)") from None
+
+
 ANSOR_PASSES: dict[str, AnsorPass] = {
     "ansor-tune": AnsorPass(
         _tune,
@@ -217,6 +230,9 @@ ANSOR_PASSES: dict[str, AnsorPass] = {
         _apply_best, {"db": str, "threads": int}, "apply the best schedule of every task, bufferize"
     ),
     "ansor-lower-to-llvm": AnsorPass(_lower_to_llvm, {"threads": int}, "lower to the LLVM dialect (OpenMP threads)"),
+    "ansor-lower-to-nvvm": AnsorPass(
+        _lower_to_nvvm, {"chip": str}, "lower a GPU-scheduled module to NVVM with the kernels' PTX in a gpu.binary"
+    ),
 }
 
 

@@ -315,3 +315,29 @@ def test_runner_plumbing_with_a_fake_device():
     bad = r.run(_FakeBackend(wrong=True), c, GPU_INPUTS, [a, b], [a.astype(np.float64) @ b], 1e-5)
     assert not bad.ok and "wrong answer" in bad.error
     assert not r.run(be, c, GPU_INPUTS, [a], None, 1e-5).ok  # missing input
+
+
+def test_lower_to_nvvm_pipeline_element(mlir_side):
+    """`ansor-lower-to-nvvm` takes a GPU-scheduled module to NVVM with the
+    kernel's PTX in a gpu.binary; an unscheduled module is a clear error."""
+    import random
+
+    from mlir import ir
+
+    from mlir_ansor.errors import AnsorError
+    from mlir_ansor.measure.builder import apply_schedule
+    from mlir_ansor.passes.nvvm import extract_ptx
+    from mlir_ansor.pipeline import run_pipeline
+    from mlir_ansor.search.gpu_sketch import generate_gpu_sketches, sample
+    from mlir_ansor.target import Target
+
+    task = _tasks("matmul")[0]
+    sk = generate_gpu_sketches(task, Target.cuda())[-1]
+    script = sk.concrete(sample(sk, random.Random(0)))
+    with ir.Context(), ir.Location.unknown():
+        module = apply_schedule(sk.payload, script)
+        run_pipeline(module, "builtin.module(ansor-lower-to-nvvm{chip=sm_90})")
+        assert ".entry" in extract_ptx(module)
+        plain = ir.Module.parse(task)
+        with pytest.raises(AnsorError, match="ansor-lower-to-nvvm"):
+            run_pipeline(plain, "builtin.module(ansor-lower-to-nvvm)")

@@ -383,6 +383,35 @@ def _num_inputs(payload: str) -> int:
     return len(func.regions[0].blocks[0].arguments)
 
 
+def lower_scheduled_to_launches(module: ir.Module, target: Target) -> None:
+    """A GPU-scheduled module (block and thread `scf.forall`s, bufferized)
+    to host code with `gpu.launch_func`s and outlined kernels, in place."""
+    try:
+        passmanager.PassManager.parse(
+            "builtin.module(buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true},"
+            "canonicalize,cse)"
+        ).run(module.operation)
+        erase_self_copies(module)
+        map_to_gpu(module, target)
+        hoist_workgroup_allocs(module)
+        passmanager.PassManager.parse(
+            "builtin.module(func.func(convert-linalg-to-loops,lower-affine,canonicalize,cse),"
+            "gpu-launch-sink-index-computations,gpu-kernel-outlining,canonicalize,cse)"
+        ).run(module.operation)
+    except (ir.MLIRError, ValueError) as e:
+        raise GpuBuildError(f"lowering to gpu.launch_func failed: {e}") from None
+
+
+def lower_to_nvvm(module: ir.Module, target: Target) -> None:
+    """A GPU-scheduled module all the way to NVVM, with the kernels' PTX/ISA
+    in a `gpu.binary` (read it with :func:`extract_ptx`), in place."""
+    lower_scheduled_to_launches(module, target)
+    try:
+        passmanager.PassManager.parse(nvvm_pipeline(target)).run(module.operation)
+    except (ir.MLIRError, ValueError) as e:
+        raise GpuBuildError(f"NVVM lowering failed: {e}") from None
+
+
 def build_cuda(payload: str, script: str | None, target: Target, cubin_path: str) -> CudaBuild:
     """Apply `script` to `payload`, lower to PTX and assemble `cubin_path`.
 
@@ -394,20 +423,7 @@ def build_cuda(payload: str, script: str | None, target: Target, cubin_path: str
     with ir.Context(), ir.Location.unknown():
         n_inputs = _num_inputs(payload)
         module = apply_schedule(payload, script)
-        try:
-            passmanager.PassManager.parse(
-                "builtin.module(buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true},"
-                "canonicalize,cse)"
-            ).run(module.operation)
-            erase_self_copies(module)
-            map_to_gpu(module, target)
-            hoist_workgroup_allocs(module)
-            passmanager.PassManager.parse(
-                "builtin.module(func.func(convert-linalg-to-loops,lower-affine,canonicalize,cse),"
-                "gpu-launch-sink-index-computations,gpu-kernel-outlining,canonicalize,cse)"
-            ).run(module.operation)
-        except (ir.MLIRError, ValueError) as e:
-            raise GpuBuildError(f"lowering to gpu.launch_func failed: {e}") from None
+        lower_scheduled_to_launches(module, target)
         host = [f for f in _walk(module, "func.func")]
         if len(host) != 1:
             raise GpuBuildError(f"expected one host function, found {len(host)}")
