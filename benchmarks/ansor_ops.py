@@ -165,7 +165,9 @@ def main() -> None:
     fmt = lambda x: f"{x * 1e3:.3f}" if x is not None and math.isfinite(x) else "-"  # noqa: E731
     for name, threads, ours, untuned, peers, flops, tune_s, err, n in rows:
         npy, trc = peers.get("numpy"), peers.get("torch")
-        vs = lambda p: f"{p / ours:.2f}" if p else "-"  # noqa: E731
+        def vs(p: float | None, ours: float = ours) -> str:
+            return f"{p / ours:.2f}" if p else "-"
+
         print(
             f"{name:<5} {threads:>3} {fmt(ours):>9} {flops / ours / 1e9:>7.1f} {fmt(untuned):>10} {fmt(npy):>9} {fmt(trc):>9} "
             f"{vs(npy):>8} {vs(trc):>8} {n:>6} {tune_s:>6.0f} {err:>8.1e}"

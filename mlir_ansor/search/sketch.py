@@ -7,7 +7,9 @@ Roadmap:
     operand dimension indexes) from a generalized copy, so rules read the
     op's structure, never just its name.
   * :func:`generate_sketches` returns the sketches for a task, made by the
-    rules of `search/rules/` (one rule per file), the default schedule last.
+    registered rules (`mlir_ansor.registry`; the built-ins are in
+    `search/rules/`, one rule per file), or a selection of them, the
+    default schedule last.
   * :class:`Sketch` holds the script (text with unselected knobs), its
     :class:`~mlir_ansor.search.space.KnobSpec` list, and
     :meth:`Sketch.concrete`, which sets every knob's ``selected`` value and
@@ -19,7 +21,9 @@ live in `search/rules/`, one per file.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from mlir import ir, passmanager
@@ -265,18 +269,33 @@ def apply_selection(module: ir.Module, values: dict[str, int]) -> None:
         raise ValueError(f"no value given for knob(s): {', '.join(missing)}")
 
 
-def generate_sketches(task_mlir: str, target: Target) -> list[Sketch]:
-    """All sketches for one task: those of the rules that apply (see
-    `search/rules/`), in rule order, then the default schedule last."""
-    from .rules import CPU_RULES, DEFAULT_RULE, RuleResult, SketchContext
+def generate_sketches(
+    task_mlir: str,
+    target: Target,
+    *,
+    rules: Sequence[str] | None = None,
+    fixed: Mapping[str, int] | None = None,
+) -> list[Sketch]:
+    """All sketches for one task: those of the rules that apply, in rule
+    order, then the default schedule last.
 
+    rules: names of the rules to run (`mlir_ansor.registry.rules()` lists
+      them); None runs every registered rule. The default schedule is
+      always added, so every task keeps a sound sketch.
+    fixed: knob values to hold fixed (see :func:`fix_knobs`); e.g.
+      ``rules.NO_PACKING`` drops the packing alternative.
+    """
+    from ..registry import sketch_rules
+    from .rules import DEFAULT_RULE, RuleResult, SketchContext
+
+    selected = sketch_rules(rules)
     payload, ops = prepare_payload(task_mlir)
     anchors = [o for o in ops if o.role == "anchor"] or list(ops[:1])
     if not anchors:
         raise UnsupportedError("task has no Linalg operation")
     ctx = SketchContext(payload, ops, anchors[0], target)
     sketches: list[Sketch] = []
-    for rule in CPU_RULES:
+    for rule in selected:
         verdict = rule.condition(ctx)
         if verdict is RuleResult.SKIP:
             continue
@@ -284,4 +303,22 @@ def generate_sketches(task_mlir: str, target: Target) -> list[Sketch]:
         if verdict is RuleResult.APPLY_AND_SKIP_REST:
             break
     sketches.extend(DEFAULT_RULE.apply(ctx))
+    if fixed:
+        sketches = [fix_knobs(sk, fixed) for sk in sketches]
     return sketches
+
+
+def fix_knobs(sketch: Sketch, values: Mapping[str, int]) -> Sketch:
+    """The sketch with each knob named in `values` restricted to that one
+    value (knobs it does not have are ignored). The script, and so the
+    sketch's hash, is unchanged: records of the restricted sketch replay
+    with the full one. A value the knob does not offer is an error."""
+    specs = []
+    for k in sketch.knobs:
+        if k.name in values:
+            v = int(values[k.name])
+            if v not in k.options:
+                raise ValueError(f"sketch {sketch.name}: knob {k.name} has no option {v} (options {k.options})")
+            k = dataclasses.replace(k, options=(v,))
+        specs.append(k)
+    return dataclasses.replace(sketch, knobs=tuple(specs))

@@ -18,10 +18,16 @@ The task with the most negative gradient wins; with probability `epsilon` a
 random task is picked instead (exploration). A task without any valid
 measurement yet has an unknown latency and goes first. Every choice and its
 reason goes to the ``mlir_ansor`` log.
+
+Schedulers are registered by name (`mlir_ansor.registry`): "gradient" and
+"round-robin" are :class:`TaskScheduler`; "random" (:class:`RandomTaskScheduler`,
+a uniformly random live task per batch) is the ablation baseline. A
+scheduler of one's own subclasses :class:`BaseTaskScheduler`.
 """
 
 from __future__ import annotations
 
+import abc
 import logging
 import math
 import random
@@ -62,7 +68,30 @@ class Choice:
     gradient: float = 0.0
 
 
-class TaskScheduler:
+class BaseTaskScheduler(abc.ABC):
+    """The interface of a task scheduler: one instance per tuning run."""
+
+    @abc.abstractmethod
+    def choose(self, stats: list[TaskStats], exhausted: set[int] = frozenset()) -> Choice | None:
+        """The task to give the next batch to (an index into `stats`, never
+        one of `exhausted`), or None to stop tuning."""
+
+
+class RandomTaskScheduler(BaseTaskScheduler):
+    """A uniformly random task that still has candidates (seeded)."""
+
+    def __init__(self, n_tasks: int, *, seed: int = 0) -> None:
+        self.n = n_tasks
+        self.rng = random.Random(seed)
+
+    def choose(self, stats: list[TaskStats], exhausted: set[int] = frozenset()) -> Choice | None:
+        live = [i for i in range(self.n) if i not in exhausted]
+        if not live:
+            return None
+        return Choice(self.rng.choice(live), "random task scheduler")
+
+
+class TaskScheduler(BaseTaskScheduler):
     """Hands out task indices: round-robin, or gradient-based after a warm-up."""
 
     def __init__(

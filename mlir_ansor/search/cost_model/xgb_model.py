@@ -24,6 +24,12 @@ Failed programs are kept (throughput 0, i.e. the capped slowdown, with the
 smallest weight): the search learns to avoid them too. Every `update`
 retrains from scratch on all records (a few hundred programs: well under a
 second).
+
+Transfer learning: a model loaded from a file (:meth:`XGBModel.load`, e.g.
+one trained offline on an exported dataset, `TuneConfig.pretrained_model`)
+predicts at once, and every retraining continues boosting from its trees
+(``xgb_model=`` of `xgboost.train`) instead of starting from nothing, so the
+records of the new task correct the pretrained model rather than replace it.
 """
 
 from __future__ import annotations
@@ -80,6 +86,7 @@ class XGBModel(CostModel):
         self.features: list[Features] = []
         self.throughputs: list[float] = []
         self.booster = None
+        self.base_model: bytes | None = None  # a loaded model that retraining continues from
 
     @property
     def trained(self) -> bool:
@@ -130,7 +137,10 @@ class XGBModel(CostModel):
             return grad[ids], hess[ids]
 
         dtrain = xgb.DMatrix(rows)
-        self.booster = xgb.train(self._params(), dtrain, num_boost_round=self.config.rounds, obj=pack_sum_square_error)
+        base = bytearray(self.base_model) if self.base_model is not None else None
+        self.booster = xgb.train(
+            self._params(), dtrain, num_boost_round=self.config.rounds, obj=pack_sum_square_error, xgb_model=base
+        )
 
     def predict(self, batch: Sequence[Features]) -> np.ndarray:
         if self.booster is None or not len(batch):
@@ -148,6 +158,7 @@ class XGBModel(CostModel):
             json.dump({"config": asdict(self.config), "seed": self.seed, "booster": raw}, f)
 
     def load(self, path: str | os.PathLike) -> None:
+        """Load a saved model; later retraining continues from it."""
         import xgboost as xgb
 
         with open(path, encoding="utf-8") as f:
@@ -155,9 +166,11 @@ class XGBModel(CostModel):
         self.config = XGBModelConfig(**data["config"])
         self.seed = data["seed"]
         self.booster = None
+        self.base_model = None
         if data["booster"] is not None:
+            self.base_model = data["booster"].encode()
             self.booster = xgb.Booster()
-            self.booster.load_model(bytearray(data["booster"].encode()))
+            self.booster.load_model(bytearray(self.base_model))
 
 
 def _pack(batch: Sequence[Features]) -> tuple[np.ndarray, np.ndarray]:

@@ -2,6 +2,8 @@
 
 The default schedule is always last: every task has a sound sketch, and the
 search falls back to it when the rule-based sketches keep failing.
+More rules are registered by name with `mlir_ansor.registry.register_rule`
+(``CPU_RULES`` seeds that registry).
 """
 
 from .base import Rule, RuleResult, SketchContext
@@ -15,4 +17,9 @@ CPU_RULES: list[Rule] = [MultiLevelTiling(), ReductionVectorize(), ElementwiseVe
 
 DEFAULT_RULE: Rule = DefaultSchedule()
 
-__all__ = ["CPU_RULES", "DEFAULT_RULE", "Rule", "RuleResult", "SketchContext"]
+NO_PACKING: dict[str, int] = {"pack": 1}
+"""Knob values that drop packing (`generate_sketches(..., fixed=NO_PACKING)`,
+`TuneConfig.packing=False`, `mlir-ansor tune --no-packing`): the ``pack``
+alternative of multi-level tiling held at 1, "read the operand in place"."""
+
+__all__ = ["CPU_RULES", "DEFAULT_RULE", "NO_PACKING", "Rule", "RuleResult", "SketchContext"]

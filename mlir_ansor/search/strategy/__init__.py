@@ -14,11 +14,17 @@ from .random_search import RandomSearch
 
 
 def _evolutionary(config: Any) -> SearchStrategy:
-    from ..cost_model import XGBModel
+    """Evolutionary search with the cost model named by ``config.cost_model``
+    (loaded from ``config.pretrained_model`` when set) and the settings of
+    ``config.evolution``."""
+    import dataclasses
 
-    return EvolutionarySearch(
-        EvolutionConfig(max_tries=config.max_sample_tries), model=XGBModel(seed=config.seed)
-    )
+    from ...registry import make_cost_model
+
+    evo = getattr(config, "evolution", None) or EvolutionConfig()
+    evo = dataclasses.replace(evo, max_tries=config.max_sample_tries)
+    pretrained = bool(getattr(config, "pretrained_model", None))
+    return EvolutionarySearch(evo, model=make_cost_model(config), pretrained=pretrained)
 
 
 STRATEGIES: dict[str, Callable[[Any], SearchStrategy]] = {
@@ -26,7 +32,8 @@ STRATEGIES: dict[str, Callable[[Any], SearchStrategy]] = {
     "evolutionary": _evolutionary,
 }
 """Search strategies by name (`TuneConfig.strategy`, `mlir-ansor tune --search`).
-Each entry makes a fresh strategy (one per task) from the `TuneConfig`."""
+Each entry makes a fresh strategy (one per task) from the `TuneConfig`. Add
+one with `mlir_ansor.registry.register_strategy`."""
 
 __all__ = [
     "STRATEGIES",

@@ -4,7 +4,9 @@ Roadmap: :class:`EvolutionarySearch` is the strategy; its knobs live in
 :class:`EvolutionConfig`. Per batch (:meth:`EvolutionarySearch.generate_candidates`):
 
   1. until the cost model is trained (``min_train`` measured records), the
-     batch is random annotation, as in :class:`RandomSearch`;
+     batch is random annotation, as in :class:`RandomSearch`; a pretrained
+     model (``pretrained=True``, `TuneConfig.pretrained_model`) ranks from
+     the first batch;
   2. otherwise an initial population is the best measured candidates (this
      run's and the database's, ``ctx.history``) plus random samples;
   3. for ``generations`` rounds, every member is scored by the model (over
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cost_model import CostModel, XGBModel
+from ..cost_model import CostModel, RandomModel, XGBModel
 from ..features import extractor_for
 from ..sketch import Sketch
 from ..space import Assignment, KnobSpec, make_assignment, sample
@@ -62,6 +64,8 @@ class EvolutionConfig:
     max_tries: attempts to draw a fresh random sample.
     isolate_probes: make feature templates in a worker process (an MLIR
       abort cannot kill the tuner); tests turn it off for speed.
+    crossover: False makes every child a mutation (the "no crossover"
+      ablation, `mlir-ansor tune --no-crossover`).
     """
 
     population: int = 256
@@ -73,6 +77,7 @@ class EvolutionConfig:
     fallback_after: int = 32
     max_tries: int = 200
     isolate_probes: bool = True
+    crossover: bool = True
 
 
 Candidate = tuple[Sketch, Assignment]
@@ -152,9 +157,15 @@ class EvolutionarySearch(SearchStrategy):
 
     name = "evolutionary"
 
-    def __init__(self, config: EvolutionConfig | None = None, *, model: CostModel | None = None) -> None:
+    def __init__(
+        self, config: EvolutionConfig | None = None, *, model: CostModel | None = None, pretrained: bool = False
+    ) -> None:
+        """`pretrained`: the model was trained beforehand (on other tasks,
+        `TuneConfig.pretrained_model`), so it ranks candidates from the
+        first batch instead of after ``min_train`` measurements."""
         self.config = config or EvolutionConfig()
         self.model = model if model is not None else XGBModel()
+        self.pretrained = pretrained
         self.failures = 0
         self.results: list[MeasuredCandidate] = []
         self.n_records = 0
@@ -177,12 +188,22 @@ class EvolutionarySearch(SearchStrategy):
         pool = self._pool()
         out: list[Candidate] = []
         taken: set = set()
-        if self.model.trained and self.n_records >= self.config.min_train:
+        if self._model_ready():
             n_random = int(round(n * self.config.eps_greedy))
             for sk, a in self._evolve(pool, n - n_random):
                 self._take(sk, a, out, taken)
         self._fill_random(pool, n, out, taken)
         return out or None
+
+    def _model_ready(self) -> bool:
+        """Whether the batch is chosen by evolution: the model is trained on
+        ``min_train`` records (or was pretrained). A :class:`RandomModel`
+        never trains; it ranks at random from ``min_train`` records on (the
+        "no cost model" ablation: evolution without a learned model)."""
+        if self.pretrained and self.model.trained:
+            return True
+        ranks = self.model.trained or isinstance(self.model, RandomModel)
+        return ranks and self.n_records >= self.config.min_train
 
     def _pool(self) -> list[Sketch]:
         sk = self.ctx.sketches
@@ -269,7 +290,7 @@ class EvolutionarySearch(SearchStrategy):
             (i,) = rng.choices(range(len(population)), weights=weights)
             sk, a = population[i]
             mates = by_sketch[sk.hash]
-            if rng.random() < cfg.mutation_prob or len(mates) < 2:
+            if not cfg.crossover or rng.random() < cfg.mutation_prob or len(mates) < 2:
                 child = mutate(sk.knobs, a, rng)
             else:
                 (j,) = rng.choices(mates, weights=[weights[m] for m in mates])
