@@ -310,8 +310,9 @@ def _hog_memory(mb: int) -> int:
 
 
 def test_memory_limit_kills_the_job_and_the_pool_goes_on():
-    with WorkerPool(1, memory_limit_mb=200) as pool:
-        res = pool.run(_hog_memory, (600,), timeout_s=30)
+    # The limit sits well above a worker that imported mlir_ansor (~200 MB).
+    with WorkerPool(1, memory_limit_mb=800) as pool:
+        res = pool.run(_hog_memory, (1500,), timeout_s=30)
         assert res.error_kind == ErrorKind.CRASH
         assert "memory limit exceeded" in res.error_msg
         assert pool.run(_hog_memory, (1,), timeout_s=30).value == 1
