@@ -39,9 +39,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
+
+from mlir_ansor import workloads as wl
 
 VARIANTS: list[tuple[str, list[str]]] = [
     ("full", []),
@@ -51,37 +52,6 @@ VARIANTS: list[tuple[str, list[str]]] = [
     ("round-robin tasks", ["--task-scheduler", "round-robin"]),
     ("random tasks", ["--random-task-scheduler"]),
 ]
-
-
-def gemm_mlir(n: int) -> str:
-    t = f"tensor<{n}x{n}xf32>"
-    return textwrap.dedent(
-        f"""\
-        func.func @gemm(%A: {t}, %B: {t}) -> {t} {{
-          %zero = arith.constant 0.0 : f32
-          %init = tensor.empty() : {t}
-          %C = linalg.fill ins(%zero : f32) outs(%init : {t}) -> {t}
-          %R = linalg.matmul ins(%A, %B : {t}, {t}) outs(%C : {t}) -> {t}
-          return %R : {t}
-        }}
-        """
-    )
-
-
-def conv_mlir() -> str:
-    i, w, o = "tensor<1x58x58x64xf32>", "tensor<3x3x64x64xf32>", "tensor<1x56x56x64xf32>"
-    return textwrap.dedent(
-        f"""\
-        func.func @conv(%I: {i}, %W: {w}) -> {o} {{
-          %zero = arith.constant 0.0 : f32
-          %init = tensor.empty() : {o}
-          %C = linalg.fill ins(%zero : f32) outs(%init : {o}) -> {o}
-          %R = linalg.conv_2d_nhwc_hwcf {{dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}}
-                 ins(%I, %W : {i}, {w}) outs(%C : {o}) -> {o}
-          return %R : {o}
-        }}
-        """
-    )
 
 
 def run_variant(path: str, flags: list[str], args: argparse.Namespace, seed: int, workdir: str, tag: str) -> dict:
@@ -136,9 +106,9 @@ def main() -> int:
     for w in args.workloads.split(","):
         w = w.strip()
         if w == "gemm":
-            workloads.append((f"GEMM {args.gemm_size}", gemm_mlir(args.gemm_size)))
+            workloads.append((f"GEMM {args.gemm_size}", wl.matmul(args.gemm_size, args.gemm_size, args.gemm_size)))
         elif w == "conv":
-            workloads.append(("ResNet conv 3x3 56x56x64", conv_mlir()))
+            workloads.append(("ResNet conv 3x3 56x56x64", wl.conv2d_nhwc(1, 58, 58, 64, 64, 3, 3)))
         else:
             raise SystemExit(f"unknown workload {w!r}: expected gemm or conv")
     tables = []

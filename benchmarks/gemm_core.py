@@ -22,25 +22,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
+
+from mlir_ansor import workloads
 
 HERE = Path(__file__).resolve().parent
 
 
-def gemm_mlir(n: int) -> str:
-    t = f"tensor<{n}x{n}xf32>"
-    return textwrap.dedent(
-        f"""\
-        func.func @gemm(%A: {t}, %B: {t}) -> {t} {{
-          %zero = arith.constant 0.0 : f32
-          %init = tensor.empty() : {t}
-          %C = linalg.fill ins(%zero : f32) outs(%init : {t}) -> {t}
-          %R = linalg.matmul ins(%A, %B : {t}, {t}) outs(%C : {t}) -> {t}
-          return %R : {t}
-        }}
-        """
-    )
 
 
 NUMPY_TIMER = """
@@ -138,7 +126,7 @@ def main() -> None:
     thread_counts = [int(t) for t in args.threads.split(",")]
     rows = {}
     with tempfile.TemporaryDirectory(prefix="gemm-bench-") as wd:
-        Path(wd, "gemm.mlir").write_text(gemm_mlir(n))
+        Path(wd, "gemm.mlir").write_text(workloads.matmul(n, n, n))
         for t in thread_counts:
             res = tune(os.path.join(wd, "gemm.mlir"), args.trials, t, os.path.join(wd, f"t{t}.db"), args.seed)
             task = res["tasks"][0]

@@ -32,13 +32,12 @@ import os
 import random
 import sys
 import tempfile
-import textwrap
 import time
 
 import numpy as np
 
 import mlir_ansor
-from mlir_ansor import TuneConfig
+from mlir_ansor import TuneConfig, workloads
 from mlir_ansor.records import Database
 from mlir_ansor.search.cost_model import XGBModel, pairwise_accuracy
 from mlir_ansor.search.features import FeatureExtractor, extractor_for
@@ -50,48 +49,17 @@ from mlir_ansor.target import Target
 STRATEGIES = ("evolutionary", "random")
 
 
-def gemm_mlir(n: int) -> str:
-    t = f"tensor<{n}x{n}xf32>"
-    return textwrap.dedent(
-        f"""\
-        func.func @gemm(%A: {t}, %B: {t}) -> {t} {{
-          %zero = arith.constant 0.0 : f32
-          %init = tensor.empty() : {t}
-          %C = linalg.fill ins(%zero : f32) outs(%init : {t}) -> {t}
-          %R = linalg.matmul ins(%A, %B : {t}, {t}) outs(%C : {t}) -> {t}
-          return %R : {t}
-        }}
-        """
-    )
-
-
-def conv_mlir() -> str:
-    i, w, o = "tensor<1x58x58x64xf32>", "tensor<3x3x64x64xf32>", "tensor<1x56x56x64xf32>"
-    return textwrap.dedent(
-        f"""\
-        func.func @conv(%I: {i}, %W: {w}) -> {o} {{
-          %zero = arith.constant 0.0 : f32
-          %init = tensor.empty() : {o}
-          %C = linalg.fill ins(%zero : f32) outs(%init : {o}) -> {o}
-          %R = linalg.conv_2d_nhwc_hwcf {{dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}}
-                 ins(%I, %W : {i}, {w}) outs(%C : {o}) -> {o}
-          return %R : {o}
-        }}
-        """
-    )
-
-
 def workload(name: str) -> str:
     if name == "conv":
-        return conv_mlir()
+        return workloads.conv2d_nhwc(1, 58, 58, 64, 64, 3, 3)
     if name.startswith("gemm"):
-        return gemm_mlir(int(name[4:] or 1024))
+        return workloads.matmul(*[int(name[4:] or 1024)] * 3)
     raise SystemExit(f"unknown workload {name!r}: expected gemm<N> or conv")
 
 
 def feature_rate(n: int = 4000) -> None:
     """Candidates per second of feature extraction on the GEMM 1024 sketch."""
-    (task,) = extract_tasks(mlir_ansor.load(text=gemm_mlir(1024)))
+    (task,) = extract_tasks(mlir_ansor.load(text=workloads.matmul(1024, 1024, 1024)))
     sk = generate_sketches(task.mlir, Target.host())[0]
     fx = FeatureExtractor(sk, isolate=True)
     rng = random.Random(0)
