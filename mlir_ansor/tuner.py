@@ -485,6 +485,11 @@ def _check_names(config: TuneConfig) -> None:
     registry.sketch_rules(config.rules)
     if config.cost_model not in registry.cost_models():
         registry.make_cost_model(config)  # raises, listing the known names
+    if config.strategy == "random" and (config.cost_model != "xgb" or config.pretrained_model):
+        log.warning(
+            "the random search uses no cost model: --cost-model/--no-cost-model and --pretrained-model "
+            "only take effect with --search evolutionary"
+        )
 
 
 def _prepare(tasks: list[Task], target: Target, config: TuneConfig, database: Database, m: Measurer) -> list[_TaskState]:

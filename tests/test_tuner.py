@@ -145,3 +145,9 @@ def test_cli_tune_json_from_stdin_and_show(tmp_path):
     assert out["latency_s"] == pytest.approx(task["best_latency_s"])
     show = _cli("show", str(db))
     assert show.returncode == 0 and "matmul_128x256x64_f32" in show.stdout
+
+
+def test_random_search_warns_that_a_cost_model_is_unused(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="mlir_ansor"):
+        tune(str(INPUTS / "matmul.mlir"), config=_config(trials=1, cost_model="random"), db=tmp_path / "w.db")
+    assert any("only take effect with --search evolutionary" in r.getMessage() for r in caplog.records)
