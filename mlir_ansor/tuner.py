@@ -624,7 +624,9 @@ def _search(
         while pending is not None:
             (st, cands), fut = pending
             builds = fut.result() if fut is not None else m.build(cands)
-            pending = start(batches.next())
+            # Build the next batch while this one is measured, unless a
+            # strategy still needs these results to choose it well.
+            pending = start(batches.next()) if all(s.strategy.prefetch_ok for s in states) else None
             outcomes: list[MeasuredCandidate] = []
             for c, b in zip(cands, builds):
                 out = _measure_one(c, b, st, target, config, m)
@@ -651,6 +653,8 @@ def _search(
                 except OSError:
                     pass
             st.strategy.notify_results(outcomes)
+            if pending is None:
+                pending = start(batches.next())
             r = st.result
             log.info(
                 "%s: %d trials, best %.3g s (%.1f GFLOP/s, %.1fx untuned), errors %s",

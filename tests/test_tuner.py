@@ -151,3 +151,31 @@ def test_random_search_warns_that_a_cost_model_is_unused(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="mlir_ansor"):
         tune(str(INPUTS / "matmul.mlir"), config=_config(trials=1, cost_model="random"), db=tmp_path / "w.db")
     assert any("only take effect with --search evolutionary" in r.getMessage() for r in caplog.records)
+
+
+def test_a_strategy_that_is_learning_sees_results_before_its_next_batch(tmp_path):
+    """Builds of the next batch overlap measurement, except while a strategy
+    says it still needs the current results (`prefetch_ok` False)."""
+    from mlir_ansor.search.strategy import STRATEGIES, RandomSearch
+
+    calls: list[str] = []
+
+    class Learning(RandomSearch):
+        @property
+        def prefetch_ok(self) -> bool:
+            return False
+
+        def generate_candidates(self, n):
+            calls.append("generate")
+            return super().generate_candidates(n)
+
+        def notify_results(self, results):
+            calls.append("notify")
+            super().notify_results(results)
+
+    STRATEGIES["_learning"] = lambda config: Learning()
+    try:
+        tune(str(INPUTS / "matmul.mlir"), config=_config(trials=6, batch_size=2, strategy="_learning"), db=tmp_path / "l.db")
+    finally:
+        del STRATEGIES["_learning"]
+    assert calls[:6] == ["generate", "notify", "generate", "notify", "generate", "notify"]

@@ -74,6 +74,14 @@ class SearchStrategy(abc.ABC):
         """Up to `n` new candidates, never measured before; None when the
         strategy has nothing left to propose."""
 
+    @property
+    def prefetch_ok(self) -> bool:
+        """Whether the next batch may be drawn before the results of the
+        batch being measured arrive (the tuner builds it meanwhile). A
+        learning strategy says no until it has something to learn from, so
+        that its first model-guided batch is not drawn blind."""
+        return True
+
     def notify_results(self, results: list[MeasuredCandidate]) -> None:  # noqa: B027 - optional hook
         """Called with the outcome of every candidate it proposed."""
 

@@ -195,6 +195,10 @@ class EvolutionarySearch(SearchStrategy):
         self._fill_random(pool, n, out, taken)
         return out or None
 
+    @property
+    def prefetch_ok(self) -> bool:
+        return self._model_ready()
+
     def _model_ready(self) -> bool:
         """Whether the batch is chosen by evolution: the model is trained on
         ``min_train`` records (or was pretrained). A :class:`RandomModel`
