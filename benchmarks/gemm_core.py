@@ -26,11 +26,6 @@ from pathlib import Path
 
 from mlir_ansor import workloads
 
-HERE = Path(__file__).resolve().parent
-
-
-
-
 NUMPY_TIMER = """
 import json, sys, time, statistics
 import numpy as np
