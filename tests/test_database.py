@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -144,6 +145,29 @@ def test_export_import_round_trip(tmp_path):
         assert dst.import_jsonl(tmp_path / "out.jsonl") == 0  # duplicates skipped
         assert dst.count() == 6
         assert dst.best(WK, TGT)[0] == recs[0]
+
+
+def test_jsonl_carries_runs_and_renumbers_them(tmp_path):
+    """A run's seed, versions and host travel with its records; importing
+    into a database that has runs of its own gives the run a new id, and
+    the records follow it."""
+    src, dst = tmp_path / "src.db", tmp_path / "dst.db"
+    with Database(src) as db:
+        run = db.add_run(7, TGT, {"host": "cpu A", "mlir": "22.1.8"}, started=100.0)
+        r = rec({"t": 1}, (1e-3,), ts=1.0)
+        db.commit_record(dataclasses.replace(r, versions=json.dumps({"seed": 7, "run": run})))
+        db.export_jsonl(tmp_path / "out.jsonl")
+    with Database(dst) as db:
+        db.add_run(1, TGT, {"host": "other"}, started=5.0)
+        db.add_run(2, TGT, {"host": "other"}, started=6.0)
+        assert db.import_jsonl(tmp_path / "out.jsonl") == 1
+        runs = db.runs()
+        assert [(x["seed"], x.get("host")) for x in runs] == [(1, "other"), (2, "other"), (7, "cpu A")]
+        (got,) = db.records()
+        assert json.loads(got.versions) == {"seed": 7, "run": runs[2]["id"]}
+        # Importing the same file again adds neither a run nor a record.
+        assert db.import_jsonl(tmp_path / "out.jsonl") == 0
+        assert len(db.runs()) == 3
 
 
 def test_import_bad_line(tmp_path):

@@ -27,7 +27,7 @@ import statistics
 import threading
 import urllib.parse
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Self
 
 from mlir_ansor.errors import DatabaseError, InputError
@@ -193,6 +193,19 @@ def _row_to_record(row: sqlite3.Row) -> Record:
         timestamp=row["timestamp"],
         versions=row["versions"],
     )
+
+
+def _renumber_run(rec: Record, run_ids: Mapping[int, int]) -> Record:
+    """`rec` with the run id in its ``versions`` mapped through `run_ids`
+    (run ids are per database; an imported run gets a new one)."""
+    try:
+        versions = json.loads(rec.versions) if rec.versions else None
+    except ValueError:
+        return rec
+    if not isinstance(versions, dict) or versions.get("run") not in run_ids:
+        return rec
+    versions["run"] = run_ids[versions["run"]]
+    return replace(rec, versions=json.dumps(versions))
 
 
 def _inspect_existing(path: str) -> None:
@@ -459,19 +472,19 @@ class Database:
     # -- JSON lines -----------------------------------------------------------
 
     def export_jsonl(self, path: str | os.PathLike) -> int:
-        """Write every workload (``"kind": "workload"``) then every record
+        """Write every workload (``"kind": "workload"``), every tuning run
+        (``"kind": "run"``: seed, target, versions, host) and every record
         (``"kind": "record"``), one JSON object a line. Returns the record count."""
         with self._lock, self._wrap("export_jsonl"):
             wls = self._c.execute("SELECT * FROM workloads ORDER BY rowid").fetchall()
+            runs = self._c.execute("SELECT * FROM runs ORDER BY id").fetchall()
             rows = self._c.execute("SELECT * FROM records ORDER BY id").fetchall()
         with open(path, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"kind": "workload", **dict(w)}) + "\n" for w in wls)
             f.writelines(
-                json.dumps({"kind": "workload", **dict(w)}) + "\n" for w in wls
+                json.dumps({"kind": "run", **dict(r), "info": json.loads(r["info"] or "{}")}) + "\n" for r in runs
             )
-            f.writelines(
-                json.dumps({"kind": "record", **_row_to_record(r).to_json()}) + "\n"
-                for r in rows
-            )
+            f.writelines(json.dumps({"kind": "record", **_row_to_record(r).to_json()}) + "\n" for r in rows)
         return len(rows)
 
     def import_jsonl(self, path: str | os.PathLike) -> int:
@@ -503,6 +516,11 @@ class Database:
                             ),
                         )
                     )
+                elif kind == "run":
+                    info = d["info"]
+                    if not isinstance(info, dict):
+                        raise ValueError("a run's info must be an object")
+                    items.append(("run", (int(d["id"]), float(d["started"]), int(d["seed"]), str(d["target"]), info)))
                 elif kind == "record":
                     items.append(("record", Record.from_json(d)))
                 else:
@@ -512,15 +530,31 @@ class Database:
                     f"{path}:{lineno}: not a tuning record: {exc}"
                 ) from exc
         added = 0
+        run_ids: dict[int, int] = {}  # the file's run ids -> this database's
         with self._lock, self._wrap("import_jsonl"), self._tx():
             for kind, item in items:
                 if kind == "workload":
-                    self._c.execute(
-                        "INSERT OR IGNORE INTO workloads VALUES (?, ?, ?, ?)", item
-                    )
+                    self._c.execute("INSERT OR IGNORE INTO workloads VALUES (?, ?, ?, ?)", item)
+                elif kind == "run":
+                    run_ids[item[0]] = self._import_run(*item[1:])
                 else:
-                    added += self._insert(item)
+                    added += self._insert(_renumber_run(item, run_ids))
         return added
+
+    def _import_run(self, started: float, seed: int, target: str, info: dict) -> int:
+        """The id of this run here: an identical run already present keeps
+        its id (importing a file twice adds nothing), else a new row."""
+        text = json.dumps(info, sort_keys=True, default=str)
+        row = self._c.execute(
+            "SELECT id FROM runs WHERE started = ? AND seed = ? AND target = ? AND info = ?",
+            (started, seed, target, text),
+        ).fetchone()
+        if row is not None:
+            return int(row[0])
+        cur = self._c.execute(
+            "INSERT INTO runs (started, seed, target, info) VALUES (?, ?, ?, ?)", (started, seed, target, text)
+        )
+        return int(cur.lastrowid)
 
     # -- lifetime -------------------------------------------------------------
 
