@@ -25,6 +25,8 @@ from pathlib import Path
 
 from mlir import ir, passmanager
 
+from .math_approx import expand_math
+
 BUFFERIZE = (
     "one-shot-bufferize{bufferize-function-boundaries "
     "function-boundary-type-conversion=identity-layout-map}"
@@ -73,6 +75,7 @@ def mark_c_interface(module: ir.Module) -> None:
 def lower_to_llvm(module: ir.Module, threads: int = 1) -> None:
     """Lower `module` in place to the LLVM dialect (its context must be current)."""
     mark_c_interface(module)
+    expand_math(module)  # exp/erf/tanh as SIMD arith ops, not one libm call per lane
     passmanager.PassManager.parse(llvm_pipeline(threads)).run(module.operation)
 
 

@@ -1,0 +1,84 @@
+"""The f32 exp/erf/tanh expansions (mlir_ansor.passes.math_approx), compiled
+and run on awkward inputs, against numpy/math in float64."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from mlir import ir
+
+from mlir_ansor.measure.runner import Kernel
+from mlir_ansor.passes.lowering import emit_shared_library, lower_to_llvm
+from mlir_ansor.passes.math_approx import expand_math
+
+N = 1024
+KERNEL = f"""
+func.func @f(%x: memref<{N}xf32>, %y: memref<{N}xf32>, %z: memref<{N}xf32>, %w: memref<{N}xf32>,
+             %s: memref<{N}xf32>) {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c8 = arith.constant 8 : index
+  %n = arith.constant {N} : index
+  %p = arith.constant 0.0 : f32
+  scf.for %i = %c0 to %n step %c8 {{
+    %v = vector.transfer_read %x[%i], %p : memref<{N}xf32>, vector<8xf32>
+    %e = math.exp %v : vector<8xf32>
+    vector.transfer_write %e, %y[%i] : vector<8xf32>, memref<{N}xf32>
+    %r = math.erf %v : vector<8xf32>
+    vector.transfer_write %r, %z[%i] : vector<8xf32>, memref<{N}xf32>
+    %t = math.tanh %v : vector<8xf32>
+    vector.transfer_write %t, %w[%i] : vector<8xf32>, memref<{N}xf32>
+  }}
+  scf.for %i = %c0 to %n step %c1 {{
+    %v = memref.load %x[%i] : memref<{N}xf32>
+    %e = math.exp %v : f32
+    memref.store %e, %s[%i] : memref<{N}xf32>
+  }}
+  return
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(KERNEL)
+        assert expand_math(module) == 4  # 2 exp, 1 erf, 1 tanh (rewritten with exp)
+        assert "math.exp" not in str(module) and "math.erf" not in str(module)
+        lower_to_llvm(module, 1)
+        so = emit_shared_library(module, tmp_path_factory.mktemp("math") / "k.so")
+    special = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-8, -1e-8, 88.7, 88.8, -87.5, -103.0, -110.0]
+    rng = np.random.default_rng(0)
+    x = np.concatenate(
+        [np.linspace(-110, 95, 600), rng.standard_normal(N - 600 - len(special)) * 4, special]
+    ).astype(np.float32)
+    outs = [np.zeros(N, np.float32) for _ in range(4)]
+    k = Kernel(so, "f")
+    k.bind([x, *outs])()
+    return x, outs
+
+
+def test_exp_matches_float64_within_a_few_ulp(results):
+    x, (y, _, _, s) = results
+    exact = np.exp(x.astype(np.float64))
+    with np.errstate(all="ignore"):
+        normal = np.isfinite(exact) & (exact >= np.finfo(np.float32).tiny) & (exact <= np.finfo(np.float32).max)
+    for got in (y, s):  # vector and scalar forms
+        rel = np.abs(got[normal] - exact[normal]) / exact[normal]
+        assert rel.max() < 4 * np.finfo(np.float32).eps
+        assert np.array_equal(got[exact > np.finfo(np.float32).max], np.full((exact > 3.5e38).sum(), np.inf))
+        tiny = exact < np.finfo(np.float32).tiny  # denormal results and 0
+        assert np.all(np.abs(got[tiny] - exact[tiny]) < 1e-44)
+        assert np.isnan(got[np.isnan(x)]).all()
+
+
+def test_erf_and_tanh_absolute_error(results):
+    x, (_, z, w, _) = results
+    ok = ~np.isnan(x)
+    erf = np.array([math.erf(v) for v in x[ok].astype(np.float64)])
+    assert np.abs(z[ok] - erf).max() < 5e-7  # the formula's 1.5e-7, plus float32 rounding
+    assert np.abs(w[ok] - np.tanh(x[ok].astype(np.float64))).max() < 3e-7
+    assert np.isnan(z[~ok]).all() and np.isnan(w[~ok]).all()
+    assert z[x == np.inf][0] == 1.0 and z[x == -np.inf][0] == -1.0
