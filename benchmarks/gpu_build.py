@@ -2,13 +2,20 @@
 and ptxas, no GPU). `benchmarks/gpu_check.sh` times them on a GPU host.
 
     .venv/bin/python benchmarks/gpu_build.py --out benchmarks/gpu_artifacts -n 8
-    .venv/bin/python benchmarks/gpu_build.py --preset test --out tests/inputs/gpu -n 2
+    .venv/bin/python benchmarks/gpu_build.py --preset test --out tests/inputs/gpu -n 5
 
 Presets: "bench" (GEMM 4096 f16 and f32, ResNet-50 conv 3x3 64->64 at 56x56,
-NHWC f32), "test" (a 64^3 f32 GEMM: small artifacts for the runner tests).
-Candidates are sampled per sketch with a fixed seed (tensor-core sketch
-first), built in isolated worker processes, and kept only when ptxas accepts
-them within the target's limits.
+NHWC f32), "test" (a 64^3 f32 GEMM and a 128x128x64 f16 GEMM: small
+artifacts for the runner tests, one candidate per sketch with -n 5).
+Candidates are sampled per sketch with a fixed seed, built in isolated
+worker processes, and kept only when ptxas accepts them within the target's
+limits (no spills, no stack frame, shared memory and registers within the
+block's limits; `passes.nvvm.check_limits`). Most candidates go to the
+staged sketches (`cuda-mma-smem`, `cuda-tiled`: shared-memory tiles,
+accumulators in registers); every older sketch keeps at least one candidate,
+so a GPU run still has a working fallback if a newer kernel is wrong. Each
+manifest entry carries ptxas's figures and the features made of them
+(`passes.nvvm.ptxas_features`).
 """
 
 from __future__ import annotations
@@ -25,23 +32,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mlir_ansor import workloads  # noqa: E402
 from mlir_ansor.measure.pool import WorkerPool  # noqa: E402
 from mlir_ansor.search.gpu_sketch import generate_gpu_sketches, sample  # noqa: E402
+from mlir_ansor.search.space import is_valid, make_assignment  # noqa: E402
 from mlir_ansor.target import Target  # noqa: E402
+
+#: First candidate of a sketch, when the workload allows it: the block and
+#: warp/thread shapes hand-written CUDA GEMMs commonly use (a starting point
+#: like the heuristic members of Ansor's initial population; the rest of the
+#: set is sampled).
+FIRST = {
+    "cuda-mma-smem": {"b_d0": 128, "b_d1": 128, "w_d0": 64, "w_d1": 32, "k_d2": 32},
+    "cuda-tiled": {"b_d0": 128, "b_d1": 128, "t_d0": 16, "t_d1": 16, "k_d2": 16},
+}
+
+#: Sketches that stage operand tiles in shared memory and keep accumulators
+#: in registers: they get the candidates the fallbacks do not.
+STAGED = ("cuda-mma-smem", "cuda-tiled")
 
 
 def _build_one(payload: str, script: str, arch: str, cubin_path: str) -> dict:
-    from mlir_ansor.passes.nvvm import build_cuda, check_limits
+    from mlir_ansor.passes.nvvm import build_cuda
 
     target = Target.cuda(arch)
     b = build_cuda(payload, script, target, cubin_path)
     out = b.to_json()
-    out["dropped"] = check_limits(b.ptxas, b.launches, target)
+    out["dropped"] = b.dropped(target)
     return out
 
 
 def presets(name: str) -> list[dict]:
     if name == "test":
         return [{"name": "gemm_64_f32", "kind": "matmul", "dtype": "f32", "mnk": [64, 64, 64],
-                 "mlir": workloads.matmul(64, 64, 64, "f32"), "flops": 2 * 64**3}]
+                 "mlir": workloads.matmul(64, 64, 64, "f32"), "flops": 2 * 64**3},
+                {"name": "gemm_128_f16", "kind": "matmul", "dtype": "f16", "mnk": [128, 128, 64],
+                 "mlir": workloads.matmul(128, 128, 64, "f16"), "flops": 2 * 128 * 128 * 64}]
     n = 4096
     conv = dict(n=1, h=58, w=58, c=64, f=64, kh=3, kw=3)
     return [
@@ -56,14 +79,14 @@ def presets(name: str) -> list[dict]:
 
 def _split(n: int, names: list[str]) -> dict[str, int]:
     """How many candidates each sketch gets: one each first (when n allows),
-    then every other one to the first sketch (tensor cores, or the
-    contraction sketch), the rest round-robin over the others."""
+    then the rest round-robin over the staged sketches (over all of them
+    when a task has none)."""
     share = {k: 0 for k in names}
     for k in names[:n]:
         share[k] += 1
-    others = names[1:] or names
+    favoured = [k for k in names if k in STAGED] or names
     for i in range(max(0, n - len(names))):
-        share[names[0] if i % 2 == 0 else others[(i // 2) % len(others)]] += 1
+        share[favoured[i % len(favoured)]] += 1
     return share
 
 
@@ -92,10 +115,15 @@ def main(argv: list[str] | None = None) -> int:
             rng = random.Random(args.seed)
             for sk in sketches:
                 seen = set()
+                first = None
+                if sk.name in FIRST and share[sk.name]:
+                    first = sk.complete(make_assignment(FIRST[sk.name]))
+                    if not is_valid(sk.knobs, first) or sk.violation(first) is not None:
+                        first = None
                 for _ in range(share[sk.name] * 4):
                     if len(seen) >= share[sk.name]:
                         break
-                    a = sample(sk, rng)
+                    a, first = (first, None) if first is not None else (sample(sk, rng), None)
                     if a in seen:
                         continue
                     seen.add(a)
@@ -114,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 cands.append({**m, **r.value})
                 fig = next(iter(r.value["ptxas"].values()))
-                print(f"{wl['name']:>22} {m['sketch']:>17} regs {fig['registers']:>3} smem {fig['smem']:>6} "
+                feats = r.value["features"]
+                print(f"{wl['name']:>22} {m['sketch']:>17} regs {fig['registers']:>3} spill {fig['spill_stores']} "
+                      f"stack {fig['stack']} smem {fig['smem']:>6} occ {feats['occupancy']:.2f} "
                       f"grid {r.value['launches'][0]['grid']} block {r.value['launches'][0]['block']} {m['knobs']}")
             entry = {k: v for k, v in wl.items() if k != "mlir"}
             entry["candidates"] = cands

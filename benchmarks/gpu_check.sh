@@ -2,16 +2,22 @@
 # The prepared GPU check, for a machine with an NVIDIA GPU, Python 3.12,
 # torch, cupy and cuda-bindings, and no MLIR (shared/DESIGN.md, decision 6).
 #
-# Built here beforehand (needs MLIR + ptxas, no GPU):
+# Built here beforehand (needs MLIR + ptxas, no GPU; about 20 s, 435 KiB):
 #   .venv/bin/python benchmarks/gpu_build.py --out benchmarks/gpu_artifacts -n 8
-#   .venv/bin/python benchmarks/gpu_build.py --preset test --out tests/inputs/gpu -n 3
+#   .venv/bin/python benchmarks/gpu_build.py --preset test --out tests/inputs/gpu -n 5
+# The artifact set holds the staged kernels (cuda-mma-smem: ldmatrix +
+# mma.sync f16; cuda-tiled: register tiles, f32/f16), plus one candidate of
+# each older sketch (cuda-mma, cuda-contraction, cuda-default) as fallbacks:
+# a wrong new kernel shows as ERR in the list and the table still fills.
 # On the GPU host:
 #   bash benchmarks/gpu_check.sh [ARTIFACTS_DIR]
 #
-# 1. the GPU tests (the runner on the small test artifacts; MLIR-side tests
-#    skip there), 2. every prebuilt candidate of GEMM 4096 f16/f32 and the
-#    ResNet conv checked and timed with CUDA events, against torch
-#    (cuBLAS/cuDNN) timed in the same run. Budget: well under 8 minutes.
+# 1. the GPU tests (the runner on the small test artifacts, every sketch
+#    checked against float64 numpy; MLIR-side tests skip there), 2. every
+#    prebuilt candidate of GEMM 4096 f16/f32 and the ResNet conv checked
+#    element-wise against a float64 host reference (numpy) and timed with
+#    CUDA events, against torch (cuBLAS/cuDNN) timed in the same run.
+#    Budget: well under 8 minutes (120 s + 420 s caps).
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -104,9 +104,35 @@ def test_ptxas_report_parsing(mlir_side):
     launch = mlir_side.KernelLaunch("matmul_kernel", (1, 1, 1), (256, 1, 1), (0, 1, 2))
     assert "spills" in mlir_side.check_limits(rep, [launch], Target.cuda())
     rep["matmul_kernel"].update(spill_stores=0, spill_loads=0)
+    assert "stack frame" in mlir_side.check_limits(rep, [launch], Target.cuda())  # local memory
+    rep["matmul_kernel"].update(stack=0)
     assert mlir_side.check_limits(rep, [launch], Target.cuda()) is None
     big = mlir_side.KernelLaunch("matmul_kernel", (1, 1, 1), (1024, 1, 1), (0, 1, 2))
     assert "registers" in mlir_side.check_limits(rep, [big], Target.cuda())
+    # 88 registers -> 11 x 256 per warp; 8 warps a block -> 2 blocks (16 of 64 warps) per SM.
+    f = mlir_side.ptxas_features(rep, [launch], Target.cuda())
+    assert (f["registers"], f["smem"], f["threads"], f["blocks_per_sm"], f["occupancy"]) == (88, 5120, 256, 2, 0.25)
+    assert f["spill_bytes"] == 0 and f["grid_blocks"] == 1
+
+
+def test_ptx_instruction_mix(mlir_side):
+    ptx = """
+$L__BB0_1:
+	ld.global.nc.v4.b32 	{%r1, %r2, %r3, %r4}, [%rd1];
+	ld.global.b32 	%r5, [%rd2];
+	@%p1 st.global.v4.b32 	[%rd3], {%r1, %r2, %r3, %r4};
+	st.shared.v4.b32 	[%r6], {%r1, %r2, %r3, %r4};
+	bar.sync 	0;
+	ldmatrix.sync.aligned.m8n8.x4.shared.b16 	{%r7, %r8, %r9, %r10}, [%r11];
+	mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 	{%r12, %r13}, {%r7, %r8, %r9, %r10}, {%r1, %r2}, {%r12, %r13};
+	fma.rn.f32 	%f1, %f2, %f3, %f1;
+	fma.rn.f16x2 	%r14, %r15, %r16, %r14;
+	@%p2 bra 	$L__BB0_1;
+"""
+    mix = mlir_side.ptx_instruction_mix(ptx)
+    assert mix["ld.global.v"] == 1 and mix["ld.global"] == 1 and mix["st.global.v"] == 1 and mix["st.global"] == 0
+    assert mix["mma.sync"] == 1 and mix["ldmatrix"] == 1 and mix["fma"] == 2 and mix["bar.sync"] == 1
+    assert mix["st.shared"] == 1 and mix["ld.shared"] == 0 and mix["ld.local"] == 0
 
 
 def _tasks(kind: str) -> list[str]:
@@ -145,15 +171,74 @@ def test_sampled_candidates_assemble(kind, per_sketch, mlir_side, ptxas, tmp_pat
                 (k,) = b.launches
                 assert k.entry in b.ptxas and ".visible .entry " + k.entry in b.ptx
                 assert k.block[0] * k.block[1] * k.block[2] == sk.block_threads(a) or sk.name == "cuda-default"
-                values = dict(a)
-                if values.get("smem") == 0:
-                    assert ".shared" in b.ptx and b.ptxas[k.entry]["smem"] == sk.smem_bytes(a) > 0
-                if sk.name == "cuda-mma":
+                if sk.smem_bytes(a):
+                    assert ".shared" in b.ptx and b.ptxas[k.entry]["smem"] == sk.smem_bytes(a)
+                if sk.name.startswith("cuda-mma"):
                     assert "mma.sync.aligned" in b.ptx
                 built += 1
     assert built >= 4
-    if kind.startswith("matmul"):
-        assert {"cuda-mma", "cuda-contraction", "cuda-default"} <= names
+    if kind == "matmul":
+        assert {"cuda-tiled", "cuda-mma", "cuda-contraction", "cuda-default"} <= names
+    if kind == "matmul_f16":
+        assert {"cuda-mma-smem", "cuda-tiled", "cuda-mma", "cuda-contraction", "cuda-default"} <= names
+
+
+def _loop_bodies(ptx: str) -> list[str]:
+    """The text of every PTX loop: from a label to the last branch back to it."""
+    lines = ptx.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        label = line.strip()
+        if label.startswith("$L__") and label.endswith(":"):
+            back = [j for j in range(i + 1, len(lines)) if lines[j].strip().endswith(f"bra \t{label[:-1]};")
+                    or lines[j].split()[-1:] == [f"{label[:-1]};"]]
+            if back:
+                out.append("\n".join(lines[i:back[-1] + 1]))
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_staged_matmul_accumulates_in_registers(dtype, mlir_side, ptxas, tmp_path):
+    """`cuda-tiled` (both dtypes) and `cuda-mma-smem` (f16): A/B tiles go
+    through `.shared` with barriers, 128-bit global loads, and the K loop
+    neither loads nor stores C: the accumulator stays in registers (no
+    spills, no stack frame)."""
+    from mlir_ansor import workloads
+    from mlir_ansor.search.gpu_sketch import generate_gpu_sketches
+    from mlir_ansor.search.space import make_assignment
+    from mlir_ansor.target import Target
+
+    target = Target.cuda()
+    sketches = {s.name: s for s in generate_gpu_sketches(workloads.matmul(256, 256, 256, dtype), target)}
+    cases = [("cuda-tiled", {"b_d0": 64, "b_d1": 64, "t_d0": 8, "t_d1": 16, "k_d2": 16})]
+    if dtype == "f16":
+        cases.append(("cuda-mma-smem", {"b_d0": 64, "b_d1": 64, "w_d0": 32, "w_d1": 32, "k_d2": 32}))
+    elem = 4 if dtype == "f32" else 2
+    for name, knobs in cases:
+        sk = sketches[name]
+        a = sk.complete(make_assignment(knobs))
+        assert sk.violation(a) is None
+        b = mlir_side.build_cuda(sk.payload, sk.concrete(a), target, str(tmp_path / f"{name}.cubin"))
+        fig = b.ptxas[b.launches[0].entry]
+        assert fig["spill_stores"] == fig["spill_loads"] == fig["stack"] == 0, fig
+        assert fig["smem"] == (64 * knobs["k_d2"] * 2) * elem == sk.smem_bytes(a)
+        assert b.launches[0].grid == (4, 4, 1)
+        (loop,) = _loop_bodies(b.ptx)
+        mix = mlir_side.ptx_instruction_mix(loop)
+        assert mix["ld.global.v"] > 0 and mix["ld.global"] == 0, mix  # operands: 16-byte loads only
+        assert mix["st.global"] == mix["st.global.v"] == 0, mix  # no C traffic in the K loop
+        assert mix["st.shared"] > 0 and mix["bar.sync"] >= 2 and mix["ld.local"] == mix["st.local"] == 0
+        if name == "cuda-mma-smem":
+            assert mix["ldmatrix"] > 0 and mix["ld.shared"] == 0
+            # 2 x 2 warps of 32 x 32: 2 x 4 mma tiles (16 x 8) per warp, 2 k-steps of 16.
+            assert mix["mma.sync"] == 2 * 4 * 2 and "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16" in loop
+            assert b.launches[0].block == (64, 2, 1)
+        else:
+            assert mix["ld.shared"] > 0 and mix["mma.sync"] == 0
+            # per thread an 8 x 4 register tile, 16 k-steps: 512 FMAs (f16: packed f16x2, 256)
+            assert mix["fma"] == (512 if dtype == "f32" else 256), mix
+            assert b.launches[0].block == (16, 8, 1)
+        assert b.features["occupancy"] > 0 and b.features["ptx_ld.global.v"] > 0
 
 
 def test_promotion_and_tensor_core_ptx(mlir_side, ptxas, tmp_path):
@@ -164,7 +249,8 @@ def test_promotion_and_tensor_core_ptx(mlir_side, ptxas, tmp_path):
     from mlir_ansor.target import Target
 
     target = Target.cuda()
-    mma, con, _ = generate_gpu_sketches(workloads.matmul(128, 128, 64, "f16"), target)
+    sketches = {s.name: s for s in generate_gpu_sketches(workloads.matmul(128, 128, 64, "f16"), target)}
+    mma, con = sketches["cuda-mma"], sketches["cuda-contraction"]
     a = make_assignment({"b_d0": 64, "b_d1": 64, "k_d2": 16, "smem": 0, "t_d0": 16, "t_d1": 16})
     b = mlir_side.build_cuda(con.payload, con.concrete(a), target, str(tmp_path / "s.cubin"))
     assert b.launches[0].grid == (2, 2, 1) and b.launches[0].block == (16, 16, 1)
@@ -192,11 +278,19 @@ def test_limits_reject_oversized_knobs(mlir_side):
     from mlir_ansor.search.space import make_assignment
     from mlir_ansor.target import Target
 
-    _, con, _ = generate_gpu_sketches(workloads.matmul(1024, 1024, 1024, "f32"), Target.cuda())
+    sketches = {s.name: s for s in generate_gpu_sketches(workloads.matmul(1024, 1024, 1024, "f32"), Target.cuda())}
+    con = sketches["cuda-contraction"]
     too_much_smem = make_assignment({"b_d0": 256, "b_d1": 256, "k_d2": 64, "smem": 0, "t_d0": 32, "t_d1": 32})
     assert "shared memory" in con.violation(too_much_smem)
     too_few_threads = make_assignment({"b_d0": 8, "b_d1": 8, "k_d2": 8, "smem": 1, "t_d0": 2, "t_d1": 2})
     assert "warp" in con.violation(too_few_threads)
+    tiled = sketches["cuda-tiled"]
+    # 256 threads copy a 128 x 16 tile of A in 4-wide pieces: 2 rows each.
+    ok = tiled.complete(make_assignment({"b_d0": 128, "b_d1": 128, "k_d2": 16, "t_d0": 16, "t_d1": 16}))
+    assert dict(ok)["cp_a"] == 2 and dict(ok)["cp_b"] == 2 and tiled.violation(ok) is None
+    assert "cp_a" in tiled.violation(tuple((k, 1 if k == "cp_a" else v) for k, v in ok))
+    one_row = tiled.complete(make_assignment({"b_d0": 32, "b_d1": 128, "k_d2": 16, "t_d0": 32, "t_d1": 16}))
+    assert "register tile extent 1" in tiled.violation(one_row)
 
 
 # --------------------------------------------------------------------------
@@ -221,24 +315,39 @@ def backend():
         pytest.skip(f"no GPU to run on: {e}")
 
 
+def _tolerance(dtype: str, sketch: str) -> float:
+    if dtype == "f16":
+        return 1e-2  # f16 accumulation over K = 64
+    return 2e-2 if sketch == "cuda-mma" else 1e-5  # tf32 tensor cores, else f32 FMAs
+
+
 def test_prebuilt_candidates_run_and_match_numpy(backend):
+    """Every prebuilt test candidate (one per sketch: the staged f32/f16
+    kernels, tensor cores on f16 and tf32, and the older sketches) matches
+    a float64 numpy product."""
     r, be = backend
     manifest = json.loads((GPU_INPUTS / "manifest.json").read_text())
-    (wl,) = manifest["workloads"]
-    m, n, k = wl["mnk"]
-    rng = np.random.default_rng(0)
-    a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
-    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
-    ref = a.astype(np.float64) @ b
-    assert len(wl["candidates"]) >= 2
-    for c in wl["candidates"]:
-        tol = 2e-2 if c["sketch"] == "cuda-mma" else 1e-5  # tf32 tensor cores
-        res = r.run(be, c, GPU_INPUTS, [a, b], [ref], tol, min_repeat=2, min_time_s=0.0)
-        assert res.ok, (c["sketch"], c["knobs"], res.error)
-        assert 0 < res.latency_s < 1.0
-    # A wrong reference is caught.
-    bad = r.run(be, wl["candidates"][0], GPU_INPUTS, [a, b], [ref + 1.0], 1e-5)
-    assert not bad.ok and "wrong answer" in bad.error
+    assert {w["dtype"] for w in manifest["workloads"]} == {"f32", "f16"}
+    for wl in manifest["workloads"]:
+        m, n, k = wl["mnk"]
+        dt = np.float16 if wl["dtype"] == "f16" else np.float32
+        rng = np.random.default_rng(0)
+        a = rng.uniform(-1, 1, (m, k)).astype(dt)
+        b = rng.uniform(-1, 1, (k, n)).astype(dt)
+        ref = a.astype(np.float64) @ b.astype(np.float64)
+        assert len(wl["candidates"]) >= 2
+        for c in wl["candidates"]:
+            res = r.run(be, c, GPU_INPUTS, [a, b], [ref], _tolerance(wl["dtype"], c["sketch"]), min_repeat=2, min_time_s=0.0)
+            assert res.ok, (wl["name"], c["sketch"], c["knobs"], res.error)
+            assert 0 < res.latency_s < 1.0
+        # A wrong reference is caught.
+        bad = r.run(be, wl["candidates"][0], GPU_INPUTS, [a, b], [ref + 1.0], 1e-5)
+        assert not bad.ok and "wrong answer" in bad.error
+
+
+def _f32_workload() -> dict:
+    manifest = json.loads((GPU_INPUTS / "manifest.json").read_text())
+    return next(w for w in manifest["workloads"] if w["dtype"] == "f32")
 
 
 class _FakeBackend:
@@ -299,8 +408,7 @@ class _FakeBackend:
 
 def test_runner_plumbing_with_a_fake_device():
     r = _runner()
-    manifest = json.loads((GPU_INPUTS / "manifest.json").read_text())
-    (wl,) = manifest["workloads"]
+    wl = _f32_workload()
     c = wl["candidates"][0]
     m, n, k = wl["mnk"]
     rng = np.random.default_rng(0)

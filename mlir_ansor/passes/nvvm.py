@@ -13,7 +13,12 @@ Roadmap (:func:`build_cuda` runs the whole chain on one candidate):
      memory inside a ``gpu.launch`` into a workgroup attribution of the
      launch: the only form that became real ``.shared`` buffers (an alloc left
      in the kernel lowers to device ``malloc``; see shared/MLIR-NOTES.md);
-  4. outlining, then :func:`launches` reads every ``gpu.launch_func`` (kernel
+  3b. :func:`keep_accumulators_in_registers` (vectorized sketches): folds
+     subviews, hoists each thread's (or warp's) output-tile read/write out of
+     the K loop, so the accumulator is loop-carried in registers, and lowers
+     the vectors (FMAs, or ``ldmatrix`` + ``mma.sync`` for warp tiles);
+  4. outlining (kernel buffers marked 16-byte aligned and `noalias`,
+     :func:`annotate_kernel_pointers`, for 128-bit global loads), then :func:`launches` reads every ``gpu.launch_func`` (kernel
      name, grid, block, which host argument each kernel argument is); host
      code other than launches is refused: all computation must be on the GPU;
   5. ``gpu-lower-to-nvvm-pipeline`` (``cubin-format=isa``, bare-pointer
@@ -21,7 +26,9 @@ Roadmap (:func:`build_cuda` runs the whole chain on one candidate):
      through ``gpu.ObjectAttr``;
   6. :func:`assemble` runs the CUDA toolkit's ``ptxas -v`` for the cubin, and
      :func:`parse_ptxas_report` turns its report into numbers (registers,
-     spills, shared memory) that :func:`check_limits` filters on.
+     spills, shared memory) that :func:`check_limits` filters on and
+     :func:`ptxas_features` turns into cost-model features (with occupancy
+     and the PTX instruction mix).
 
 The result is plain data (a manifest entry plus the cubin file), so the GPU
 host that measures it needs no MLIR (`measure/cuda_runner.py`).
@@ -75,6 +82,11 @@ class CudaBuild:
     buffers: list[dict]  # host arguments: {"role", "shape", "dtype"}
     ptxas: dict = field(default_factory=dict)  # entry -> report figures
     build_s: float = 0.0
+    features: dict = field(default_factory=dict)  # `ptxas_features`: cost-model inputs
+
+    def dropped(self, target: Target) -> str | None:
+        """Why this candidate is not worth measuring (`check_limits`)."""
+        return check_limits(self.ptxas, self.launches, target)
 
     def to_json(self) -> dict:
         return {
@@ -82,6 +94,7 @@ class CudaBuild:
             "launches": [asdict(k) for k in self.launches],
             "buffers": self.buffers,
             "ptxas": self.ptxas,
+            "features": self.features,
             "build_s": self.build_s,
         }
 
@@ -226,6 +239,140 @@ def hoist_workgroup_allocs(module: ir.Module) -> int:
     return moved
 
 
+#: The mma.sync shape warp-level f16 contractions are unrolled to.
+MMA_SHAPE = (16, 8, 16)
+
+_VECTOR_LOWERING = (
+    'transform.apply_patterns.vector.lower_contraction lowering_strategy = "outerproduct"',
+    "transform.apply_patterns.vector.transfer_permutation_patterns",
+    'transform.apply_patterns.vector.lower_multi_reduction lowering_strategy = "innerparallel"',
+    "transform.apply_patterns.vector.transfer_to_scf max_transfer_rank = 1 full_unroll = true",
+    "transform.apply_patterns.vector.lower_transfer max_transfer_rank = 1",
+    "transform.apply_patterns.vector.lower_shape_cast",
+    'transform.apply_patterns.vector.lower_transpose lowering_strategy = "shuffle_1d"',
+    "transform.apply_patterns.vector.lower_outerproduct",
+    "transform.apply_patterns.canonicalization",
+)
+
+
+def uses_warp_mapping(module: ir.Module) -> bool:
+    """Whether an `scf.forall` is mapped to `#gpu.warp` (a tensor-core schedule)."""
+    return any(
+        "#gpu.warp<" in str(f.attributes["mapping"]) for f in _walk(module, "scf.forall") if "mapping" in f.attributes
+    )
+
+
+def _script(body: list[str]) -> str:
+    any_op = "!transform.any_op"
+    lines = "\n".join("    " + b for b in body)
+    return (
+        "module attributes {transform.with_named_sequence} {\n"
+        f"  transform.named_sequence @__transform_main(%root: {any_op} {{transform.readonly}}) {{\n"
+        f"{lines}\n    transform.yield\n  }}\n}}\n"
+    )
+
+
+def keep_accumulators_in_registers(module: ir.Module, mma_shape: tuple[int, int, int] | None = None) -> None:
+    """Inside the mapped launch: fold subviews into the vector transfers,
+    hoist loop-invariant code, then move each thread's (or warp's) read and
+    write of its output tile out of the reduction loop (the accumulator
+    becomes a loop-carried vector, i.e. registers), and lower the vectors:
+    to 1-D loads/stores and FMAs, or, with `mma_shape` (warp-level
+    contractions), unrolled to that shape and turned into `nvgpu.mma.sync`
+    with `nvgpu.ldmatrix` reads of shared memory. A no-op on kernels without
+    vector ops.
+
+    Why after mapping: before it, the thread-level `scf.forall` sits inside
+    the reduction loop (the block's copies to shared memory need every
+    thread between two barriers), so the output tile's indices only become
+    loop-invariant once the forall has turned into thread ids."""
+    if not _walk(module, "vector.contract") and not _walk(module, "vector.transfer_read"):
+        return
+    any_op = "!transform.any_op"
+    func = f'%f = transform.structured.match ops{{["func.func"]}} in %root : ({any_op}) -> {any_op}'
+    hoist = [
+        func,
+        "transform.apply_patterns to %f {",
+        "  transform.apply_patterns.memref.fold_memref_alias_ops",
+        "  transform.apply_patterns.canonicalization",
+        f"}} : {any_op}",
+        f"transform.apply_cse to %f : {any_op}",
+    ]
+    if mma_shape is not None:
+        # Unrolled first, so that each mma-sized piece of the accumulator
+        # gets its own read/write pair to hoist (one loop-carried vector per
+        # mma tile, the form convert-vector-to-gpu takes).
+        m, n, k = mma_shape
+        hoist += [
+            "transform.apply_patterns to %f {",
+            f"  transform.apply_patterns.gpu.unroll_vectors_subgroup_mma [{m}, {n}, {k}]",
+            "  transform.apply_patterns.canonicalization",
+            f"}} : {any_op}",
+            f"transform.apply_cse to %f : {any_op}",
+        ]
+    hoist += [
+        f'%loops = transform.structured.match ops{{["scf.for"]}} in %f : ({any_op}) -> {any_op}',
+        f"transform.apply_licm to %loops : {any_op}",
+        f"%h = transform.structured.hoist_redundant_vector_transfers %f : ({any_op}) -> {any_op}",
+    ]
+    _apply_script(module, _script(hoist))
+    if mma_shape is not None:
+        try:
+            passmanager.PassManager.parse(
+                "builtin.module(func.func(convert-vector-to-gpu{use-nvgpu=true}),canonicalize,cse)"
+            ).run(module.operation)
+        except (ir.MLIRError, ValueError) as e:
+            raise GpuBuildError(f"turning warp-level contractions into mma.sync failed: {e}") from None
+    lower = [func, "transform.apply_patterns to %f {"]
+    lower += ["  " + p for p in _VECTOR_LOWERING]
+    lower += [f"}} : {any_op}", f"transform.apply_cse to %f : {any_op}"]
+    # Broadcasts to n-D vectors (a register tile of one row) are lowered on
+    # their own: together with canonicalization the patterns never settle.
+    lower += [
+        "transform.apply_patterns to %f {",
+        "  transform.apply_patterns.vector.lower_broadcast",
+        "  transform.apply_patterns.vector.lower_shape_cast",
+        f"}} : {any_op}",
+    ]
+    _apply_script(module, _script(lower))
+
+
+#: Byte alignment promised for every kernel buffer: the runner allocates
+#: each one with cuMemAlloc (256-byte aligned); 16 is what 128-bit loads need.
+BUFFER_ALIGNMENT = 16
+
+
+def annotate_kernel_pointers(module: ir.Module) -> int:
+    """Mark every memref argument of every outlined kernel `llvm.align =
+    BUFFER_ALIGNMENT`: the runner passes cuMemAlloc'd buffers. With this,
+    LLVM proves from the index arithmetic which accesses are 16-byte aligned
+    and emits `ld.global.v4` for them (a bare pointer has element alignment
+    only, and 4-wide vector loads were split into scalar ones). Returns how
+    many arguments were marked.
+
+    Not `llvm.noalias`: it gave `ld.global.nc`, but LLVM then also kept the
+    unstaged sketches' whole per-thread output tiles in registers, and
+    fully unrolled loops spilled (up to 2 KB of stack)."""
+    count = 0
+    for func in _walk(module, "gpu.func"):
+        if "gpu.kernel" not in func.attributes:
+            continue
+        args = func.regions[0].blocks[0].arguments
+        n = len(list(ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).inputs))
+        dicts = []
+        for i in range(n):
+            entries: dict[str, ir.Attribute] = {}
+            if "arg_attrs" in func.attributes:
+                old = ir.DictAttr(ir.ArrayAttr(func.attributes["arg_attrs"])[i])
+                entries = {old[j].name: old[j].attr for j in range(len(old))}
+            if isinstance(args[i].type, ir.MemRefType):
+                entries["llvm.align"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), BUFFER_ALIGNMENT)
+                count += 1
+            dicts.append(ir.DictAttr.get(entries))
+        func.attributes["arg_attrs"] = ir.ArrayAttr.get(dicts)
+    return count
+
+
 def _constant(value: ir.Value) -> int:
     owner = value.owner
     if not isinstance(owner, ir.Block) and owner.name in ("arith.constant", "llvm.mlir.constant"):
@@ -357,19 +504,95 @@ def assemble(ptx: str, target: Target, cubin_path: str, ptxas: str | None = None
 
 def check_limits(report: dict[str, dict], launches_: list[KernelLaunch], target: Target) -> str | None:
     """Why a built candidate is dropped before measuring (None: keep it):
-    spills, shared memory or registers past the target's limits."""
+    spills or a stack frame (local-memory traffic), shared memory or
+    registers past the target's limits."""
     for k in launches_:
         fig = report.get(k.entry)
         if fig is None:
             return f"ptxas reported nothing for kernel {k.entry}"
         if fig["spill_stores"] or fig["spill_loads"]:
             return f"{k.entry}: spills registers ({fig['spill_stores']} bytes stored)"
+        if fig["stack"]:
+            return f"{k.entry}: a {fig['stack']}-byte stack frame (local memory)"
         if fig["smem"] > target.smem_per_block:
             return f"{k.entry}: {fig['smem']} bytes of shared memory > {target.smem_per_block}"
         threads = k.block[0] * k.block[1] * k.block[2]
         if fig["registers"] * threads > target.registers_per_block:
             return f"{k.entry}: {fig['registers']} registers x {threads} threads > {target.registers_per_block}"
     return None
+
+
+# Per streaming multiprocessor: (threads, shared memory bytes, blocks), by
+# compute capability; registers per SM equal `Target.registers_per_block`.
+_SM_LIMITS = {70: (2048, 96 * 1024, 32), 75: (1024, 64 * 1024, 16), 80: (2048, 164 * 1024, 32),
+              86: (1536, 100 * 1024, 16), 89: (1536, 100 * 1024, 24), 90: (2048, 228 * 1024, 32)}
+
+#: PTX opcode families counted by :func:`ptx_instruction_mix`.
+PTX_FAMILIES = (
+    "mma.sync", "ldmatrix", "cp.async", "bar.sync", "fma", "ld.global.v", "ld.global", "st.global.v", "st.global",
+    "ld.shared", "st.shared", "ld.local", "st.local",
+)
+
+
+def ptx_instruction_mix(ptx: str) -> dict[str, int]:
+    """Static count of the PTX instructions of each family in `PTX_FAMILIES`
+    (vector and scalar global accesses apart: "ld.global" counts the scalar
+    ones, "ld.global.v" the 2- and 4-wide ones; ".nc" loads included)."""
+    counts = dict.fromkeys(PTX_FAMILIES, 0)
+    for line in ptx.splitlines():
+        text = line.strip()
+        if not text or text.startswith(("//", ".", "{", "}")) or text.endswith(":"):
+            continue
+        if text.startswith("@"):  # predicated: drop the guard
+            text = text.split(None, 1)[1] if " " in text else ""
+        op = text.split(None, 1)[0] if text else ""
+        parts = op.split(".")
+        for fam in ("mma.sync", "ldmatrix", "cp.async", "bar.sync", "ld.shared", "st.shared", "ld.local", "st.local"):
+            if op.startswith(fam):
+                counts[fam] += 1
+        if parts[0] == "fma":
+            counts["fma"] += 1
+        for kind in ("ld", "st"):
+            if parts[0] == kind and len(parts) > 1 and parts[1] == "global":
+                vector = any(p in ("v2", "v4", "v8") for p in parts[2:])
+                counts[f"{kind}.global.v" if vector else f"{kind}.global"] += 1
+    return counts
+
+
+def ptxas_features(report: dict[str, dict], launches_: list[KernelLaunch], target: Target, ptx: str = "") -> dict[str, float]:
+    """Numeric features of a built candidate for a cost model: ptxas's
+    figures (registers, spill bytes, stack, static shared memory) of its
+    heaviest kernel, the block shape, the occupancy they allow (resident
+    blocks and warps per SM, from registers, shared memory and threads), and
+    with `ptx` the static instruction mix (`ptx_instruction_mix`)."""
+    sm_threads, sm_smem, sm_blocks = _SM_LIMITS.get(target.arch, (2048, target.smem_per_block_optin or 48 * 1024, 16))
+    regs_sm = target.registers_per_block or 65536
+    best: dict[str, float] = {}
+    for k in launches_:
+        fig = report.get(k.entry, {})
+        threads = k.block[0] * k.block[1] * k.block[2]
+        warps = -(-threads // (target.warp_size or 32))
+        regs = max(1, int(fig.get("registers", 0)))
+        regs_per_warp = -(-regs * (target.warp_size or 32) // 256) * 256  # allocation unit: 256 per warp
+        by_regs = regs_sm // max(1, regs_per_warp * warps)
+        smem = int(fig.get("smem", 0))
+        by_smem = sm_smem // smem if smem else sm_blocks
+        blocks = max(0, min(sm_blocks, sm_threads // max(1, threads), by_regs, by_smem))
+        feats = {
+            "registers": float(regs),
+            "spill_bytes": float(fig.get("spill_stores", 0) + fig.get("spill_loads", 0)),
+            "stack": float(fig.get("stack", 0)),
+            "smem": float(smem),
+            "threads": float(threads),
+            "grid_blocks": float(k.grid[0] * k.grid[1] * k.grid[2]),
+            "blocks_per_sm": float(blocks),
+            "occupancy": blocks * warps / (sm_threads / (target.warp_size or 32)),
+        }
+        if not best or feats["grid_blocks"] * feats["threads"] > best["grid_blocks"] * best["threads"]:
+            best = feats
+    if ptx:
+        best.update({f"ptx_{name}": float(v) for name, v in ptx_instruction_mix(ptx).items()})
+    return best
 
 
 # --------------------------------------------------------------------------
@@ -392,12 +615,15 @@ def lower_scheduled_to_launches(module: ir.Module, target: Target) -> None:
             "canonicalize,cse)"
         ).run(module.operation)
         erase_self_copies(module)
+        warps = uses_warp_mapping(module)
         map_to_gpu(module, target)
         hoist_workgroup_allocs(module)
+        keep_accumulators_in_registers(module, MMA_SHAPE if warps else None)
         passmanager.PassManager.parse(
             "builtin.module(func.func(convert-linalg-to-loops,lower-affine,canonicalize,cse),"
             "gpu-launch-sink-index-computations,gpu-kernel-outlining,canonicalize,cse)"
         ).run(module.operation)
+        annotate_kernel_pointers(module)
     except (ir.MLIRError, ValueError) as e:
         raise GpuBuildError(f"lowering to gpu.launch_func failed: {e}") from None
 
@@ -435,4 +661,5 @@ def build_cuda(payload: str, script: str | None, target: Target, cubin_path: str
             raise GpuBuildError(f"NVVM lowering failed: {e}") from None
         ptx = extract_ptx(module)
     report = assemble(ptx, target, cubin_path)
-    return CudaBuild(ptx, cubin_path, kernels, buffers, report, time.perf_counter() - t0)
+    features = ptxas_features(report, kernels, target, ptx)
+    return CudaBuild(ptx, cubin_path, kernels, buffers, report, time.perf_counter() - t0, features)

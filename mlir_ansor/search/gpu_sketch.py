@@ -39,7 +39,7 @@ from ..dialects.schedule import ANY, PARAM, ScheduleWriter, Size
 from ..errors import UnsupportedError
 from ..target import Target
 from .sketch import OpStructure, Sketch, prepare_payload
-from .space import Assignment, KnobSpec, divisors
+from .space import Assignment, KnobSpec, divisors, make_assignment
 from .space import sample as _sample_knobs
 
 _BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i8": 1}
@@ -63,6 +63,15 @@ class GpuSketch(Sketch):
     smem_tiles: per promoted operand, per dimension, the tile extent as a
       list of (knob or fixed extent) terms: extent = sum(term) - (n - 1).
     smem_knob: the alternatives knob that selects promotion (value 0).
+    staged: the tiles of `smem_tiles` are always in shared memory.
+    min_register_dim: least extent of the register tile along each axis
+      (vectorized sketches: a unit dimension leaves an n-D broadcast that
+      the NVVM lowering cannot convert).
+    derived: knobs whose value follows from the others (see `complete`):
+      (knob, rows term, cols term, vector width) of a copy distributed over
+      all threads of the block in vector-wide pieces; the knob is how many
+      rows one thread copies per piece, the least that lets the block's
+      threads cover the tile.
     """
 
     target_key: str = ""
@@ -76,6 +85,10 @@ class GpuSketch(Sketch):
     smem_knob: str = ""
     max_mma_per_warp: int = 16
     min_threads: int = 1
+    derived: tuple[tuple[str, str, str, int], ...] = ()
+    staged: bool = False
+    min_register_dim: int = 1
+    mma_shape: tuple[int, int] = (16, 8)
 
     def block_threads(self, assignment: Assignment) -> int:
         v = dict(assignment)
@@ -89,9 +102,29 @@ class GpuSketch(Sketch):
             n *= w * 32
         return n
 
+    def derived_values(self, assignment: Assignment) -> dict[str, int]:
+        """The value each derived knob must take under `assignment`: rows
+        per copy piece r, the least divisor of the tile's rows with
+        (rows / r) * (cols / width) <= threads (0: no such divisor)."""
+        v = dict(assignment)
+        threads = self.block_threads(assignment)
+        out = {}
+        for knob, rows_t, cols_t, width in self.derived:
+            rows = int(rows_t) if rows_t.isdigit() else v[rows_t]
+            cols = int(cols_t) if cols_t.isdigit() else v[cols_t]
+            need = -(-(rows * max(1, cols // width)) // max(1, threads))
+            out[knob] = min((d for d in divisors(rows) if d >= need), default=0)
+        return out
+
+    def complete(self, assignment: Assignment) -> Assignment:
+        """`assignment` with every derived knob set to its value."""
+        v = dict(assignment)
+        v.update({k: x for k, x in self.derived_values(assignment).items() if x})
+        return make_assignment(v)
+
     def smem_bytes(self, assignment: Assignment) -> int:
         v = dict(assignment)
-        if not self.smem_knob or v.get(self.smem_knob) != 0:
+        if not self.staged and (not self.smem_knob or v.get(self.smem_knob) != 0):
             return 0
         total = 0
         for nbytes, dims in self.smem_tiles:
@@ -112,7 +145,10 @@ class GpuSketch(Sketch):
             return f"{threads} threads per block < {self.min_threads} (less than a warp)"
         tile = 1
         for block, thr in self.register_tile:
-            tile *= max(1, v[block] // max(1, v[thr]))
+            extent = max(1, v[block] // max(1, v[thr]))
+            if extent < self.min_register_dim:
+                return f"register tile extent {extent} along {block} < {self.min_register_dim}"
+            tile *= extent
         if tile > self.max_register_tile:
             return f"register tile of {tile} elements > {self.max_register_tile}"
         smem = self.smem_bytes(assignment)
@@ -120,10 +156,15 @@ class GpuSketch(Sketch):
             return f"{smem} bytes of shared memory > {self.smem_limit}"
         if self.warps:
             mmas = 1
-            for (_block, warp), shape in zip(self.warps, (16, 8)):
+            for (_block, warp), shape in zip(self.warps, self.mma_shape):
                 mmas *= v[warp] // shape
             if mmas > self.max_mma_per_warp:
                 return f"{mmas} mma tiles per warp > {self.max_mma_per_warp}"
+        for knob, want in self.derived_values(assignment).items():
+            if not want:
+                return f"{knob}: the block's {threads} threads cannot cover the copied tile"
+            if v.get(knob) != want:
+                return f"{knob} = {v.get(knob)}, but the tile and thread counts make it {want}"
         return None
 
 
@@ -132,6 +173,8 @@ def sample(sketch: Sketch, rng: random.Random, tries: int = 500) -> Assignment:
     sampling over `space.sample`; raises when none is found)."""
     for _ in range(tries):
         a = _sample_knobs(sketch.knobs, rng)
+        if isinstance(sketch, GpuSketch):
+            a = sketch.complete(a)
         if not isinstance(sketch, GpuSketch) or sketch.violation(a) is None:
             return a
     raise UnsupportedError(f"{sketch.name}: no knob assignment within the target's limits found in {tries} draws")
@@ -185,6 +228,16 @@ class GpuScheduleWriter(ScheduleWriter):
             copies.append(c)
         return padded, copies
 
+    def distribute_linear(self, op: str, sizes: list[Size]) -> str:
+        """Tile `op` into pieces of `sizes` spread over all threads of the
+        block by their linear id (`#gpu.thread<linear_dim_i>`: the forall
+        may have any shape up to the block's thread count); returns the
+        forall."""
+        n = sum(1 for s in sizes if not (isinstance(s, int) and s == 0))
+        mapping = [f"#gpu.thread<linear_dim_{i}>" for i in reversed(range(n))]
+        _, loop = self.tile_forall_mapped(op, sizes, mapping)
+        return loop
+
     def to_workgroup_memory(self, container: str) -> None:
         """Put every `bufferization.alloc_tensor` under `container` in
         workgroup (shared) memory."""
@@ -235,6 +288,10 @@ def generate_gpu_sketches(task_mlir: str, target: Target) -> list[GpuSketch]:
     anchors = [o for o in ops if o.role == "anchor"] or [o for o in ops if o.reductions][-1:] or [ops[-1]]
     anchor = anchors[0]
     out: list[GpuSketch] = []
+    for tensor_cores in (True, False):
+        staged = _staged_matmul_sketch(payload, ops, anchor, target, tensor_cores=tensor_cores)
+        if staged is not None:
+            out.append(staged)
     mma = _mma_sketch(payload, ops, anchor, target)
     if mma is not None:
         out.append(mma)
@@ -461,6 +518,138 @@ def _mma_sketch(
         max_threads=target.max_threads_per_block,
         smem_limit=target.smem_per_block,
         warps=(("b_d0", "w_d0"), ("b_d1", "w_d1")),
+    )
+
+
+#: The layout of a plain matmul: A(m, k), B(k, n), C(m, n) over loops (m, n, k).
+_MATMUL_DIMS = ((0, 2), (2, 1), (0, 1))
+
+
+def _is_plain_matmul(op: OpStructure) -> bool:
+    return (
+        op.operand_dims == _MATMUL_DIMS
+        and op.iterator_types == ("parallel", "parallel", "reduction")
+        and op.is_mul_add
+        and op.num_inputs == 2
+    )
+
+
+def _staged_matmul_sketch(
+    payload: str, ops: tuple[OpStructure, ...], anchor: OpStructure, target: Target, *, tensor_cores: bool
+) -> GpuSketch | None:
+    """A matmul with its operand tiles staged in shared memory and its
+    output tile kept in registers across the whole K loop.
+
+    Per block (``#gpu.block``) a BM x BN tile of C; a loop over K in steps
+    of BK; in each step all threads of the block copy the BM x BK tile of A
+    and the BK x BN tile of B to `.shared` in 16-byte pieces (the copy is a
+    forall over the block's linear thread id, so the copy's shape does not
+    need to match the compute's thread shape; a barrier follows), then
+    compute from shared memory:
+
+      * ``cuda-mma-smem`` (f16, sm_80+): each warp (``#gpu.warp``) a WM x WN
+        tile, as a vector contraction that `passes/nvvm.py` unrolls to
+        16x8x16 and turns into ``ldmatrix`` + ``mma.sync``;
+      * ``cuda-tiled`` (f16, f32): each thread (``#gpu.thread``) a register
+        tile of (BM / threads_y) x (BN / threads_x), as a vector
+        contraction lowered to FMAs.
+
+    The operand tiles are vectorized here; `passes/nvvm.py` hoists the
+    output tile's read and write out of the K loop once the thread foralls
+    are mapped, which is what keeps the accumulator in registers.
+    """
+    if not _is_plain_matmul(anchor) or anchor.dtype not in ("f16", "f32"):
+        return None
+    if any(o.op_id != anchor.op_id and o.name != "linalg.fill" for o in ops):
+        return None  # fused consumers: the contraction sketch handles them
+    if tensor_cores and (anchor.dtype != "f16" or target.arch < 80):
+        return None
+    m, n, k = anchor.loop_ranges
+    vw = 16 // _bytes(anchor.dtype)  # elements per 16-byte global load
+    if tensor_cores:
+        if m % 16 or n % 8 or k % 16 or n % vw:
+            return None
+        block_m = tuple(x for x in divisors(m) if x % 16 == 0 and 32 <= x <= 256)
+        block_n = tuple(x for x in divisors(n) if x % 8 == 0 and x % vw == 0 and 32 <= x <= 256)
+        k_opts = tuple(x for x in divisors(k) if x % 16 == 0 and x <= 64)
+    else:
+        if k % vw or n % vw:
+            return None
+        block_m = tuple(x for x in divisors(m) if 8 <= x <= 256)
+        block_n = tuple(x for x in divisors(n) if x % vw == 0 and 16 <= x <= 256)
+        k_opts = tuple(x for x in divisors(k) if x % vw == 0 and x <= 64)
+    if not block_m or not block_n or not k_opts:
+        return None
+    specs = [
+        KnobSpec("b_d0", block_m, doc="block tile of M (#gpu.block<y>)"),
+        KnobSpec("b_d1", block_n, doc="block tile of N (#gpu.block<x>)"),
+    ]
+    if tensor_cores:
+        specs += [
+            KnobSpec("w_d0", tuple(x for x in (16, 32, 64, 128) if m % x == 0), divides="b_d0", doc="warp tile of M (#gpu.warp<y>)"),
+            KnobSpec("w_d1", tuple(x for x in (8, 16, 32, 64, 128) if n % x == 0), divides="b_d1", doc="warp tile of N (#gpu.warp<x>)"),
+        ]
+    else:
+        specs += [
+            KnobSpec("t_d0", _THREADS, divides="b_d0", doc="threads along M (#gpu.thread<y>)"),
+            KnobSpec("t_d1", _THREADS, divides="b_d1", doc="threads along N (#gpu.thread<x>)"),
+        ]
+    specs.append(KnobSpec("k_d2", k_opts, doc="reduction tile of K (one shared-memory stage)"))
+    rows = tuple(x for x in divisors(max(m, k)) if x <= 256)
+    copies = [("cp_a", "b_d0", "k_d2"), ("cp_b", "k_d2", "b_d1")]
+    what = {"cp_a": "the A tile copy", "cp_b": "the B tile copy", "cp_c": "the zero fill of C"}
+    if tensor_cores:
+        copies.append(("cp_c", "b_d0", "b_d1"))
+    for name, *_ in copies:
+        specs.append(KnobSpec(name, rows, doc=f"rows per thread and piece of {what[name]} (derived)"))
+
+    w = GpuScheduleWriter()
+    h = {sp.name: w.knob(sp.name, sp.options) for sp in specs}
+    _, forall = w.tile_forall_mapped(
+        w.match_op_id("%root", anchor.op_id), [h["b_d0"], h["b_d1"]], ["#gpu.block<y>", "#gpu.block<x>"]
+    )
+    forall = _fuse_rest(w, ops, anchor, forall)
+    a_h = w.match_op_id(forall, anchor.op_id)
+    a_h, _ = w.tile_for(a_h, [0, 0, h["k_d2"]])
+    padded, (copy_a, copy_b) = w.promote_inputs(a_h, [0, 1], 3, anchor.dtype)
+    w.distribute_linear(copy_a, [h["cp_a"], vw])
+    w.distribute_linear(copy_b, [h["cp_b"], vw])
+    w.to_workgroup_memory(forall)
+    fills = [o for o in ops if o.op_id != anchor.op_id]
+    if tensor_cores:
+        w.tile_forall_mapped(padded, [h["w_d0"], h["w_d1"]], ["#gpu.warp<y>", "#gpu.warp<x>"])
+        for o in fills:
+            w.distribute_linear(w.match_op_id(forall, o.op_id), [h["cp_c"], vw])
+    else:
+        # The fill gets the compute's thread tiles, so each thread zeroes
+        # exactly its own accumulator tile (LLVM then forwards the zeros).
+        mapping = ["#gpu.thread<y>", "#gpu.thread<x>"]
+        w.tile_forall_mapped(padded, [h["t_d0"], h["t_d1"]], mapping, num_threads=True)
+        for o in fills:
+            w.tile_forall_mapped(w.match_op_id(forall, o.op_id), [h["t_d0"], h["t_d1"]], mapping, num_threads=True)
+    func = w.vectorize_children(w.match_func("%root"))
+    w.cleanup(func)
+    w.gpu_bufferize("%root")
+
+    common = dict(
+        target_key=target.key,
+        max_threads=target.max_threads_per_block,
+        smem_limit=target.smem_per_block,
+        smem_tiles=((_bytes(anchor.dtype), (("b_d0",), ("k_d2",))), (_bytes(anchor.dtype), (("k_d2",), ("b_d1",)))),
+        staged=True,
+        derived=tuple((name, r, c, vw) for name, r, c in copies),
+        min_threads=32,
+    )
+    if tensor_cores:
+        return GpuSketch(
+            "cuda-mma-smem", payload, w.text(), tuple(specs),
+            warps=(("b_d0", "w_d0"), ("b_d1", "w_d1")), max_mma_per_warp=32, **common,
+        )
+    return GpuSketch(
+        "cuda-tiled", payload, w.text(), tuple(specs),
+        threads=(("y", "t_d0"), ("x", "t_d1")),
+        register_tile=(("b_d0", "t_d0"), ("b_d1", "t_d1")),
+        max_register_tile=64, min_register_dim=2, **common,
     )
 
 
