@@ -20,7 +20,15 @@ from mlir_ansor.search.strategy import (
     RandomSearch,
     TaskContext,
 )
-from mlir_ansor.search.strategy.evolutionary import EvolutionConfig, crossover, knob_kind, mutate, repair
+from mlir_ansor.search.strategy.evolutionary import (
+    EvolutionConfig,
+    crossover,
+    distance,
+    knob_kind,
+    mutate,
+    pick_diverse,
+    repair,
+)
 from mlir_ansor.search.task import extract_tasks
 from mlir_ansor.target import Target
 from mlir_ansor.tuner import TuneConfig
@@ -91,6 +99,24 @@ def test_mutation_and_crossover_stay_valid(task_and_sketches):
     assert repair(sk.knobs, dict(a)) == a
     broken = dict(a, r_d0=8, p_d0=4)
     assert is_valid(sk.knobs, repair(sk.knobs, broken))
+
+
+def test_batches_are_kept_apart(task_and_sketches):
+    """pick_diverse takes the best-ranked candidates that differ in at least
+    min_distance knobs from those taken, and relaxes only to fill the batch."""
+    sk = task_and_sketches[1][0]
+    rng = random.Random(0)
+    base = sample(sk.knobs, rng)
+    near = [mutate(sk.knobs, base, rng) for _ in range(40)]  # one knob away, mostly
+    far = [sample(sk.knobs, rng) for _ in range(40)]
+    ranked = [(sk, a) for a in dict.fromkeys([base, *near, *far])]
+    picked = [a for _, a in pick_diverse(ranked, 8, 3)]
+    assert picked[0] == base  # the best first
+    assert all(distance(x, y) >= 3 for i, x in enumerate(picked) for y in picked[:i])
+    # Too few far-apart candidates: the batch is still filled, best first.
+    few = pick_diverse(ranked[:5], 5, 3)
+    assert len(few) == 5 and few[0][1] == base
+    assert pick_diverse(ranked, 8, 1) == ranked[:8]
 
 
 def test_registered_and_built_from_the_config():
