@@ -2,13 +2,13 @@
 PyTorch CPU, measured in the same run, at each thread count.
 
 For every workload of `mlir_ansor.workloads.ANSOR_SET` (C1D, C2D, C3D, GMM,
-GRP, DIL, DEP, NRM, SFM, and conv + bias + ReLU; T2D has no Linalg named op)
-and thread count: tune with `--trials` candidates, compile the module with
-the best records (`mlir_ansor.compile`), check it against the untuned module,
-and time it; time the same computation in numpy (where it has one) and in
-PyTorch (channels-last convolutions, `torch.set_num_threads`), each in the
-same process right after, and print one table of latencies, GFLOP/s and
-ratios (>1 means mlir-ansor is faster).
+GRP, DIL, DEP, NRM, SFM, conv + bias + ReLU, transpose + batch matmul; T2D
+has no Linalg named op) and thread count: tune with `--trials` candidates,
+compile the module with the best records (`mlir_ansor.compile`), check it
+against the untuned module, and time it; time the same computation in numpy
+(where it has one) and in PyTorch (channels-last convolutions,
+`torch.set_num_threads`), each in the same process right after, and print
+one table of latencies, GFLOP/s and ratios (>1 means mlir-ansor is faster).
 
 Usage:
   python benchmarks/ansor_ops.py [--ops GMM,C2D] [--threads 1,2] [--trials 200]
@@ -20,10 +20,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,24 +32,17 @@ from mlir_ansor import TuneConfig, compile, tune, workloads  # noqa: A004
 from mlir_ansor.compile import compile_untuned
 from mlir_ansor.search.task import extract_tasks
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import median_time  # noqa: E402
 
-def _time(fn, min_time: float = 0.5, min_repeat: int = 5) -> float:
-    fn()
-    ts: list[float] = []
-    total = 0.0
-    while len(ts) < min_repeat or total < min_time:
-        t0 = time.perf_counter()
-        fn()
-        dt = time.perf_counter() - t0
-        ts.append(dt)
-        total += dt
-        if len(ts) >= 1000:
-            break
-    return statistics.median(ts)
+_time = median_time
 
 
-def _peers(name: str, arrays: list[np.ndarray], threads: int) -> dict[str, float]:
-    """Latency of numpy and PyTorch doing the same computation."""
+def peer_latencies(name: str, arrays: list[np.ndarray], threads: int) -> dict[str, float]:
+    """Latency (s) of numpy ("numpy") and PyTorch CPU ("torch") doing the
+    computation of `workloads.ANSOR_SET[name]` on `arrays` (its inputs) with
+    `threads` threads; a system with no such computation, or not installed,
+    is left out."""
     out: dict[str, float] = {}
     try:
         from threadpoolctl import threadpool_limits
@@ -58,6 +52,7 @@ def _peers(name: str, arrays: list[np.ndarray], threads: int) -> dict[str, float
         "GMM": lambda a, b: a @ b,
         "NRM": lambda x: x.sum(axis=1),
         "SFM": lambda x: (lambda e: e / e.sum(1, keepdims=True))(np.exp(x - x.max(1, keepdims=True))),
+        "TBG": lambda q, k: np.matmul(q.transpose(1, 0, 2), k.transpose(1, 2, 0)),
     }.get(name)
     if np_fn is not None:
         if threadpool_limits is not None:
@@ -114,9 +109,52 @@ def _peers(name: str, arrays: list[np.ndarray], threads: int) -> dict[str, float
             fn = lambda: t[0].sum(dim=1)  # noqa: E731
         elif name == "SFM":
             fn = lambda: torch.softmax(t[0], dim=1)  # noqa: E731
+        elif name == "TBG":
+            fn = lambda: torch.bmm(t[0].permute(1, 0, 2), t[1].permute(1, 2, 0))  # noqa: E731
         if fn is not None:
             out["torch"] = _time(fn)
     return out
+
+
+@dataclass
+class Ours:
+    """Our tuned kernel of one module, timed and checked."""
+
+    latency_s: float  # median of the compiled module with the best records
+    untuned_s: float  # median of the untuned lowering (nan when not timed)
+    tune_s: float  # wall time of `tune` (references, baselines and search)
+    trials: int  # candidates measured
+    rel_err: float  # max |tuned - untuned| / max |untuned| on `arrays`
+    output: np.ndarray  # the untuned lowering's output on `arrays` (a reference for peers)
+    kernel: Callable[[], object]  # runs the tuned kernel on `arrays` (to time it again)
+
+
+def random_inputs(path: str, threads: int = 1, seed: int = 0) -> list[np.ndarray]:
+    """Seeded uniform(-1, 1) f32 inputs for the entry function of `path`."""
+    ref = compile_untuned(path, threads=threads)
+    rng = np.random.default_rng(seed)
+    return [rng.uniform(-1, 1, s).astype(np.float32) for s, _ in ref.functions[ref.entry][0]]
+
+
+def tune_and_time(
+    path: str, arrays: list[np.ndarray], config: TuneConfig, db: str, *, time_untuned: bool = True
+) -> Ours:
+    """Tune `path` with `config` into `db`, compile the best records, check
+    them against the untuned lowering on `arrays`, and time both."""
+    t0 = time.perf_counter()
+    res = tune(path, config=config, db=db)
+    tune_s = time.perf_counter() - t0
+    cm = compile(path, db=db, threads=config.threads)
+    ref = compile_untuned(path, threads=config.threads)
+    got, want = np.asarray(cm(*arrays)), np.asarray(ref(*arrays))
+    err = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-30))
+    run, _ = cm.bind(*arrays)
+    ours = _time(run)
+    untuned = math.nan
+    if time_untuned:
+        urun, _ = ref.bind(*arrays)
+        untuned = _time(urun, min_time=0.2, min_repeat=1)
+    return Ours(ours, untuned, tune_s, res.measured, err, want, run)
 
 
 def main() -> None:
@@ -133,29 +171,20 @@ def main() -> None:
             path = os.path.join(wd, f"{name}.mlir")
             with open(path, "w") as f:
                 f.write(workloads.ANSOR_SET[name]())
-            tasks = extract_tasks(path)
-            flops = sum(t.flops * t.weight for t in tasks)
-            rng = np.random.default_rng(0)
-            arrays = [rng.uniform(-1, 1, s.shape).astype(np.float32) for s in tasks[0].inputs] if len(tasks) == 1 else None
+            flops = sum(t.flops * t.weight for t in extract_tasks(path))
+            arrays = random_inputs(path)
             for threads in (int(x) for x in args.threads.split(",")):
                 db = os.path.join(wd, f"{name}_{threads}.db")
-                t0 = time.perf_counter()
-                res = tune(path, config=TuneConfig(trials=args.trials, threads=threads, seed=args.seed, strategy=args.search), db=db)
-                tune_s = time.perf_counter() - t0
-                cm = compile(path, db=db, threads=threads)
-                ref = compile_untuned(path, threads=threads)
-                if arrays is None:
-                    specs = cm.functions[cm.entry][0]
-                    arrays = [rng.uniform(-1, 1, s).astype(np.float32) for s, _ in specs]
-                got, want = cm(*arrays), ref(*arrays)
-                err = float(np.max(np.abs(np.asarray(got) - np.asarray(want))) / (np.max(np.abs(want)) + 1e-30))
-                run, _ = cm.bind(*arrays)
-                ours = _time(run)
-                urun, _ = ref.bind(*arrays)
-                untuned = _time(urun, min_time=0.2, min_repeat=1)
-                peers = _peers(name, arrays, threads)
-                rows.append((name, threads, ours, untuned, peers, flops, tune_s, err, res.measured))
-                print(f"{name} x{threads}: {ours * 1e3:.3f} ms ({flops / ours / 1e9:.1f} GFLOP/s), tuned in {tune_s:.0f} s", file=sys.stderr, flush=True)
+                config = TuneConfig(trials=args.trials, threads=threads, seed=args.seed, strategy=args.search)
+                o = tune_and_time(path, arrays, config, db)
+                peers = peer_latencies(name, arrays, threads)
+                rows.append((name, threads, o.latency_s, o.untuned_s, peers, flops, o.tune_s, o.rel_err, o.trials))
+                print(
+                    f"{name} x{threads}: {o.latency_s * 1e3:.3f} ms ({flops / o.latency_s / 1e9:.1f} GFLOP/s), "
+                    f"tuned in {o.tune_s:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     hdr = (
         f"{'op':<5} {'thr':>3} {'ours ms':>9} {'GF/s':>7} {'untuned ms':>10} {'numpy ms':>9} {'torch ms':>9} "
         f"{'vs numpy':>8} {'vs torch':>8} {'trials':>6} {'tune s':>6} {'rel err':>8}"

@@ -3,8 +3,9 @@
 Each function returns a module (text) with one `func.func` on tensors, ready
 for `mlir_ansor.tune`; `ANSOR_SET` names the shapes the benchmarks use
 (Ansor's paper, section 7.1: C1D, C2D, C3D, GMM, GRP, DIL, DEP, T2D, NRM,
-SFM, and a conv + batch-norm + ReLU layer). `numpy_reference` computes the
-same function with numpy, for tests on awkward shapes.
+SFM, a conv + batch-norm + ReLU layer, and the transpose + batch-matmul
+subgraph TBG). `numpy_reference` computes the same function with numpy, for
+tests on awkward shapes.
 """
 
 from __future__ import annotations
@@ -222,6 +223,23 @@ def conv_bias_relu(n: int, h: int, w: int, c: int, f: int, k: int) -> str:
     return _func("conv_bias_relu", [("I", (n, h, w, c)), ("K", (k, k, c, f)), ("B", (f,))], out, body)
 
 
+def transpose_batch_matmul(s: int, h: int, d: int) -> str:
+    """Attention scores from (seq, heads, dim) inputs, Ansor's TBG subgraph:
+    Q -> (heads, seq, dim) and K -> (heads, dim, seq) by ``linalg.transpose``,
+    then ``linalg.batch_matmul`` -> (heads, seq, seq)."""
+    q, qt, kt, out = (s, h, d), (h, s, d), (h, d, s), (h, s, s)
+    body = (
+        f"  %eq = tensor.empty() : {_t(qt)}\n"
+        f"  %qt = linalg.transpose ins(%Q : {_t(q)}) outs(%eq : {_t(qt)}) permutation = [1, 0, 2]\n"
+        f"  %ek = tensor.empty() : {_t(kt)}\n"
+        f"  %kt = linalg.transpose ins(%K : {_t(q)}) outs(%ek : {_t(kt)}) permutation = [1, 2, 0]\n"
+    ) + _zero_init(out) + (
+        f"  %r = linalg.batch_matmul ins(%qt, %kt : {_t(qt)}, {_t(kt)}) "
+        f"outs(%init : {_t(out)}) -> {_t(out)}\n  return %r : {_t(out)}\n"
+    )
+    return _func("transpose_batch_matmul", [("Q", q), ("K", q)], out, body)
+
+
 def _conv_nhwc_ref(x: np.ndarray, k: np.ndarray, stride: int = 1, dilation: int = 1) -> np.ndarray:
     n, h, w, c = x.shape
     kh, kw, _, f = k.shape
@@ -246,6 +264,7 @@ def numpy_reference(name: str) -> Callable[..., np.ndarray]:
         "reduce_sum": lambda x: x.astype(np.float64).sum(axis=1),
         "softmax": lambda x: np.exp(x - x.max(1, keepdims=True)) / np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True),
         "conv_bias_relu": lambda x, k, b: np.maximum(_conv_nhwc_ref(x, k) + b, 0),
+        "transpose_batch_matmul": lambda q, k: np.matmul(q.astype(np.float64).transpose(1, 0, 2), k.transpose(1, 2, 0)),
     }[name]
 
 
@@ -262,4 +281,10 @@ ANSOR_SET: dict[str, Callable[[], str]] = {
     "NRM": lambda: reduce_last(1024, 1024),
     "SFM": lambda: softmax(1024, 1024),
     "CBR": lambda: conv_bias_relu(1, 58, 58, 64, 64, 3),
+    # BERT-base attention scores (sequence 128, 12 heads of 64).
+    "TBG": lambda: transpose_batch_matmul(128, 12, 64),
 }
+
+SUBGRAPHS: tuple[str, ...] = ("CBR", "TBG")
+"""The names of ANSOR_SET that are subgraphs of several ops rather than
+single operators (conv + bias + ReLU, transpose + batch matmul)."""

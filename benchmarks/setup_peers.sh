@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Install the peers of benchmarks/peers.py that cannot share .venv:
+# TVM MetaSchedule (apache-tvm from PyPI) in its own virtual env, .venv-tvm,
+# driven from the benchmark in a subprocess (benchmarks/peers_tvm.py).
+#
+#   bash benchmarks/setup_peers.sh           # TVM + xgboost (operators)
+#   bash benchmarks/setup_peers.sh --models  # also PyTorch CPU, for the model rows
+#
+# Pins, and why (see also the notes at the top of benchmarks/peers_tvm.py):
+# - apache-tvm 0.27.0.post1 with apache-tvm-ffi 0.1.14.post1: with ffi 0.1.15
+#   `tvm.ir.save_json` segfaults, which kills MetaSchedule's tuning context.
+# - xgboost-cpu (MetaSchedule's XGB cost model): same `import xgboost` as
+#   `xgboost`, without its 470 MB NCCL wheel.
+# Safe to run again: it installs only when the stamp is missing or older than
+# this script.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+models=0
+for arg in "$@"; do
+  case "$arg" in
+    --models) models=1 ;;
+    *) echo "setup_peers.sh: unknown option '$arg' (known: --models)" >&2; exit 2 ;;
+  esac
+done
+if [ ! -x .venv-tvm/bin/python ]; then
+  "$PY" -m venv .venv-tvm
+fi
+stamp=.venv-tvm/.peers-installed
+if [ ! -f "$stamp" ] || [ "$0" -nt "$stamp" ]; then
+  .venv-tvm/bin/python -m pip install -q --upgrade pip
+  .venv-tvm/bin/python -m pip install -q \
+    'apache-tvm==0.27.0.post1' 'apache-tvm-ffi==0.1.14.post1' \
+    'xgboost-cpu>=2.1' 'numpy>=1.26' psutil cloudpickle tornado scipy
+  touch "$stamp"
+fi
+if [ "$models" = 1 ] && [ ! -f .venv-tvm/.peers-models-installed ]; then
+  .venv-tvm/bin/python -m pip install -q 'torch==2.13.0'
+  touch .venv-tvm/.peers-models-installed
+fi
+.venv-tvm/bin/python -c 'import tvm, tvm.s_tir.meta_schedule; print("TVM", tvm.__version__, "in .venv-tvm")'

@@ -1,0 +1,33 @@
+"""One way of timing a kernel, shared by the benchmarks and their peers.
+
+Standard library only: `peers_tvm.py` imports it from TVM's own virtual env,
+where neither numpy's pins nor mlir_ansor are installed, so every system of
+`peers.py` is timed by the same loop.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+
+def median_time(fn: Callable[[], object], min_time: float = 0.5, min_repeat: int = 5, max_repeat: int = 1000) -> float:
+    """Median wall time of `fn()` in seconds, after one untimed warm-up call.
+
+    Runs at least `min_repeat` times and until `min_time` seconds are spent
+    (at most `max_repeat` runs); the median resists the outliers that other
+    processes on a shared machine cause.
+    """
+    fn()
+    ts: list[float] = []
+    total = 0.0
+    while len(ts) < min_repeat or total < min_time:
+        t0 = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t0
+        ts.append(dt)
+        total += dt
+        if len(ts) >= max_repeat:
+            break
+    return statistics.median(ts)
