@@ -2,7 +2,7 @@
 
 Subcommands (shared/DESIGN.md, "The command line"):
   tune [INPUT] [--target cpu] [--trials N] [--db FILE] [--threads N] [--seed N]
-       [--timeout S] [--executor local] [--json]
+       [--timeout S] [--executor local|auto|ray://ADDR] [--json]
        [--search NAME] [--cost-model NAME] [--task-scheduler NAME] [--rules a,b]
        [--plugin MODULE_OR_FILE.py]... [--pretrained-model FILE]
        [--no-cost-model] [--no-crossover] [--no-packing] [--random-task-scheduler]
@@ -85,7 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     ab.add_argument("--no-crossover", action="store_true", help="evolutionary search with mutations only")
     ab.add_argument("--no-packing", action="store_true", help="drop the packing alternative of multi-level tiling")
     ab.add_argument("--random-task-scheduler", action="store_true", help="give each batch to a random task")
-    t.add_argument("--executor", default="local", help="local (a Ray executor is planned)")
+    t.add_argument("--executor", default="local", metavar="local|auto|ray://ADDR",
+                   help="where candidates are built and measured: local worker processes (default), "
+                        "auto (Ray: a running cluster, else a local instance), or ray://HOST:PORT (a Ray cluster)")
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     t.add_argument("--progress", choices=("auto", "live", "log", "none"), default="auto",
                    help="progress display: live on a terminal, log lines otherwise (auto)")
@@ -179,14 +181,16 @@ def _fmt_s(x: float | None) -> str:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from .measure.executor import parse_executor
     from .target import Target
     from .tuner import TuneConfig, tune
 
-    if args.executor != "local":
-        raise AnsorError(f"--executor {args.executor}: only 'local' is available in this version")
+    executor = parse_executor(args.executor)
     target = Target.parse(args.target)
     source = args.input or _example_path()
-    config = config_from_args(args, TuneConfig)
+    config = dataclasses.replace(config_from_args(args, TuneConfig), executor=executor)
     from .progress import ProgressDisplay
 
     if args.progress == "none":

@@ -7,7 +7,8 @@ reference and the untuned baseline of each task in a worker, then spends the
 trial budget in batches: sample knob assignments (`search.space.sample`),
 build them in parallel worker processes, measure the new binaries one at a
 time in a separate runner process, and commit every outcome, valid or not, to
-the records database. :class:`Measurer` owns the worker pools.
+the records database. :class:`Measurer` owns the executor (worker processes
+on this machine, or a Ray cluster: `measure.executor`).
 
 Why measure one at a time: two kernels timed at once on a 2-core machine
 disturb each other; builds are CPU-bound and independent, so they run in
@@ -16,6 +17,7 @@ parallel, then the batch is timed serially with the machine otherwise idle.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -29,12 +31,14 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import __version__
 from .errors import AnsorError
 from .frontend import Program, load
 from .measure import jobs
-from .measure.pool import ErrorKind, JobResult, WorkerPool
+from .measure.executor import BuildJob, Executor, Outcome, ReferenceJob, RunJob, make_executor
+from .measure.pool import ErrorKind, JobResult
 from .measure.runner import TimingPolicy, tolerance
 from .records import Database, Record
 from .search.rules import NO_PACKING
@@ -90,6 +94,14 @@ class TuneConfig:
       an exported dataset) loaded into the cost model at the start of each
       task's search (transfer learning): the evolutionary strategy ranks
       with it from the first batch.
+    executor: where candidates are built and measured
+      (`measure.executor.make_executor`): "local" (worker processes on this
+      machine), "auto" (Ray: this process's instance, a running cluster, or
+      a new local one) or "ray://HOST:PORT" (a Ray cluster's client address).
+    runner_resource: Ray only: the runner (the actor that measures) also
+      asks for one unit of this custom resource, so it runs on a node that
+      offers it (builds run anywhere); None: any node with `threads` free
+      CPUs (and a GPU for cuda targets).
     """
 
     trials: int = 64
@@ -117,6 +129,8 @@ class TuneConfig:
     packing: bool = True
     evolution: EvolutionConfig = field(default_factory=EvolutionConfig)
     pretrained_model: str | None = None
+    executor: str = "local"
+    runner_resource: str | None = None
 
 
 @dataclass
@@ -276,15 +290,21 @@ class Candidate:
     sketch: Sketch
     knobs: Assignment
     script: str = ""
-    so_path: str = ""
+    so_path: str = ""  # where the local executor writes the library ("" = a path of its own)
+    artifact: Any = None  # the built library's handle (`Outcome.artifact`), set by `Measurer.build`
 
 
 class Measurer:
-    """Owns the builder pool and the runner process.
+    """Builds and measures candidates through an executor
+    (`measure.executor`): worker processes on this machine by default
+    (``config.executor == "local"``), or a Ray cluster.
 
     `build_fn` and `run_fn` are module-level functions with the signatures of
     `jobs.build_candidate` and `jobs.run_candidate`; tests substitute their
-    own to check that crashes and hangs become recorded errors.
+    own to check that crashes and hangs become recorded errors. `executor`:
+    one made by the caller, with its own job functions (left open by
+    `close`); else one is made from ``config.executor`` for `target` (a GPU
+    runner for a cuda target), running `build_fn` and `run_fn`.
     """
 
     def __init__(
@@ -293,25 +313,38 @@ class Measurer:
         *,
         build_fn: Callable = jobs.build_candidate,
         run_fn: Callable = jobs.run_candidate,
+        executor: Executor | None = None,
+        target: Target | None = None,
     ) -> None:
         self.config = config
         self.build_fn = build_fn
         self.run_fn = run_fn
-        cores = os.cpu_count() or 1
+        self._own_executor = executor is None
+        self.executor = executor or make_executor(
+            config.executor,
+            config.threads,
+            build_workers=config.build_workers,
+            overlap=config.overlap,
+            memory_limit_mb=config.memory_limit_mb,
+            runner_resource=config.runner_resource,
+            gpu=target is not None and target.kind == "cuda",
+            build_fn=build_fn,
+            run_fn=run_fn,
+        )
         # Overlap builds with measurement only when the kernels leave a core
-        # free; the builders then get the cores the kernels do not use.
-        self.overlap = config.overlap and config.threads < cores
-        default_builders = max(1, cores - config.threads) if self.overlap else cores
-        n_build = config.build_workers or default_builders
-        env = {"OMP_NUM_THREADS": str(config.threads), "KMP_WARNINGS": "0"}
-        mem = config.memory_limit_mb
-        self.builders = WorkerPool(n_build, env=env, max_jobs_per_worker=200, memory_limit_mb=mem)
-        self.runner = WorkerPool(1, env=env, max_jobs_per_worker=500, memory_limit_mb=mem)
+        # free (the executor knows where its runner is).
+        self.overlap = self.executor.overlap
         self.workdir = tempfile.mkdtemp(prefix="mlir-ansor-")
 
+    @property
+    def host(self) -> str:
+        """CPU model (or GPU name) of the machine candidates are measured on;
+        records are compared only with records of the same host."""
+        return self.executor.host
+
     def close(self) -> None:
-        self.builders.close()
-        self.runner.close()
+        if self._own_executor:
+            self.executor.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> Measurer:
@@ -323,46 +356,48 @@ class Measurer:
     def path(self, name: str) -> str:
         return os.path.join(self.workdir, name)
 
-    def build(self, cands: list[Candidate]) -> list[JobResult]:
-        args = [(c.sketch.payload, c.script, self.config.threads, c.so_path, self.config.opt_level) for c in cands]
-        return self.builders.map(self.build_fn, args, timeout_s=self.config.build_timeout_s)
-
-    def reference(self, payload: str, task: Task, seed: int, index: int) -> tuple[str, JobResult]:
-        """Lower `payload` (the task, tagged) without a schedule, compute the
-        reference outputs on seeded inputs and time the untuned kernel, in
-        the runner. Returns the data file candidates are checked against,
-        and the job's result (``value["costs"]``: the baseline timings)."""
+    def build(self, cands: list[Candidate]) -> list[Outcome]:
+        """Build the candidates (in parallel); each gets its library's handle
+        (``artifact``). Outcomes in input order, errors included."""
         cfg = self.config
-        data_path = self.path(f"task{index}.npz")
-        spec = lambda ts: [(tuple(t.shape), t.dtype) for t in ts]  # noqa: E731
-        res = self.runner.run(
-            jobs.prepare_reference,
-            (
-                payload,
-                spec(task.inputs),
-                spec(task.outputs),
-                seed,
-                self.path(f"task{index}_ref.so"),
-                data_path,
-                cfg.threads,
-                cfg.baseline_timing,
-            ),
-            timeout_s=max(600.0, cfg.run_timeout_s),
-        )
-        return data_path, res
+        specs = [BuildJob(c.sketch.payload, c.script, cfg.threads, cfg.opt_level, c.so_path or None) for c in cands]
+        outs = self.executor.build(specs, cfg.build_timeout_s)
+        for c, o in zip(cands, outs):
+            c.artifact = o.artifact
+        return outs
 
-    def run(self, cand: Candidate, tol: float, best_s: float = math.inf) -> JobResult:
+    def reference(self, payload: str, task: Task, seed: int, index: int) -> tuple[Any, Outcome]:
+        """Lower `payload` (the task, tagged) without a schedule, compute the
+        reference outputs on seeded inputs and time the untuned kernel, on the
+        runner. Returns the handle of the data candidates are checked against,
+        and the job's result (``value["costs"]``: the baseline timings).
+        `index` is kept for callers that number their tasks."""
+        cfg = self.config
+        spec = lambda ts: tuple((tuple(t.shape), t.dtype) for t in ts)  # noqa: E731
+        job = ReferenceJob(payload, spec(task.inputs), spec(task.outputs), seed, cfg.threads, cfg.baseline_timing)
+        res = self.executor.prepare_reference(job, max(600.0, cfg.run_timeout_s))
+        return res.artifact, res
+
+    def run(self, cand: Candidate, tol: float, best_s: float = math.inf) -> Outcome:
         """Check and time one candidate. With a best latency known, a
         candidate whose checking run is `cutoff_factor` times slower is not
-        timed further, and one `hang_factor` times slower is a timeout."""
+        timed further, and one `hang_factor` times slower is a timeout.
+        ``Outcome.host`` is the machine that ran it."""
         cfg = self.config
         cutoff = cfg.cutoff_factor * best_s
         timeout = cfg.run_timeout_s
         if math.isfinite(best_s):
             timeout = min(timeout, max(cfg.min_run_timeout_s, cfg.hang_factor * best_s))
-        return self.runner.run(
-            self.run_fn, (cand.so_path, cand.state.data_path, cfg.timing, tol, cutoff), timeout_s=timeout
-        )
+        return self.executor.run(RunJob(cand.artifact, cand.state.data_path, cfg.timing, tol, cutoff), timeout)
+
+    def release(self, cand: Candidate) -> None:
+        """Free a measured candidate's library."""
+        if cand.artifact is not None:
+            self.executor.release(cand.artifact)
+            cand.artifact = None
+        if cand.so_path:
+            with contextlib.suppress(OSError):
+                os.unlink(cand.so_path)
 
 
 @dataclass
@@ -437,7 +472,7 @@ def tune(
     _check_names(config)
     database = Database(db_path)
     own_measurer = measurer is None
-    m = measurer or Measurer(config)
+    m = measurer or Measurer(config, target=target)
     t_start = time.perf_counter()
     measured = 0
     search_s = 0.0
@@ -451,6 +486,7 @@ def tune(
                 "versions": package_versions(),
                 "target_info": dataclasses.asdict(target),
                 "host": {"model": target.model, **host_info()},
+                "runner_host": m.host,
                 "tasks": [t.workload_key for t in tasks],
             },
             time.time(),
@@ -505,12 +541,12 @@ def _prepare(tasks: list[Task], target: Target, config: TuneConfig, database: Da
             ctx.measured.add((sk_hash, tuple(knobs)))
         by_hash = {sk.hash: sk for sk in sketches}
         for rec in database.records(task.workload_key, target.key):
-            if rec.threads == config.threads and rec.sketch_hash in by_hash:
+            if rec.threads == config.threads and rec.sketch_hash in by_hash and rec.host == m.host:
                 ctx.history.append(
                     MeasuredCandidate(by_hash[rec.sketch_hash], tuple(rec.knobs), tuple(rec.costs), rec.error_kind)
                 )
         st.strategy.pre_tuning(ctx)
-        best = database.best(task.workload_key, target.key, threads=config.threads)
+        best = database.best(task.workload_key, target.key, threads=config.threads, host=m.host)
         if best:
             rec = best[0]
             st.result.best_latency_s = rec.latency_s
@@ -638,7 +674,7 @@ def _search(
                     costs=tuple(out["costs"]),
                     error_kind=out["error_kind"],
                     error_msg=out["error_msg"][-2000:],
-                    host=host,
+                    host=out.get("host") or host,
                     threads=config.threads,
                     build_s=b.elapsed_s,
                     timestamp=time.time(),
@@ -648,10 +684,7 @@ def _search(
                 measured += 1
                 _account(st, c, rec)
                 outcomes.append(MeasuredCandidate(c.sketch, c.knobs, rec.costs, rec.error_kind))
-                try:
-                    os.unlink(c.so_path)
-                except OSError:
-                    pass
+                m.release(c)
             st.strategy.notify_results(outcomes)
             if pending is None:
                 pending = start(batches.next())
@@ -684,7 +717,8 @@ def _search(
 def _measure_one(c: Candidate, b: JobResult, st: _TaskState, target: Target, config: TuneConfig, m: Measurer) -> dict:
     if not b.ok:
         kind = ErrorKind.BUILD_ERROR if b.error_kind == ErrorKind.EXCEPTION else b.error_kind
-        return {"costs": [], "error_kind": kind.value, "error_msg": b.error_msg}
+        # Nothing ran: the record belongs to the host kind this run measures on.
+        return {"costs": [], "error_kind": kind.value, "error_msg": b.error_msg, "host": m.host}
     bhash = b.value.get("binary_hash")
     if bhash in st.binaries:
         # Same machine code as a candidate already measured: reuse its result.
@@ -702,6 +736,7 @@ def _measure_one(c: Candidate, b: JobResult, st: _TaskState, target: Target, con
         }
     else:
         out = {"costs": r.value["costs"], "error_kind": ErrorKind.NONE.value, "error_msg": ""}
+    out["host"] = getattr(r, "host", "")  # the machine that ran it
     st.binaries[bhash] = out
     return out
 

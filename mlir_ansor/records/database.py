@@ -421,18 +421,33 @@ class Database:
         return (" WHERE " + " AND ".join(conds) if conds else ""), tuple(params)
 
     def best(
-        self, workload_key: str, target: str, threads: int | None = None, k: int = 1
+        self,
+        workload_key: str,
+        target: str,
+        threads: int | None = None,
+        k: int = 1,
+        host: str | None = None,
     ) -> list[Record]:
-        """The ``k`` valid records with the lowest latency (ties: oldest first)."""
-        sql = "SELECT * FROM records WHERE workload_key = ? AND target = ? AND latency_s IS NOT NULL"
+        """The ``k`` valid records with the lowest latency (ties: oldest first),
+        all measured on one kind of host (CPU model or GPU name): latencies
+        of different machines are never compared. `host` names it; None
+        takes the host with the most valid records (ties: the first seen)."""
+        sql = "FROM records WHERE workload_key = ? AND target = ? AND latency_s IS NOT NULL"
         params: list = [workload_key, target]
         if threads is not None:
             sql += " AND threads = ?"
             params.append(int(threads))
-        sql += " ORDER BY latency_s, id LIMIT ?"
-        params.append(int(k))
         with self._lock, self._wrap("best"):
-            rows = self._c.execute(sql, params).fetchall()
+            if host is None:
+                row = self._c.execute(
+                    f"SELECT host {sql} GROUP BY host ORDER BY COUNT(*) DESC, MIN(id) LIMIT 1", params
+                ).fetchone()
+                if row is None:
+                    return []
+                host = row[0]
+            rows = self._c.execute(
+                f"SELECT * {sql} AND host = ? ORDER BY latency_s, id LIMIT ?", [*params, host, int(k)]
+            ).fetchall()
         return [_row_to_record(r) for r in rows]
 
     def measured_keys(self, workload_key: str, target: str) -> set[tuple]:

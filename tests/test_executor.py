@@ -1,0 +1,104 @@
+"""The executor interface without Ray: the local executor's handles and
+hosts, executor specs, and best-record queries that never compare hosts."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import INPUTS
+
+from mlir_ansor import workloads as wl
+from mlir_ansor.errors import AnsorError
+from mlir_ansor.frontend import load
+from mlir_ansor.measure.executor import (
+    BuildJob,
+    LocalExecutor,
+    ReferenceJob,
+    RunJob,
+    make_executor,
+    parse_executor,
+)
+from mlir_ansor.measure.pool import ErrorKind
+from mlir_ansor.measure.runner import TimingPolicy, tolerance
+from mlir_ansor.records import Database, Record
+from mlir_ansor.search.sketch import generate_sketches
+from mlir_ansor.search.space import sample
+from mlir_ansor.search.task import extract_tasks
+from mlir_ansor.target import Target
+
+FAST = TimingPolicy(warmup=1, min_repeat=2, max_repeat=5, min_time_s=0.005)
+
+
+def test_local_executor_builds_checks_and_times_by_handle():
+    (task,) = extract_tasks(load(text=wl.matmul(64, 64, 64)))
+    sketch = generate_sketches(task.mlir, Target.host())[0]
+    knobs = sample(sketch.knobs, random.Random(0))
+    spec = lambda ts: tuple((tuple(t.shape), t.dtype) for t in ts)  # noqa: E731
+    with LocalExecutor(1, build_workers=1) as ex:
+        ref = ex.prepare_reference(ReferenceJob(sketch.payload, spec(task.inputs), spec(task.outputs), 0, 1, FAST), 600)
+        assert ref.ok and ref.host == Target.host().model and min(ref.value["costs"]) > 0
+        with np.load(ref.artifact) as data:  # the handle is the reference data file
+            np.testing.assert_allclose(data["ref0"], data["in0"] @ data["in1"], rtol=1e-4, atol=1e-4)
+        good, bad = ex.build(
+            [BuildJob(sketch.payload, sketch.concrete(knobs), 1), BuildJob("not mlir", None, 1)], 60
+        )
+        assert good.ok and os.path.exists(good.artifact) and good.value["binary_hash"]
+        assert bad.error_kind == ErrorKind.EXCEPTION and bad.artifact is None
+        run = ex.run(RunJob(good.artifact, ref.artifact, FAST, tolerance("f32", 64)), 30)
+        assert run.ok and run.value["ok"] and run.value["error"] <= tolerance("f32", 64)
+        assert run.host == Target.host().model and len(run.value["costs"]) >= 2
+        ex.release(good.artifact)
+        assert not os.path.exists(good.artifact)
+
+
+def test_executor_specs():
+    assert parse_executor("local") == "local"
+    assert parse_executor("auto") == "auto"
+    assert parse_executor("ray://10.0.0.1:10001") == "ray://10.0.0.1:10001"
+    for bad in ("ray://", "slurm", "10.0.0.1:6379"):
+        with pytest.raises(AnsorError, match="expected 'local', 'auto'"):
+            parse_executor(bad)
+
+
+def test_ray_executor_without_ray_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    with pytest.raises(AnsorError, match=r"pip install 'mlir-ansor\[ray\]'"):
+        make_executor("auto")
+
+
+def test_cli_rejects_an_unknown_executor(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlir_ansor.cli", "tune", str(INPUTS / "matmul.mlir"), "--trials", "1",
+         "--db", str(tmp_path / "x.db"), "--executor", "slurm"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 2 and "unknown executor 'slurm'" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "x.db").exists()
+
+
+def _rec(t: int, lat: float, host: str, threads: int = 1) -> Record:
+    return Record("wk", "cpu:avx2", "sk", {"t": t}, (lat,), "none", host=host, threads=threads, timestamp=float(t))
+
+
+def test_best_compares_records_of_one_host_only(tmp_path):
+    with Database(tmp_path / "h.db") as db:
+        # A fast machine's records must not beat a slow machine's best when
+        # the slow machine is asked for, and the other way round.
+        for t, lat in ((1, 3e-3), (2, 2e-3), (3, 4e-3)):
+            db.commit_record(_rec(t, lat, "Slow CPU"))
+        for t, lat in ((4, 1e-4), (5, 5e-5)):
+            db.commit_record(_rec(t, lat, "Fast CPU"))
+        db.commit_record(_rec(6, 1e-9, "Fast CPU", threads=2))
+        assert [dict(r.knobs)["t"] for r in db.best("wk", "cpu:avx2", host="Slow CPU", k=5)] == [2, 1, 3]
+        assert [dict(r.knobs)["t"] for r in db.best("wk", "cpu:avx2", threads=1, host="Fast CPU", k=5)] == [5, 4]
+        assert db.best("wk", "cpu:avx2", host="Other CPU") == []
+        # No host named: the host with the most valid records (for these
+        # threads), never a mix of hosts.
+        assert {r.host for r in db.best("wk", "cpu:avx2", threads=1, k=10)} == {"Slow CPU"}
+        assert [dict(r.knobs)["t"] for r in db.best("wk", "cpu:avx2", threads=2, k=10)] == [6]
+        assert db.best("wk", "cpu:other") == []
