@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import mlir_ansor
 from mlir_ansor import TuneConfig, tune, workloads
 from mlir_ansor.measure import jobs
 from mlir_ansor.measure.runner import Kernel, TimingPolicy
@@ -137,3 +138,52 @@ def test_every_op_family_tunes_and_verifies(tmp_path, name):
         # Every task got a candidate that matched the reference.
         assert np.isfinite(r.best_latency_s), (r.task.name, dict(r.errors))
         assert "wrong_answer" not in r.errors, (r.task.name, dict(r.errors))
+
+
+# Shapes whose extents have no useful divisors (367 and 257 are prime, 129 =
+# 3 x 43): tiles that do not divide the loops, peeled remainders, masked
+# vectors for partial thread tiles. Checked against numpy, where a padding
+# or remainder bug cannot hide.
+ODD = {
+    "matmul_367": (workloads.matmul(367, 367, 367), "matmul"),
+    "matmul_129x257x511": (workloads.matmul(129, 257, 511), "matmul"),
+    "batch_matmul_odd": (workloads.batch_matmul(2, 67, 33, 45), "batch_matmul"),
+    "conv2d_odd_channels": (workloads.conv2d_nhwc(1, 9, 9, 35, 19, 3, 3), "conv2d"),
+}
+
+
+def test_odd_shapes_sample_tiles_that_do_not_divide(tmp_path):
+    path = tmp_path / "m.mlir"
+    path.write_text(workloads.matmul(367, 367, 367))
+    (task,) = extract_tasks(str(path))
+    knobs = {k.name: k for k in generate_sketches(task.mlir, AVX2)[0].knobs}
+    # Register tiles of 6 rows x 16 lanes are offered on a prime extent, and
+    # thread tiles of the rows are multiples of them (the last one partial).
+    assert 6 in knobs["r_d0"].options and 16 in knobs["r_d1"].options
+    assert knobs["p_d0"].multiple_of == "r_d0" and 48 in knobs["p_d0"].options
+    assert knobs["k_d2"].multiple_of == "u_d2" and 64 in knobs["k_d2"].options
+    # The vector loop's thread tile divides it (its remainder stays static).
+    assert knobs["p_d1"].options == (1, 367) and knobs["p_d1"].at_least == "r_d1"
+
+
+@pytest.mark.parametrize("name", sorted(ODD))
+def test_odd_shapes_tune_and_match_numpy(tmp_path, name):
+    text, ref_name = ODD[name]
+    path = tmp_path / f"{name}.mlir"
+    path.write_text(text)
+    db = tmp_path / "t.db"
+    result = tune(
+        str(path),
+        config=TuneConfig(trials=4, batch_size=4, timing=FAST, build_workers=2, build_timeout_s=30, seed=3),
+        db=db,
+    )
+    (r,) = result.tasks
+    assert np.isfinite(r.best_latency_s), dict(r.errors)
+    assert not r.errors, dict(r.errors)  # every candidate built and matched the reference
+    compiled = mlir_ansor.compile(str(path), db=db)
+    ins_spec = compiled.functions[compiled.entry][0]
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(shape).astype(np.float32) for shape, _ in ins_spec]
+    got = compiled(*args)
+    want = workloads.numpy_reference(ref_name)(*args)
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * float(np.abs(want).max()))

@@ -61,11 +61,13 @@ CHECK-DAG: transform.tune.knob<"p_d0"> options = [1, 2, 4, 8, 16, 32, 64, 128]
 CHECK: transform.structured.tile_using_forall {{.*}} tile_sizes [%{{.*}}, %{{.*}}, 0]
 CHECK: transform.structured.fuse_into_containing_op
 CHECK: transform.structured.tile_using_for {{.*}} tile_sizes [0, 0, %{{.*}}]
+CHECK: transform.apply_registered_pass "scf-for-loop-peeling"
 CHECK: transform.tune.alternatives<"pack">
 CHECK:   transform.structured.pad
 CHECK:   transform.structured.rewrite_in_destination_passing_style
 CHECK: }, {
 CHECK: transform.structured.tile_using_for {{.*}} tile_sizes [%{{.*}}, %{{.*}}, 0]
+CHECK: transform.apply_registered_pass "scf-for-loop-peeling"
 CHECK: transform.structured.vectorize_children_and_apply_patterns
 CHECK: transform.loop.hoist_loop_invariant_subsets
 CHECK: transform.bufferization.one_shot_bufferize

@@ -135,15 +135,42 @@ class ScheduleWriter:
         )
         return tuple(outs)  # type: ignore[return-value]
 
-    def tile_each(self, ops: str, sizes: Sequence[int]) -> None:
-        """Tile every op of the handle `ops` separately (`transform.foreach`),
-        with static sizes; works when `ops` is empty too."""
+    def tile_each(self, ops: str, sizes: Sequence[Size]) -> None:
+        """Tile every op of the handle `ops` separately (`transform.foreach`);
+        works when `ops` is empty too. Sizes may be knob handles: tiling one
+        handle that holds several ops with knob sizes is refused ("expected
+        as many parameter values as target ops"), tiling each is not."""
         self.emit(f"transform.foreach {ops} : {ANY} {{")
         self.emit(f"^bb0(%each: {ANY}):")
         self._indent += 2
         self.tile_for("%each", sizes)
         self._indent -= 2
         self.emit("}")
+
+    def peel_partial_loops(self, root: str) -> str:
+        """Peel every `scf.for` under `root` whose step may not divide its
+        range (the `scf-for-loop-peeling` pass, inside remainders too): the
+        main loop then runs full tiles of static shape, and the remainder
+        iteration the rest, static when the loop bounds are. Loops whose
+        step divides a static range are left alone, so on shapes that tiles
+        divide this changes nothing.
+
+        Every handle to ops inside `root` is invalidated: match again, in
+        the returned handle (the functions). Not in a re-matched
+        `scf.forall`: one with a single iteration is folded away here."""
+        func = self.match_func(root)
+        h = self._fresh("peeled")
+        self.emit(
+            f'{h} = transform.apply_registered_pass "scf-for-loop-peeling" '
+            f'with options = {{ "skip-partial" = false }} to {func} : ({ANY}) -> {ANY}'
+        )
+        # Fold the peeled bounds into static tile shapes (else the full
+        # tiles keep dynamic types and are not vectorized).
+        self.emit(f"transform.apply_patterns to {h} {{")
+        self.emit("  transform.apply_patterns.canonicalization")
+        self.emit(f"}} : {ANY}")
+        self.emit(f"transform.apply_cse to {h} : {ANY}")
+        return h
 
     def fuse_into(self, producer: str, containing: str) -> tuple[str, str]:
         """`fuse_into_containing_op`: returns (fused op, new containing op)."""
@@ -155,20 +182,33 @@ class ScheduleWriter:
         return f, c
 
     # -------------------------------------------------------------- packing
-    def pack_operand(self, op: str, operand: int, num_operands: int, dtype: str) -> str:
+    def pack_operand(
+        self,
+        op: str,
+        operand: int,
+        num_operands: int,
+        dtype: str,
+        dims: Sequence[int] | None = None,
+        copy_back: str = "none",
+    ) -> str:
         """Copy operand `operand` of `op` into a fresh contiguous buffer.
 
-        Implemented as a no-fold `pad` (no padding is needed since tiles
-        divide the shape) rewritten in destination-passing style, which leaves
-        a `linalg.copy` into a `bufferization.alloc_tensor`. Returns the
-        handle of the op after padding.
+        Implemented as a no-fold `pad` rewritten in destination-passing
+        style, which leaves a `linalg.copy` into a `bufferization.alloc_tensor`.
+        `dims` (loop indices) limits the padding to the loops that index the
+        operand, whose tiles are static, so that no other operand of a
+        partial tile gets padded (and copied). `copy_back`: how the result
+        returns to the op's destination ("none" leaves an `extract_slice`,
+        which folds away only when the output's shape is static).
+        Returns the handle of the op after padding.
         """
         padded, pad, copy = self._fresh("padded"), self._fresh("pad"), self._fresh("copy")
         zeros = ", ".join([f"0.0 : {dtype}"] * num_operands)
         nofold = ", ".join("1" if i == operand else "0" for i in range(num_operands))
+        pad_dims = "" if dims is None else f"padding_dimensions = [{', '.join(str(d) for d in dims)}], "
         self.emit(
             f"{padded}, {pad}, {copy} = transform.structured.pad {op} {{padding_values = [{zeros}], "
-            f"nofold_flags = [{nofold}], copy_back_op = \"none\"}} "
+            f"{pad_dims}nofold_flags = [{nofold}], copy_back_op = \"{copy_back}\"}} "
             f": ({ANY}) -> ({ANY}, {ANY}, {ANY})"
         )
         producer = self._fresh("prod")
@@ -190,6 +230,29 @@ class ScheduleWriter:
         h = self._fresh("vf")
         self.emit(f"{h} = transform.structured.vectorize_children_and_apply_patterns {func} : ({ANY}) -> {ANY}")
         return h
+
+    def vectorize_each(self, ops: str, sizes: Sequence[Size], *, contraction: bool = False) -> None:
+        """Vectorize every op of the handle `ops` to vectors of `sizes` (one
+        per loop; knob handles allowed), masked where the op's extent is
+        dynamic or smaller (partial tiles). Where the shape equals `sizes`
+        no mask is made. `contraction`: emit `vector.contract` directly
+        (else a multiply and a reduction, which the lowering patterns later
+        rewrote back and forth without end when the reduction had one
+        element)."""
+        text, params = self._sizes(sizes)
+        types = ", ".join([ANY] + [PARAM] * len(params))
+        attr = " {create_named_contraction}" if contraction else ""
+        self.emit(f"transform.foreach {ops} : {ANY} {{")
+        self.emit(f"^bb0(%each: {ANY}):")
+        self.emit(f"  transform.structured.vectorize %each vector_sizes {text}{attr} : {types}")
+        self.emit("}")
+
+    def lower_masked_transfers(self, func: str) -> None:
+        """Fold `vector.mask` regions around transfers into masked transfers
+        (a masked region holding more than one op fails to lower)."""
+        self.emit(f"transform.apply_patterns to {func} {{")
+        self.emit("  transform.apply_patterns.vector.lower_masked_transfers")
+        self.emit(f"}} : {ANY}")
 
     def cleanup(self, func: str) -> None:
         """Canonicalize, fold tensor slices into transfers, CSE."""
@@ -226,9 +289,25 @@ class ScheduleWriter:
         self.emit("  transform.apply_patterns.canonicalization")
         self.emit(f"}} : {ANY}")
         self.emit(f"transform.apply_cse to {func} : {ANY}")
+        # Leading unit dimensions are dropped first, then contractions are
+        # lowered on their own and canonicalized, before the rest: with
+        # masked contractions (partial tiles) lowering all together looped
+        # forever (lower_contraction + lower_transpose + lower_shape_cast +
+        # canonicalization rewrote the transposed masks back and forth,
+        # growing memory without bound), and so did the rest when a batch
+        # dimension left a unit dimension on the masks.
+        self.emit(f"transform.apply_patterns to {func} {{")
+        self.emit("  transform.apply_patterns.vector.cast_away_vector_leading_one_dim")
+        self.emit("  transform.apply_patterns.canonicalization")
+        self.emit(f"}} : {ANY}")
+        self.emit(f"transform.apply_patterns to {func} {{")
+        self.emit(f'  transform.apply_patterns.vector.lower_contraction lowering_strategy = "{contraction}"')
+        self.emit(f"}} : {ANY}")
+        self.emit(f"transform.apply_patterns to {func} {{")
+        self.emit("  transform.apply_patterns.canonicalization")
+        self.emit(f"}} : {ANY}")
         self.emit(f"transform.apply_patterns to {func} {{")
         for p in (
-            f'transform.apply_patterns.vector.lower_contraction lowering_strategy = "{contraction}"',
             "transform.apply_patterns.vector.transfer_permutation_patterns",
             'transform.apply_patterns.vector.lower_multi_reduction lowering_strategy = "innerparallel"',
             'transform.apply_patterns.vector.split_transfer_full_partial split_transfer_strategy = "linalg-copy"',

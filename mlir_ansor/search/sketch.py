@@ -215,11 +215,12 @@ class Sketch:
     forall: tuple[tuple[str, int], ...] = ()  # (tile knob, loop extent) of the scf.forall
 
     def parallelism(self, assignment: Assignment) -> int:
-        """How many iterations the scf.forall of this schedule has."""
+        """How many iterations the scf.forall of this schedule has (a
+        partial last tile counts as one)."""
         values = dict(assignment)
         n = 1
         for name, extent in self.forall:
-            n *= extent // max(1, values.get(name, extent))
+            n *= -(-extent // max(1, values.get(name, extent)))
         return n
 
     @property

@@ -4,10 +4,14 @@ A knob is data (a frozen :class:`KnobSpec`); a concrete schedule is an
 :class:`Assignment`, an immutable, hashable tuple of ``(name, value)`` pairs
 sorted by name, so it can be stored in the database and replayed.
 
-Every sample is valid by construction: a tile size is a divisor of the extent
-it tiles, and a knob with a ``divides`` parent takes a value that divides the
-parent's value (a register tile divides its cache tile, which divides the
-loop extent). Knobs are listed parents-first, so one pass samples them.
+Every sample is valid by construction: a knob takes one of its options, and
+the options and relations say which sizes the sketch can build. A knob with
+a ``divides`` parent takes a value that divides the parent's value; with a
+``multiple_of`` parent, a multiple of it; with an ``at_least`` parent, a
+value no smaller (or the largest option). Tile sizes that do not divide the
+extent they tile are options only where the sketch handles the partial tile
+(peeled remainders, masked vectors): see `search/rules/multi_level_tiling.py`.
+Knobs are listed parents-first, so one pass samples them.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ class KnobSpec:
     options: every value the knob may take.
     divides: name of an earlier knob whose value this one must divide.
     multiple_of: name of an earlier knob whose value must divide this one.
+    at_least: name of an earlier knob whose value this one must not be
+    smaller than (the largest option is always allowed: the whole extent).
     alternatives: True for a `transform.tune.alternatives` choice (options are
     region indices), False for a numeric `transform.tune.knob`.
     doc: what the knob controls, for reports.
@@ -37,6 +43,7 @@ class KnobSpec:
     options: tuple[int, ...]
     divides: str | None = None
     multiple_of: str | None = None
+    at_least: str | None = None
     alternatives: bool = False
     doc: str = ""
 
@@ -49,6 +56,9 @@ class KnobSpec:
         if self.multiple_of is not None and self.multiple_of in chosen:
             base = chosen[self.multiple_of]
             ok = tuple(o for o in ok if base != 0 and o % base == 0)
+        if self.at_least is not None and self.at_least in chosen:
+            floor, top = chosen[self.at_least], max(self.options)
+            ok = tuple(o for o in ok if o >= floor or o == top)
         return ok or (min(self.options),)
 
 
@@ -56,6 +66,22 @@ def divisors(n: int) -> tuple[int, ...]:
     """All positive divisors of `n`, ascending."""
     small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
     return tuple(sorted(set(small + [n // d for d in small])))
+
+
+# Tile counts tried beside the divisors when a tile may leave a partial one.
+_MULTIPLES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def partial_tile_options(extent: int, bases: Iterable[int]) -> tuple[int, ...]:
+    """Tile sizes for a loop whose last tile may be partial: every divisor of
+    `extent`, and the multiples ``b * j`` (j in 1, 2, 3, 4, 6, 8, ... 64) of
+    each base `b` (the register tile sizes it must be a multiple of) below
+    `extent`, so that every base has multiples to choose from even when the
+    extent is prime."""
+    opts = set(divisors(extent))
+    for b in bases:
+        opts.update(b * j for j in _MULTIPLES if b * j < extent)
+    return tuple(sorted(opts))
 
 
 def make_assignment(values: Mapping[str, int] | Iterable[tuple[str, int]]) -> Assignment:

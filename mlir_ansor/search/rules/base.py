@@ -84,9 +84,11 @@ def root_sizes_from_anchor(ctx: SketchContext, anchor_sizes: dict[int, int | str
 
 def tile_others_like(
     w: ScheduleWriter, ctx: SketchContext, forall: str, anchor_sizes: list[int | str], skip: set[int]
-) -> None:
+) -> list[tuple[int, list[int | str]]]:
     """Tile the ops of the task other than `skip` inside `forall` like the
-    anchor's output loops (register-sized), so their vectors stay small."""
+    anchor's output loops (register-sized), so their vectors stay small.
+    Returns (op id, tile sizes) of each op tiled."""
+    tiled: list[tuple[int, list[int | str]]] = []
     for o in ctx.ops:
         if o.op_id in skip:
             continue
@@ -97,6 +99,9 @@ def tile_others_like(
                 sizes[o_d] = s if s != 0 else 1
         if any(s != 0 for s in sizes):
             w.tile_for(w.match_op_id(forall, o.op_id), sizes)
+            if all(s != 0 for s in sizes):
+                tiled.append((o.op_id, sizes))
+    return tiled
 
 
 def finish(w: ScheduleWriter, *, vectorize: bool) -> None:
@@ -113,9 +118,14 @@ def finish(w: ScheduleWriter, *, vectorize: bool) -> None:
     w.lower_vectors(func)
 
 
-def vector_tile_options(extent: int, lanes: int) -> tuple[int, ...]:
+def vector_tile_options(extent: int, lanes: int, *, partial: bool = False) -> tuple[int, ...]:
     """Register tile sizes for a vectorized loop: 1, 2 or 4 vectors when they
-    divide the extent, else divisors up to one vector."""
+    divide the extent, else divisors up to one vector. With `partial` (the
+    sketch peels the remainder of a tile that does not divide its loop),
+    1, 2 or 4 vectors no larger than the extent, or the whole extent when it
+    is shorter than a vector."""
+    if partial:
+        return tuple(v for v in (lanes, 2 * lanes, 4 * lanes) if v <= extent) or (extent,)
     opts = tuple(v for v in (lanes, 2 * lanes, 4 * lanes) if extent % v == 0)
     if opts:
         return opts

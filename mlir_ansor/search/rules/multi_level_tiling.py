@@ -21,15 +21,35 @@ Convolutions and pooling must decompose to 1-D to vectorize: every window
 pair but the innermost (oh/kh of a 2-D convolution) is tiled to 1, then
 `transform.structured.decompose`.
 
-Knobs are sampled register-first, the outer tiles as multiples: every level
-nests by construction, and tile sizes divide the loop extents.
+Knobs are sampled register-first, the outer tiles after them: every level
+nests by construction. On loops whose extent is a multiple of 8 (of the
+lanes, for the vector loop) tile sizes divide the extents, as they always
+did. On other ("odd") loops, 367 or 7 or 35, tiles need not divide:
+
+* register tiles (rows, vector, unroll) and cache tiles of reductions may
+  leave a remainder; after tiling, `scf-for-loop-peeling` splits every such
+  loop into full tiles of static shape and a remainder, static too when the
+  loop's extent is, and both are vectorized as usual;
+* the thread tile of a contraction's row loop may leave a partial last tile
+  (a prime row extent has no other divisors); its register loops then have
+  dynamic bounds, and the tiles of the task are vectorized with explicit
+  vector sizes, masked in the remainder rows only (`vectorize ...
+  vector_sizes`). Packing is not offered there (a pad of the dynamic output
+  tile would copy it at every cache step). Window ops are not masked (the
+  vectorizer has none for convolutions), so their thread tiles divide.
+
+What not to do, measured on 367^3: padding whole operands with
+`structured.pad` and vectorizing the pad copies (tensor.pad / insert_slice of
+a 48x64 or 16x368 tile) made single vectors of thousands of elements, built
+up row by row through chains of `scf.if` with full unrolling; LLVM's code
+generation of that took minutes (436 s for one candidate).
 """
 
 from __future__ import annotations
 
 from ...dialects.schedule import ScheduleWriter
 from ..sketch import OpStructure, Sketch
-from ..space import KnobSpec, divisors
+from ..space import KnobSpec, divisors, partial_tile_options
 from .base import (
     Rule,
     RuleResult,
@@ -132,35 +152,67 @@ class MultiLevelTiling(Rule):
         forced = forced_unit_loops(anchor) if is_window else set()
         inner_red = [d for d in anchor.reductions if d not in forced]
         reused = reused_operand(anchor, row)
+        transposed = _reads_vector_dim_transposed(anchor, vec)
+        # Loops whose extent is a multiple of 8 (of the lanes, for the vector
+        # loop) keep tiles that divide them: the schedules, their IR and the
+        # cost model's templates stay what they were. Other loops ("odd":
+        # 367, 129, 7, 35) also get tiles that do not divide them; the
+        # schedule peels their remainders (see the module docstring).
+        odd = {d: ranges[d] % (lanes if d == vec else 8) != 0 for d in range(len(ranges))}
+        # A contraction with odd rows may end its thread tiles of the row
+        # loop in a partial tile, whose remainder rows are vectorized with
+        # masks. There the output tile has a dynamic shape, and packing (a
+        # pad) would copy it in and out at every cache step: no packing
+        # alternative. Window ops cannot be masked (the vectorizer has no
+        # masked convolutions), so their thread tiles divide the extents.
+        partial_rows = not is_window and row is not None and odd[row]
+        if partial_rows:
+            reused = None
 
-        # The knobs, in sampling order: register tile first, then outer tiles
-        # as its multiples.
+        # The knobs, in sampling order: register tile first, then outer tiles.
         specs: list[KnobSpec] = []
         for d in anchor.parallel:
             if d == vec:
-                specs.append(KnobSpec(f"r_d{d}", vector_tile_options(ranges[d], lanes), doc=f"vector tile of loop d{d}"))
+                opts = vector_tile_options(ranges[d], lanes, partial=odd[d])
+                specs.append(KnobSpec(f"r_d{d}", opts, doc=f"vector tile of loop d{d}"))
             elif d == row:
-                opts = tuple(x for x in ROW_TILES if ranges[d] % x == 0)
+                opts = tuple(x for x in ROW_TILES if (x <= ranges[d] if odd[d] else ranges[d] % x == 0))
                 specs.append(KnobSpec(f"r_d{d}", opts, doc=f"register rows of loop d{d}"))
         if inner_red:
             d = inner_red[-1]
-            opts = tuple(x for x in UNROLLS if ranges[d] % x == 0)
-            if _reads_vector_dim_transposed(anchor, vec) and len(opts) > 1:
+            if transposed or not odd[d]:
+                opts = tuple(x for x in UNROLLS if ranges[d] % x == 0)
+            else:
+                opts = tuple(x for x in UNROLLS if x <= ranges[d])
+            if transposed and len(opts) > 1:
                 # A [rows, lanes, 1] contraction over an operand read
                 # transposed along the vector loop sent the vector
                 # canonicalization patterns into an endless loop with these
-                # MLIR wheels (builds hung until their timeout): unroll >= 2.
+                # MLIR wheels (builds hung until their timeout): unroll >= 2,
+                # dividing the extent (no remainder of 1 either).
                 opts = tuple(x for x in opts if x > 1)
             specs.append(KnobSpec(f"u_d{d}", opts, doc=f"inner unroll of reduction loop d{d}"))
         reg = {sp.name for sp in specs}
         for d in anchor.parallel:
-            base = f"r_d{d}" if f"r_d{d}" in reg else None
-            specs.append(KnobSpec(f"p_d{d}", divisors(ranges[d]), multiple_of=base, doc=f"parallel (scf.forall) tile of loop d{d}"))
+            r_name = f"r_d{d}" if f"r_d{d}" in reg else None
+            doc = f"parallel (scf.forall) tile of loop d{d}"
+            if d == row and partial_rows:
+                opts = partial_tile_options(ranges[d], ROW_TILES)
+                specs.append(KnobSpec(f"p_d{d}", opts, multiple_of=r_name, doc=doc + " (the last may be partial)"))
+            elif odd[d]:
+                specs.append(KnobSpec(f"p_d{d}", divisors(ranges[d]), at_least=r_name, doc=doc))
+            else:
+                specs.append(KnobSpec(f"p_d{d}", divisors(ranges[d]), multiple_of=r_name, doc=doc))
         for d in anchor.reductions:
             if d in forced:
                 continue
-            base = f"u_d{d}" if f"u_d{d}" in reg else None
-            specs.append(KnobSpec(f"k_d{d}", divisors(ranges[d]), multiple_of=base, doc=f"reduction (cache) tile of loop d{d}"))
+            u_name = f"u_d{d}" if f"u_d{d}" in reg else None
+            doc = f"reduction (cache) tile of loop d{d}"
+            if odd[d] and u_name is not None and not transposed:
+                opts = partial_tile_options(ranges[d], UNROLLS)
+                specs.append(KnobSpec(f"k_d{d}", opts, multiple_of=u_name, doc=doc + " (the last may be partial)"))
+            else:
+                specs.append(KnobSpec(f"k_d{d}", divisors(ranges[d]), multiple_of=u_name, doc=doc))
         if reused is not None:
             specs.append(
                 KnobSpec("pack", (0, 1), alternatives=True, doc=f"0: copy the tile of operand {reused} to a contiguous buffer; 1: read it in place")
@@ -173,35 +225,59 @@ class MultiLevelTiling(Rule):
         forall = tile_root_and_fuse(
             w, ctx, root_sizes_from_anchor(ctx, {d: h[f"p_d{d}"] for d in anchor.parallel if f"p_d{d}" in h})
         )
-        # R: cache tiles of the reductions.
+        # R: cache tiles of the reductions, their partial last tile peeled
+        # off (static: reduction extents are), so that what follows sees
+        # static reduction extents.
         a_h = w.match_op_id(forall, anchor.op_id)
         k_sizes: list[int | str] = [h.get(f"k_d{d}", 0) if d in anchor.reductions else 0 for d in range(len(ranges))]
         if any(isinstance(s, str) for s in k_sizes):
-            a_h, _ = w.tile_for(a_h, k_sizes)
-        # Packing, or not.
+            w.tile_for(a_h, k_sizes)
+            forall = w.peel_partial_loops("%root")
+            a_h = w.match_op_id(forall, anchor.op_id)
+        # Packing, or not. Only the loops of the packed operand are padded:
+        # their tiles are static, so the pad copies and pads nothing else.
         if reused is not None:
             n_ops = len(anchor.operand_dims)
             cur = a_h
+            dims = tuple(d for d in anchor.operand_dims[reused] if d is not None)
             (a_h,) = w.alternatives(
-                "pack", [lambda wr: [wr.pack_operand(cur, reused, n_ops, anchor.dtype)], lambda wr: [cur]]
+                "pack", [lambda wr: [wr.pack_operand(cur, reused, n_ops, anchor.dtype, dims)], lambda wr: [cur]]
             )
-        # S: register tile.
+
+        # S: register tile. R: the remaining reductions, the innermost
+        # unrolled. Each tile of the anchor separately (a peeled cache loop
+        # leaves two).
         r_sizes: list[int | str] = [0] * len(ranges)
         for d in anchor.parallel:
             r_sizes[d] = h.get(f"r_d{d}", 1)
         for d in forced:
             r_sizes[d] = 1
-        a_h, _ = w.tile_for(a_h, r_sizes)
-        # R: the remaining reductions, the innermost unrolled.
+        w.tile_each(a_h, r_sizes)
         u_sizes: list[int | str] = [0] * len(ranges)
         for d in anchor.reductions:
             u_sizes[d] = h.get(f"u_d{d}", 1)
-        a_h, _ = w.tile_for(a_h, u_sizes)
-        if is_window and anchor.name in DECOMPOSABLE:
-            w.decompose(a_h)
-        tile_others_like(w, ctx, forall, r_sizes, skip={anchor.op_id})
+        w.tile_each(w.match_op_id(forall, anchor.op_id), u_sizes)
+        others = tile_others_like(w, ctx, forall, r_sizes, skip={anchor.op_id})
         if reused is not None:
             w.tile_each(w.match_ops(forall, ["linalg.copy"]), [1, 0])
+        # Register tiles that do not divide their loop leave remainders:
+        # peel them, so full tiles are static.
+        forall = w.peel_partial_loops("%root")
+        if is_window and anchor.name in DECOMPOSABLE:
+            w.decompose(w.match_op_id(forall, anchor.op_id))
+        if partial_rows:
+            # Remainders of a partial thread tile have dynamic shapes: give
+            # every tile of the task its register-tile vector shape, masked
+            # where it is smaller. Then fold the tiles' insert_slice ops into
+            # the vector transfers before the rest is vectorized (vectorized
+            # first, they lose the in-bounds fact and stores become masked).
+            v_sizes = [r_sizes[d] if d in anchor.parallel else u_sizes[d] for d in range(len(ranges))]
+            w.vectorize_each(w.match_op_id(forall, anchor.op_id), v_sizes, contraction=True)
+            for op_id, sizes in others:
+                w.vectorize_each(w.match_op_id(forall, op_id), sizes)
+            func = w.match_func("%root")
+            w.lower_masked_transfers(func)
+            w.cleanup(func)
         finish(w, vectorize=True)
         forall_knobs = tuple((f"p_d{d}", ranges[d]) for d in anchor.parallel)
         return [Sketch(self.name, ctx.payload, w.text(), tuple(specs), forall=forall_knobs)]
