@@ -85,7 +85,7 @@ class EvolutionConfig:
     max_tries: int = 200
     isolate_probes: bool = True
     crossover: bool = True
-    min_distance: int = 4
+    min_distance: int = 3
 
 
 Candidate = tuple[Sketch, Assignment]
