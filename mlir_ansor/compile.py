@@ -38,8 +38,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import shutil
 import tempfile
+import time
 import weakref
 from dataclasses import dataclass, field
 
@@ -303,12 +305,115 @@ def schedule_kernel(payload: str, script: str | None, symbol: str, threads: int,
         return text
 
 
+_EXTERNAL_MIN_BYTES = 1 << 16
+"""Constant globals from this size on are kept out of LLVM (:func:`_externalize_weights`)."""
+
+_ASM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.$]*")
+_RESOURCE = re.compile(r'^\s*("[^"]*"|[^\s:]+): "0x([0-9A-Fa-f]*)",?\s*$', re.M)
+
+
+def _resource_blobs(mlir_text: str) -> dict[str, str]:
+    """name -> hex data of the ``dialect_resources`` section of a module's text."""
+    start = mlir_text.rfind("{-#")
+    if start < 0:
+        return {}
+    return {m.group(1).strip('"'): m.group(2) for m in _RESOURCE.finditer(mlir_text, start)}
+
+
+def _externalize_weights(module: ir.Module, mlir_text: str, workdir: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Move the data of large constant ``memref.global``s out of the module.
+
+    Why: LLVM is slow with large constant initializers (ResNet-50's 100 MB of
+    weights took most of a 3-minute build; the same module with splat weights
+    builds in a tenth of the time). Each such global becomes an external
+    declaration; its bytes go to a file that an assembler ``.incbin``
+    directive places in ``.rodata``. Returns (shared libraries that resolve
+    the symbols while the ExecutionEngine generates code, objects to link
+    into the library, where the symbols are hidden).
+    """
+    import subprocess
+
+    blobs: dict[str, str] | None = None
+    entries: list[tuple[str, str, int]] = []
+    for opview in module.body.operations:
+        op = opview.operation
+        if op.name != "memref.global" or "constant" not in op.attributes or "initial_value" not in op.attributes:
+            continue
+        mtype = ir.MemRefType(ir.TypeAttr(op.attributes["type"]).value)
+        width = {"f32": 4, "f64": 8, "i64": 8, "i32": 4}.get(str(mtype.element_type))
+        if width is None or math.prod(mtype.shape) * width < _EXTERNAL_MIN_BYTES:
+            continue
+        attr = op.attributes["initial_value"]
+        text = str(attr)
+        data: bytes | None = None
+        if text.startswith("dense_resource<"):
+            if blobs is None:
+                blobs = _resource_blobs(mlir_text)
+            hexdata = blobs.get(text[len("dense_resource<") :].split(">")[0].strip('"'))
+            if hexdata is not None:
+                data = bytes.fromhex(hexdata[8:])  # after the blob's 4-byte alignment
+        else:
+            try:
+                dense = ir.DenseElementsAttr(attr)
+            except (ValueError, TypeError):
+                dense = None
+            if dense is not None and not dense.is_splat:
+                data = np.ascontiguousarray(np.array(dense)).tobytes()
+        if data is None or len(data) != math.prod(mtype.shape) * width:
+            continue
+        name = ir.StringAttr(op.attributes["sym_name"]).value
+        if not _ASM_NAME.fullmatch(name):
+            continue
+        path = os.path.join(workdir, f"w{len(entries)}.bin")
+        with open(path, "wb") as f:
+            f.write(data)
+        entries.append((name, path, len(data)))
+        del op.attributes["initial_value"]
+        if "sym_visibility" in op.attributes:
+            del op.attributes["sym_visibility"]
+    if not entries:
+        return (), ()
+
+    def asm(hidden: bool) -> str:
+        lines = []
+        for name, path, size in entries:
+            lines += [
+                ".section .rodata",
+                f".globl {name}",
+                *([f".hidden {name}"] if hidden else []),
+                f".type {name}, @object",
+                ".p2align 6",
+                f"{name}:",
+                f'.incbin "{path}"',
+                f".size {name}, {size}",
+            ]
+        return "\n".join(lines) + "\n"
+
+    outs = []
+    for hidden, suffix, flags in ((False, "jit.so", ["-shared"]), (True, "weights.o", ["-c"])):
+        src = os.path.join(workdir, suffix + ".s")
+        with open(src, "w") as f:
+            f.write(asm(hidden))
+        out = os.path.join(workdir, suffix)
+        proc = subprocess.run(["cc", *flags, "-o", out, src], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise AnsorError(f"assembling the weights failed: {proc.stderr.strip()[-1000:]}")
+        outs.append(out)
+    return (outs[0],), (outs[1],)
+
+
 def lower_and_link(mlir_text: str, threads: int, so_path: str, opt_level: int = 3) -> dict:
-    """Lower the scheduled whole module to LLVM and link it into `so_path`."""
-    with ir.Context(), ir.Location.unknown():
-        module = ir.Module.parse(mlir_text)
-        lower_to_llvm(module, threads)
-        emit_shared_library(module, so_path, opt_level=opt_level)
+    """Lower the scheduled whole module to LLVM and link it into `so_path`
+    (large constants go in as raw data, see :func:`_externalize_weights`)."""
+    workdir = tempfile.mkdtemp(prefix="weights-", dir=os.path.dirname(so_path) or None)
+    try:
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(mlir_text)
+            jit_libs, link_inputs = _externalize_weights(module, mlir_text, workdir)
+            lower_to_llvm(module, threads)
+            emit_shared_library(module, so_path, opt_level=opt_level, jit_libs=jit_libs, link_inputs=link_inputs)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     return {"path": so_path}
 
 
@@ -380,6 +485,105 @@ def _build_driver(program: Program, occs: list[Occurrence], plans: dict[str, Ker
             for op in reversed(occ.ops):
                 op.erase()
     passmanager.PassManager.parse("builtin.module(canonicalize,cse)", program.context).run(module.operation)
+
+
+def _fold_constants(program: Program) -> int:
+    """Evaluate, once, the Linalg ops that compute from constants only
+    (``search.task.constant_linalg_ops``: weight transposes, batch-norm
+    factors), and put their results in the module as dense constants.
+
+    Why at compile time: they are no tasks (the partitioner leaves them out),
+    and their results are the same on every call, so computing them per call
+    is wasted time (six transposes of BERT's weights are about 40 MB of
+    memory traffic per call). They are evaluated by the untuned lowering of a
+    module holding only them, in a worker; returns how many values were
+    folded.
+    """
+    from mlir.dialects import arith as arith_d
+    from mlir.dialects import func as func_d
+
+    from .search.task import _captured_values, constant_linalg_ops
+
+    folded = 0
+    for fn in _func_ops(program.module):
+        if not fn.regions[0].blocks:
+            continue
+        block = fn.regions[0].blocks[0]
+        consts = constant_linalg_ops(block)
+        if not consts:
+            continue
+        const_set = set(consts)
+        frontier: list[ir.Value] = []
+        for op in consts:
+            for r in op.results:
+                if any(u.owner.operation not in const_set for u in r.uses):
+                    frontier.append(r)
+        if not frontier:
+            continue
+        # The ops the frontier depends on, in program order.
+        owner = {}
+        order = {}
+        for k, opview in enumerate(block.operations):
+            order[opview.operation] = k
+            for r in opview.operation.results:
+                owner[r] = opview.operation
+        needed: set = set()
+        stack = list(frontier)
+        while stack:
+            v = stack.pop()
+            op = owner.get(v)
+            if op is None or op in needed:
+                continue
+            needed.add(op)
+            stack.extend(list(op.operands) + _captured_values(op))
+        with program.context, ir.Location.unknown():
+            fold = ir.Module.create()
+            with ir.InsertionPoint(fold.body):
+                f = func_d.FuncOp("__ansor_fold", ([], [v.type for v in frontier]))
+            body = f.add_entry_block()
+            mapping: dict[ir.Value, ir.Value] = {}
+            with ir.InsertionPoint(body):
+                for op in sorted(needed, key=order.__getitem__):
+                    clone = op.clone()
+
+                    def remap(inner: ir.Operation, mapping: dict = mapping) -> ir.WalkResult:
+                        for idx, v in enumerate(inner.operands):
+                            if v in mapping:
+                                inner.operands[idx] = mapping[v]
+                        return ir.WalkResult.ADVANCE
+
+                    clone.operation.walk(remap)
+                    for a, b in zip(op.results, clone.results):
+                        mapping[a] = b
+                func_d.ReturnOp([mapping[v] for v in frontier])
+            text = str(fold)
+            signatures = _signatures(fold)
+        cm = _finish(text, signatures, "__ansor_fold", 1, [], 2)
+        try:
+            values = cm()
+        finally:
+            cm.close()
+        if not isinstance(values, tuple):
+            values = (values,)
+        with program.context, ir.Location.unknown():
+            for v, arr in zip(frontier, values):
+                if arr.dtype == np.bool_:
+                    continue  # i1 data needs bit packing; such an op stays and runs per call
+                producer = owner[v]
+                with ir.InsertionPoint(producer):
+                    attr = ir.DenseElementsAttr.get(np.ascontiguousarray(arr), type=ir.ShapedType(v.type).element_type)
+                    c = arith_d.ConstantOp(v.type, attr)
+                v.replace_all_uses_with(c.result)
+                folded += 1
+            # canonicalize keeps a dead op whose body asserts (cf.assert), so
+            # erase the now unused ones here.
+            for op in reversed(sorted(needed, key=order.__getitem__)):
+                if not any(True for r in op.results for _ in r.uses):
+                    op.erase()
+        log.info("compile: @%s: %d value(s) computed from constants only, folded at compile time", _name(fn), len(frontier))
+    if folded:
+        passmanager.PassManager.parse("builtin.module(canonicalize,cse)", program.context).run(program.module.operation)
+    return folded
 
 
 def _spec(t: ir.Type) -> tuple[tuple[int, ...], str]:
@@ -459,7 +663,9 @@ def _pool() -> WorkerPool:
 def _finish(module_text: str, signatures: dict, entry: str, threads: int, plans: list[KernelPlan], opt_level: int) -> CompiledModule:
     workdir = _workdir()
     so_path = os.path.join(workdir, "module.so")
+    start = time.perf_counter()
     res = _pool().run(lower_and_link, (module_text, threads, so_path, opt_level), timeout_s=1800)
+    log.info("compile: lowered and linked @%s's module in %.1f s", entry, time.perf_counter() - start)
     if not res.ok:
         shutil.rmtree(workdir, ignore_errors=True)
         raise AnsorError(f"lowering the whole module failed ({res.error_kind.value}): {res.error_msg.strip()[-2000:]}")
@@ -527,7 +733,9 @@ def schedule_module(
     # Schedule every distinct task in isolated workers.
     pool = _pool()
     args = [(p.payload, p.script, p.symbol, threads, p.source == "default") for p in plans]
+    start = time.perf_counter()
     results = pool.map(schedule_kernel, args, timeout_s=600)
+    log.info("compile: scheduled %d kernel(s) in %.1f s", len(plans), time.perf_counter() - start)
     retry = [i for i, r in enumerate(results) if not r.ok and plans[i].script is not None]
     for i in retry:
         p = plans[i]
@@ -545,6 +753,9 @@ def schedule_module(
 
     user_funcs = [_name(f) for f in _func_ops(program.module)]
     _build_driver(program, occs, by_key)
+    start = time.perf_counter()
+    if _fold_constants(program):
+        log.info("compile: folded the constant-only ops in %.1f s", time.perf_counter() - start)
     with program.context, ir.Location.unknown():
         module = program.module
         passmanager.PassManager.parse(f"builtin.module({BUFFERIZE})").run(module.operation)

@@ -18,14 +18,16 @@ from .builder import build
 from .runner import Kernel, TimingPolicy, np_dtype, run, time_callable
 
 
-def random_inputs(specs: list[tuple[tuple[int, ...], str]], seed: int) -> list[np.ndarray]:
-    """Seeded inputs, uniform in [-1, 1) (integers in [-8, 8))."""
+def random_inputs(
+    specs: list[tuple[tuple[int, ...], str]], seed: int, low: float = -1.0, high: float = 1.0
+) -> list[np.ndarray]:
+    """Seeded inputs, uniform in [low, high) (integers in [-8, 8))."""
     rng = np.random.default_rng(seed)
     arrays = []
     for shape, dtype in specs:
         dt = np_dtype(dtype)
         if np.issubdtype(dt, np.floating):
-            arrays.append(rng.uniform(-1.0, 1.0, size=shape).astype(dt))
+            arrays.append(rng.uniform(low, high, size=shape).astype(dt))
         else:
             arrays.append(rng.integers(-8, 8, size=shape).astype(dt))
     return arrays
@@ -48,15 +50,20 @@ def prepare_reference(
     can take seconds), else the baseline is timed per `policy`.
     """
     info = build(payload, None, threads, so_path)
-    arrays = random_inputs(inputs, seed)
     kernel = Kernel(so_path)
     try:
-        outs = [np.zeros(shape, dtype=np_dtype(dt)) for shape, dt in outputs]
-        ins = [a.copy() for a in arrays]
-        t0 = time.perf_counter()
-        kernel.bind(ins + outs)()
-        first = time.perf_counter() - t0
-        if not all(np.all(np.isfinite(o)) for o in outs if np.issubdtype(o.dtype, np.floating)):
+        # Inputs in [-1, 1) first; a task defined only for positive inputs
+        # (the rsqrt of a layer norm's variance, a log) gets [0.5, 1.5).
+        for low, high in ((-1.0, 1.0), (0.5, 1.5)):
+            arrays = random_inputs(inputs, seed, low, high)
+            outs = [np.zeros(shape, dtype=np_dtype(dt)) for shape, dt in outputs]
+            ins = [a.copy() for a in arrays]
+            t0 = time.perf_counter()
+            kernel.bind(ins + outs)()
+            first = time.perf_counter() - t0
+            if all(np.all(np.isfinite(o)) for o in outs if np.issubdtype(o.dtype, np.floating)):
+                break
+        else:
             raise RuntimeError("the untuned lowering produced non-finite values; it cannot serve as a reference")
         if first >= policy.min_time_s:
             costs = [first]

@@ -109,21 +109,30 @@ def find_openmp() -> str | None:
     return None
 
 
-def emit_shared_library(llvm_module: ir.Module, path: str | os.PathLike, *, opt_level: int = 3) -> str:
+def emit_shared_library(
+    llvm_module: ir.Module,
+    path: str | os.PathLike,
+    *,
+    opt_level: int = 3,
+    jit_libs: tuple[str, ...] = (),
+    link_inputs: tuple[str, ...] = (),
+) -> str:
     """Compile an LLVM-dialect module to a shared library at `path`.
 
     The ExecutionEngine does the code generation (object file); the system's
     `cc` links it against the runtime libraries, with an rpath so that the
-    library loads from anywhere.
+    library loads from anywhere. `link_inputs` (objects) are linked in too;
+    `jit_libs` are shared libraries that only resolve, during code
+    generation, the symbols those objects will define (external data).
     """
     from mlir.execution_engine import ExecutionEngine
 
     path = Path(path)
     obj = path.with_suffix(".o")
     libs = runtime_libs()
-    engine = ExecutionEngine(llvm_module, opt_level=opt_level, shared_libs=libs)
+    engine = ExecutionEngine(llvm_module, opt_level=opt_level, shared_libs=libs + list(jit_libs))
     engine.dump_to_object_file(str(obj))
-    cmd = ["cc", "-shared", "-o", str(path), str(obj)]
+    cmd = ["cc", "-shared", "-o", str(path), str(obj), *link_inputs]
     for lib in libs:
         d = os.path.dirname(lib)
         cmd += [lib, f"-Wl,-rpath,{d}"]

@@ -34,6 +34,7 @@ from mlir.passmanager import PassManager
 
 from mlir_ansor.errors import InputError, UnsupportedError
 from mlir_ansor.frontend import Program, load, location_str
+from mlir_ansor.search.normalize import normalize
 
 __all__ = [
     "ALLOWED_NON_LINALG_OPS",
@@ -43,6 +44,7 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "Task",
     "TensorSpec",
+    "constant_linalg_ops",
     "extract_tasks",
     "partition",
     "workload_key",
@@ -68,6 +70,9 @@ ALLOWED_NON_LINALG_OPS = frozenset(
         # is a task argument), which keeps torch-mlir output usable.
         "tensor.expand_shape",
         "tensor.collapse_shape",
+        # Padding (torch-mlir pads convolution and pooling inputs) stays
+        # outside tasks too: the padded tensor is the task's argument.
+        "tensor.pad",
     }
 )
 """Non-Linalg ops that may appear in a function body; they are left outside tasks."""
@@ -313,13 +318,53 @@ def _func_name(fn: ir.Operation) -> str:
     return ir.StringAttr(fn.attributes["sym_name"]).value
 
 
-def _check_function(block: ir.Block) -> list[ir.Operation]:
-    """The function's Linalg ops, in order, after checking every op of its body."""
-    linalg_ops: list[ir.Operation] = []
+def constant_linalg_ops(block: ir.Block) -> list[ir.Operation]:
+    """Linalg ops of ``block`` (fills excepted) that compute from constants
+    only, in program order.
+
+    A value is constant when an ``arith.constant`` or ``tensor.empty`` makes
+    it, or an op on tensors whose operands (and the values its regions
+    capture) are all constant. torch-mlir leaves such ops on the weights
+    (``linalg.transpose`` of a linear layer's weight, the batch-norm
+    ``1 / sqrt(var + eps)``): they are no tasks (their result is the same on
+    every call), and :func:`mlir_ansor.compile` evaluates them once at compile
+    time. Fills stay where they are: tasks clone them as producers.
+    """
+    const_vals: set = set()
+    found: list[ir.Operation] = []
     for opview in block.operations:
         op = opview.operation
+        if op.name in ("arith.constant", "tensor.empty"):
+            const_vals.update(op.results)
+            continue
+        if not len(op.results):
+            continue
+        operands = list(op.operands) + _captured_values(op)
+        if any(_isa(ir.MemRefType, v.type) for v in operands) or any(
+            _isa(ir.MemRefType, r.type) for r in op.results
+        ):
+            continue
+        if all(v in const_vals for v in operands):
+            const_vals.update(op.results)
+            if op.name.startswith("linalg.") and op.name != "linalg.fill":
+                found.append(op)
+    return found
+
+
+def _check_function(block: ir.Block, linalg_types: bool = True) -> list[ir.Operation]:
+    """The function's Linalg ops to tune, in order, after checking every op
+    of its body (ops on constants only are left out, see
+    :func:`constant_linalg_ops`). ``linalg_types=False`` checks only which
+    ops there are (before normalization, which may remove some)."""
+    linalg_ops: list[ir.Operation] = []
+    constant = set(constant_linalg_ops(block))
+    for opview in block.operations:
+        op = opview.operation
+        if op in constant:
+            continue
         if op.name.startswith("linalg."):
-            _check_linalg_op(op)
+            if linalg_types:
+                _check_linalg_op(op)
             linalg_ops.append(op)
         elif op.name not in ALLOWED_NON_LINALG_OPS:
             raise UnsupportedError(
@@ -815,6 +860,14 @@ def partition(program: Program, func: str | None = None) -> list[Occurrence]:
 
 def _extract(program: Program, func: str | None) -> tuple[list[Task], list[Occurrence]]:
     ctx = program.context
+    # Unsupported ops are reported as the user wrote them, before
+    # normalization's canonicalization can fold them away.
+    for fn in program.module.body.operations:
+        if fn.operation.name == "func.func" and (func is None or _func_name(fn.operation) == func):
+            body = _function_body(fn.operation)
+            if body is not None:
+                _check_function(body, linalg_types=False)
+    normalize(program.module)
     funcs = [
         o.operation
         for o in program.module.body.operations

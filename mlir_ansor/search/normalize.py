@@ -1,0 +1,267 @@
+"""Bring imported Linalg (torch-mlir's output) into the shape tasks are cut from.
+
+Entry point: :func:`normalize`, run by the partitioner on every function
+that works on tensors, in place, before tasks are formed (so tuning and
+compiling cut the same tasks from the same IR).
+
+What it does, and why:
+
+* drops results of a ``linalg.generic`` that nothing uses, with the body
+  ops only they need. torch-mlir lowers ``max`` along a dimension (softmax)
+  to a generic computing the maximum *and* its i64 index; the index is never
+  used, and an i64 output would make the whole softmax untunable.
+* drops the unit dimensions an operand is indexed by the constant 0 in
+  (:func:`drop_unit_broadcasts`): torch-mlir broadcasts through them
+  (``tensor<64x1x1xf32>`` read with the map ``(n, c, h, w) -> (c, 0, 0)``,
+  a ``keepdim`` reduction writing ``(..., 0)``). The operand becomes a
+  ``tensor.collapse_shape`` (an output: the result is expanded back), so
+  every map is a projected permutation, which the fusion and sketch rules
+  understand, and the reshapes stay outside tasks as free views.
+  ``canonicalize`` then folds the reshape pairs this leaves. (Upstream's
+  ``linalg-fold-unit-extent-dims`` also drops unit *loops*, which puts a
+  reshape between a convolution and its batch-norm chain and stops their
+  fusion into one task.)
+
+* folds transposes into the contractions and reductions that read them
+  (:mod:`.fold_transpose`): a transpose feeding a matmul would otherwise be
+  a task of its own with no arithmetic (BERT's attention scores, TBG).
+
+Functions on memrefs are left as they are (the unit-dimension folding would
+introduce memref reshapes, which tasks do not take).
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+from mlir.passmanager import PassManager
+
+from .fold_transpose import fold_transposes
+
+__all__ = ["drop_dead_results", "drop_unit_broadcasts", "normalize"]
+
+_FUNC_PIPELINE = "func.func(canonicalize,cse)"
+NORMALIZED_ATTR = "ansor.normalized"
+"""Unit attribute set on a function once :func:`normalize` ran on it."""
+
+
+def _on_tensors(fn: ir.Operation) -> bool:
+    ftype = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
+    if any(isinstance(t, ir.MemRefType) for t in list(ftype.inputs) + list(ftype.results)):
+        return False
+    found_memref = False
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        nonlocal found_memref
+        if any(isinstance(r.type, ir.MemRefType) for r in op.results):
+            found_memref = True
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    fn.walk(visit)
+    return not found_memref
+
+
+def _backward_slice(block: ir.Block, roots: list[ir.Value]) -> set:
+    """Ops of ``block`` (and block arguments) that the values ``roots`` depend on."""
+    owner_of = {}
+    for inner in block.operations:
+        for r in inner.operation.results:
+            owner_of[r] = inner.operation
+    needed: set = set()
+    stack = list(roots)
+    while stack:
+        v = stack.pop()
+        if v in needed:
+            continue
+        needed.add(v)
+        op = owner_of.get(v)
+        if op is None:
+            continue
+        if op not in needed:
+            needed.add(op)
+            stack.extend(op.operands)
+            # Values read inside nested regions count too.
+
+            def collect(inner: ir.Operation) -> ir.WalkResult:
+                stack.extend(inner.operands)
+                return ir.WalkResult.ADVANCE
+
+            for region in op.regions:
+                for b in region.blocks:
+                    for o in b.operations:
+                        o.operation.walk(collect)
+    return needed
+
+
+def _drop_dead_results_of(op: ir.Operation) -> bool:
+    """Rebuild a multi-result ``linalg.generic`` without its unused results;
+    returns whether it did. Only when the dropped results' output block
+    arguments feed none of the kept results (so the kept ones mean the same)."""
+    results = list(op.results)
+    live = [k for k, r in enumerate(results) if any(True for _ in r.uses)]
+    if not live or len(live) == len(results):
+        return False
+    sizes = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
+    n_ins, n_outs = sizes[0], sizes[1]
+    if n_outs != len(results):
+        return False
+    body = op.regions[0].blocks[0]
+    ops = [o.operation for o in body.operations]
+    yield_op = ops[-1]
+    needed = _backward_slice(body, [yield_op.operands[k] for k in live])
+    args = list(body.arguments)
+    if any(args[n_ins + k] in needed for k in range(n_outs) if k not in live):
+        return False
+    operands = list(op.operands)
+    maps = list(ir.ArrayAttr(op.attributes["indexing_maps"]))
+    attrs = {op.attributes[i].name: op.attributes[i].attr for i in range(len(op.attributes))}
+    attrs["indexing_maps"] = ir.ArrayAttr.get(maps[:n_ins] + [maps[n_ins + k] for k in live])
+    attrs["operandSegmentSizes"] = ir.DenseI32ArrayAttr.get([n_ins, len(live)])
+    with op.context, op.location, ir.InsertionPoint(op):
+        new = ir.Operation.create(
+            "linalg.generic",
+            results=[results[k].type for k in live],
+            operands=operands[:n_ins] + [operands[n_ins + k] for k in live],
+            attributes=attrs,
+            regions=1,
+        )
+        kept_args = args[:n_ins] + [args[n_ins + k] for k in live]
+        block = ir.Block.create_at_start(new.regions[0], [a.type for a in kept_args], [a.location for a in kept_args])
+        mapping = dict(zip(kept_args, block.arguments))
+        with ir.InsertionPoint(block):
+            for inner in ops[:-1]:
+                if inner not in needed:
+                    continue
+                clone = inner.clone()
+
+                def remap(o: ir.Operation) -> ir.WalkResult:
+                    for idx, v in enumerate(o.operands):
+                        if v in mapping:
+                            o.operands[idx] = mapping[v]
+                    return ir.WalkResult.ADVANCE
+
+                clone.operation.walk(remap)
+                for old_r, new_r in zip(inner.results, clone.results):
+                    mapping[old_r] = new_r
+            kept = [yield_op.operands[k] for k in live]
+            ir.Operation.create("linalg.yield", operands=[mapping.get(v, v) for v in kept])
+    for j, k in enumerate(live):
+        results[k].replace_all_uses_with(new.results[j])
+    op.erase()
+    return True
+
+
+def drop_dead_results(fn: ir.Operation) -> int:
+    """Drop the unused results of every ``linalg.generic`` directly in ``fn``'s
+    body where that is sound; returns how many ops were rebuilt."""
+    count = 0
+    for block in fn.regions[0].blocks:
+        for opview in list(block.operations):
+            op = opview.operation
+            if op.name == "linalg.generic" and len(op.results) > 1 and _drop_dead_results_of(op):
+                count += 1
+    return count
+
+
+def _is_zero(expr: ir.AffineExpr) -> bool:
+    return isinstance(expr, ir.AffineConstantExpr) and expr.value == 0
+
+
+def _reassociation(rank: int, dropped: list[int]) -> list[list[int]]:
+    """Contiguous groups of ``range(rank)`` with one kept dimension each (the
+    dropped unit dimensions join a neighbour); [] when all are dropped."""
+    kept = [j for j in range(rank) if j not in dropped]
+    if not kept:
+        return []
+    groups: list[list[int]] = [[j] for j in kept]
+    for j in dropped:
+        after = [g for g in groups if g[0] > j]
+        (after[0] if j < kept[0] else [g for g in groups if g[-1] < j][-1]).append(j)
+    return [sorted(g) for g in groups]
+
+
+def _reassoc_attr(groups: list[list[int]]) -> ir.ArrayAttr:
+    i64 = ir.IntegerType.get_signless(64)
+    return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, j) for j in g]) for g in groups])
+
+
+def _drop_unit_broadcasts_of(op: ir.Operation) -> bool:
+    from mlir.dialects import tensor as tensor_d
+
+    sizes = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
+    n_ins = sizes[0]
+    maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    operands = list(op.operands)
+    changes = {}
+    for i, (v, amap) in enumerate(zip(operands, maps)):
+        if not isinstance(v.type, ir.RankedTensorType):
+            return False
+        shape = list(ir.RankedTensorType(v.type).shape)
+        dropped = [j for j, e in enumerate(amap.results) if _is_zero(e) and shape[j] == 1]
+        if dropped:
+            changes[i] = dropped
+    if not changes:
+        return False
+    new_maps = list(maps)
+    new_operands = list(operands)
+    result_types = [r.type for r in op.results]
+    expand_back: dict[int, tuple[ir.Type, list[list[int]]]] = {}
+    with op.context, op.location, ir.InsertionPoint(op):
+        for i, dropped in changes.items():
+            amap = maps[i]
+            t = ir.RankedTensorType(operands[i].type)
+            shape = list(t.shape)
+            groups = _reassociation(len(shape), dropped)
+            kept = [j for j in range(len(shape)) if j not in dropped]
+            new_maps[i] = ir.AffineMap.get(amap.n_dims, amap.n_symbols, [amap.results[j] for j in kept])
+            new_t = ir.RankedTensorType.get([shape[j] for j in kept], t.element_type)
+            new_operands[i] = tensor_d.CollapseShapeOp(new_t, operands[i], _reassoc_attr(groups)).result
+            if i >= n_ins:
+                expand_back[i - n_ins] = (t, groups)
+                result_types[i - n_ins] = new_t
+        attrs = {op.attributes[k].name: op.attributes[k].attr for k in range(len(op.attributes))}
+        attrs["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in new_maps])
+        new = ir.Operation.create(
+            "linalg.generic", results=result_types, operands=new_operands, attributes=attrs, regions=1
+        )
+        op.regions[0].blocks[0].append_to(new.regions[0])
+    with op.context, op.location, ir.InsertionPoint.after(new):
+        replacements = list(new.results)
+        for k, (t, groups) in expand_back.items():
+            replacements[k] = tensor_d.ExpandShapeOp(t, new.results[k], _reassoc_attr(groups), [], list(t.shape)).result
+    for old, rep in zip(op.results, replacements):
+        old.replace_all_uses_with(rep)
+    op.erase()
+    return True
+
+
+def drop_unit_broadcasts(fn: ir.Operation) -> int:
+    """Rewrite every ``linalg.generic`` directly in ``fn``'s body whose maps
+    index a unit dimension by the constant 0: that operand is collapsed
+    (outputs expanded back after the op) and the map loses the result.
+    Returns how many ops were rewritten."""
+    count = 0
+    for block in fn.regions[0].blocks:
+        for opview in list(block.operations):
+            op = opview.operation
+            if op.name == "linalg.generic" and _drop_unit_broadcasts_of(op):
+                count += 1
+    return count
+
+
+def normalize(module: ir.Module) -> None:
+    """Normalize every function of ``module`` that works on tensors, in place
+    (idempotent: a function already normalized is skipped)."""
+    with module.context, ir.Location.unknown():
+        for opview in module.body.operations:
+            fn = opview.operation
+            if fn.name != "func.func" or not fn.regions[0].blocks:
+                continue
+            if NORMALIZED_ATTR in fn.attributes or not _on_tensors(fn):
+                continue
+            drop_dead_results(fn)
+            drop_unit_broadcasts(fn)
+            fold_transposes(module, fn)
+            pm = PassManager.parse(_FUNC_PIPELINE)
+            pm.run(fn)
+            fn.attributes[NORMALIZED_ATTR] = ir.UnitAttr.get()

@@ -1,0 +1,114 @@
+"""Import a PyTorch module as Linalg-on-tensors MLIR (the optional ``torch`` extra).
+
+Entry points:
+
+* :func:`import_module` ``(model, example_inputs) -> str``: the model traced
+  with ``torch.export`` and lowered by torch-mlir to ``linalg-on-tensors``;
+  the text parses with our MLIR bindings, weights are ``dense_resource``
+  blobs at the end of it. Hand it to ``mlir_ansor.load(text=...)``,
+  ``tune``, ``compile``.
+* :func:`load_module` ``(model, example_inputs) -> Program``: the same, parsed
+  and verified into a context of ours (what every other API accepts).
+
+Why text: torch-mlir ships its own copy of the MLIR Python bindings
+(``torch_mlir.ir``); its objects cannot be handed to ours, but the printed
+module can (same IR, generic syntax where needed).
+
+Neither torch nor torch-mlir is a dependency of mlir-ansor; without them
+these functions raise :class:`~mlir_ansor.errors.AnsorError` saying to
+``pip install -e '.[torch]'``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+from types import ModuleType
+from typing import Any
+
+from .errors import AnsorError
+from .frontend import Program, load
+
+__all__ = ["TORCH_EXTRA_HINT", "import_module", "load_module", "require_torch"]
+
+TORCH_EXTRA_HINT = "install the 'torch' extra: pip install -e '.[torch]' (torch and torch-mlir)"
+"""What to do when torch or torch-mlir is missing."""
+
+
+def _require(module: str, package: str, who: str) -> ModuleType:
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise AnsorError(f"{who} needs {package}, which is not installed ({err}); {TORCH_EXTRA_HINT}") from None
+
+
+def require_torch(who: str = "the PyTorch import") -> ModuleType:
+    """The ``torch`` module, or an :class:`AnsorError` naming the extra to install."""
+    return _require("torch", "torch", who)
+
+
+def _require_torch_mlir(who: str) -> None:
+    """Check that torch-mlir is installed, without importing it: its own
+    copy of MLIR aborts the process when ours is loaded already."""
+    require_torch(who)
+    missing = "torch_mlir" in sys.modules and sys.modules["torch_mlir"] is None
+    if missing or importlib.util.find_spec("torch_mlir") is None:
+        raise AnsorError(f"{who} needs torch-mlir, which is not installed; {TORCH_EXTRA_HINT}")
+
+
+# Run in a fresh interpreter that never loads our MLIR bindings (torch-mlir
+# ships its own MLIR; two in one process abort it): the traced program in,
+# MLIR text out.
+_CHILD = """
+import sys, warnings
+import torch
+from torch_mlir import fx
+warnings.simplefilter("ignore", FutureWarning)
+prog = torch.export.load(sys.argv[1])
+module = fx.export_and_import(prog, output_type="linalg-on-tensors", func_name=sys.argv[3])
+with open(sys.argv[2], "w") as f:
+    f.write(str(module))
+"""
+
+
+def import_module(model: Any, example_inputs: Any, *, func_name: str = "main") -> str:
+    """MLIR text (Linalg on tensors) of ``model`` called on ``example_inputs``.
+
+    ``model``: a ``torch.nn.Module`` (put it in eval mode first if it has
+    batch norms or dropout: the export traces what it computes now).
+    ``example_inputs``: a tensor or a tuple of tensors; their shapes and
+    dtypes become the static signature of ``@func_name``.
+    Raises :class:`AnsorError` when torch or torch-mlir is missing, or when
+    the export or the lowering fails (with torch-mlir's message).
+    """
+    _require_torch_mlir("mlir_ansor.torch_import.import_module")
+    torch = require_torch()
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    example_inputs = tuple(example_inputs)
+    name = type(model).__name__
+    with tempfile.TemporaryDirectory(prefix="mlir-ansor-torch-") as tmp:
+        traced, out = os.path.join(tmp, "model.pt2"), os.path.join(tmp, "model.mlir")
+        try:
+            with warnings.catch_warnings():
+                # torch.export warns about pytree internals that users cannot act on.
+                warnings.simplefilter("ignore", FutureWarning)
+                torch.export.save(torch.export.export(model, example_inputs, strict=False), traced)
+        except Exception as err:  # torch.export raises many kinds
+            raise AnsorError(f"torch.export could not trace {name}: {type(err).__name__}: {str(err).strip()[:2000]}") from err
+        proc = subprocess.run([sys.executable, "-c", _CHILD, traced, out, func_name], capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+            raise AnsorError(f"torch-mlir could not import {name} to linalg-on-tensors (exit {proc.returncode}):\n{tail}")
+        with open(out, encoding="utf-8") as f:
+            return f.read()
+
+
+def load_module(model: Any, example_inputs: Any, *, func_name: str = "main") -> Program:
+    """:func:`import_module`, parsed and verified into a context of ours."""
+    return load(text=import_module(model, example_inputs, func_name=func_name))

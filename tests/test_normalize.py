@@ -1,0 +1,258 @@
+"""Normalization of imported Linalg (torch-mlir's patterns, written by hand so
+these tests need no torch) and compile-time folding of constant-only ops."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import mlir_ansor
+from mlir_ansor.compile import compile_untuned
+from mlir_ansor.frontend import load
+from mlir_ansor.search.task import extract_tasks
+
+# torch-mlir's softmax: a max reduction that also computes an (unused) i64
+# argmax, keepdim reductions writing (d0, 0), and broadcasts reading (d0, 0).
+SOFTMAX = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d0)>
+#keep = affine_map<(d0, d1) -> (d0, 0)>
+func.func @softmax(%x: tensor<4x16xf32>) -> tensor<4x16xf32> {
+  %zero = arith.constant 0.0 : f32
+  %ninf = arith.constant 0xFF800000 : f32
+  %c0 = arith.constant 0 : i64
+  %ei = tensor.empty() : tensor<4xi64>
+  %fi = linalg.fill ins(%c0 : i64) outs(%ei : tensor<4xi64>) -> tensor<4xi64>
+  %em = tensor.empty() : tensor<4xf32>
+  %fm = linalg.fill ins(%ninf : f32) outs(%em : tensor<4xf32>) -> tensor<4xf32>
+  %max:2 = linalg.generic {indexing_maps = [#id, #row, #row], iterator_types = ["parallel", "reduction"]}
+      ins(%x : tensor<4x16xf32>) outs(%fm, %fi : tensor<4xf32>, tensor<4xi64>) {
+  ^bb0(%in: f32, %m: f32, %i: i64):
+    %j = linalg.index 1 : index
+    %ji = arith.index_cast %j : index to i64
+    %mx = arith.maximumf %in, %m : f32
+    %gt = arith.cmpf ogt, %in, %m : f32
+    %sel = arith.select %gt, %ji, %i : i64
+    linalg.yield %mx, %sel : f32, i64
+  } -> (tensor<4xf32>, tensor<4xi64>)
+  %mk = tensor.expand_shape %max#0 [[0, 1]] output_shape [4, 1] : tensor<4xf32> into tensor<4x1xf32>
+  %e = tensor.empty() : tensor<4x16xf32>
+  %ex = linalg.generic {indexing_maps = [#id, #keep, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x, %mk : tensor<4x16xf32>, tensor<4x1xf32>) outs(%e : tensor<4x16xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %d = arith.subf %a, %b : f32
+    %v = math.exp %d : f32
+    linalg.yield %v : f32
+  } -> tensor<4x16xf32>
+  %es = tensor.empty() : tensor<4x1xf32>
+  %fs = linalg.fill ins(%zero : f32) outs(%es : tensor<4x1xf32>) -> tensor<4x1xf32>
+  %sum = linalg.generic {indexing_maps = [#id, #keep], iterator_types = ["parallel", "reduction"]}
+      ins(%ex : tensor<4x16xf32>) outs(%fs : tensor<4x1xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %s = arith.addf %a, %o : f32
+    linalg.yield %s : f32
+  } -> tensor<4x1xf32>
+  %r = linalg.generic {indexing_maps = [#id, #keep, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%ex, %sum : tensor<4x16xf32>, tensor<4x1xf32>) outs(%e : tensor<4x16xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %q = arith.divf %a, %b : f32
+    linalg.yield %q : f32
+  } -> tensor<4x16xf32>
+  return %r : tensor<4x16xf32>
+}
+"""
+
+# A linear layer as torch-mlir writes it: the weight is transposed at run
+# time, and a batch-norm-like factor 1/sqrt(v + eps) is computed from
+# constants, with a cf.assert in the body.
+LINEAR = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#col = affine_map<(d0, d1) -> (d1)>
+#v = affine_map<(d0) -> (d0)>
+func.func @linear(%x: tensor<8x32xf32>) -> tensor<8x16xf32> {
+  %zero = arith.constant 0.0 : f32
+  %one = arith.constant 1.0 : f32
+  %eps = arith.constant 1.0e-05 : f64
+  %w = arith.constant dense<[[0.5, -1.0, 0.25, 2.0, 1.5, -0.5, 0.75, -2.0, 1.0, 0.125, -0.25, 3.0, -1.5, 0.5, 2.5, -0.75,
+                              1.25, -0.125, 0.375, -3.0, 0.625, 1.75, -2.5, 0.875, -0.375, 2.25, -1.25, 0.0625, 1.125, -1.75, 0.3, -0.6]]> : tensor<1x32xf32>
+  %wb = tensor.empty() : tensor<16x32xf32>
+  %wfull = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (0, d1)>, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%w : tensor<1x32xf32>) outs(%wb : tensor<16x32xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %i = linalg.index 0 : index
+    %ii = arith.index_cast %i : index to i32
+    %f = arith.sitofp %ii : i32 to f32
+    %s = arith.addf %a, %f : f32
+    linalg.yield %s : f32
+  } -> tensor<16x32xf32>
+  %var = arith.constant dense<[1.0, 4.0, 0.25, 9.0, 2.0, 0.5, 1.5, 3.0, 1.0, 4.0, 0.25, 9.0, 2.0, 0.5, 1.5, 3.0]> : tensor<16xf32>
+  %ev = tensor.empty() : tensor<16xf32>
+  %inv = linalg.generic {indexing_maps = [#v, #v], iterator_types = ["parallel"]} ins(%var : tensor<16xf32>) outs(%ev : tensor<16xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %e32 = arith.truncf %eps : f64 to f32
+    %p = arith.addf %a, %e32 : f32
+    %r = math.sqrt %p : f32
+    %nz = arith.cmpf one, %r, %zero : f32
+    cf.assert %nz, "unimplemented: tensor with zero element"
+    %q = arith.divf %one, %r : f32
+    linalg.yield %q : f32
+  } -> tensor<16xf32>
+  %et = tensor.empty() : tensor<32x16xf32>
+  %wt = linalg.transpose ins(%wfull : tensor<16x32xf32>) outs(%et : tensor<32x16xf32>) permutation = [1, 0]
+  %e = tensor.empty() : tensor<8x16xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<8x16xf32>) -> tensor<8x16xf32>
+  %mm = linalg.matmul ins(%x, %wt : tensor<8x32xf32>, tensor<32x16xf32>) outs(%f : tensor<8x16xf32>) -> tensor<8x16xf32>
+  %y = linalg.generic {indexing_maps = [#id, #col, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%mm, %inv : tensor<8x16xf32>, tensor<16xf32>) outs(%e : tensor<8x16xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %m = arith.mulf %a, %b : f32
+    linalg.yield %m : f32
+  } -> tensor<8x16xf32>
+  return %y : tensor<8x16xf32>
+}
+"""
+
+W_ROW = np.array(
+    [0.5, -1.0, 0.25, 2.0, 1.5, -0.5, 0.75, -2.0, 1.0, 0.125, -0.25, 3.0, -1.5, 0.5, 2.5, -0.75,
+     1.25, -0.125, 0.375, -3.0, 0.625, 1.75, -2.5, 0.875, -0.375, 2.25, -1.25, 0.0625, 1.125, -1.75, 0.3, -0.6],
+    dtype=np.float32,
+)
+VAR = np.array([1.0, 4.0, 0.25, 9.0, 2.0, 0.5, 1.5, 3.0] * 2, dtype=np.float32)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def test_softmax_drops_the_argmax_and_unit_broadcasts():
+    tasks = extract_tasks(load(text=SOFTMAX))
+    # the i64 argmax is gone (it would make the max untunable) ...
+    assert all(s.dtype == "f32" for t in tasks for s in t.inputs + t.outputs)
+    assert [t.kind for t in tasks] == ["reduction", "elementwise", "reduction", "elementwise"]
+    # ... and no task reads or writes through a constant-0 map any more
+    assert all("(d0, 0)" not in t.mlir for t in tasks)
+    assert tasks[2].outputs[0].shape == (4,)
+
+
+def test_softmax_compiles_to_the_right_values():
+    x = np.random.default_rng(0).uniform(-3, 3, size=(4, 16)).astype(np.float32)
+    cm = mlir_ansor.compile(load(text=SOFTMAX))
+    np.testing.assert_allclose(cm(x), _softmax(x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(cm(x), compile_untuned(load(text=SOFTMAX))(x), rtol=1e-6, atol=1e-7)
+
+
+def test_constant_only_ops_are_no_tasks_and_are_folded():
+    tasks = extract_tasks(load(text=LINEAR))
+    # the transpose, the broadcast of the weight row and the 1/sqrt factor
+    # depend on constants only: one task is left, the matmul and its scaling
+    assert [(t.anchor_op, t.kind, t.weight) for t in tasks] == [("linalg.matmul", "contraction", 1)]
+    x = np.random.default_rng(1).uniform(-1, 1, size=(8, 32)).astype(np.float32)
+    w = W_ROW[None, :] + np.arange(16, dtype=np.float32)[:, None]
+    expected = (x @ w.T) / np.sqrt(VAR + np.float32(1e-5))
+    cm = mlir_ansor.compile(load(text=LINEAR))
+    np.testing.assert_allclose(cm(x), expected, rtol=1e-5, atol=1e-5)
+    # folded at compile time: none of those ops is left in the scheduled module
+    assert "linalg.transpose" not in cm.mlir and "math.sqrt" not in cm.mlir and "cf.assert" not in cm.mlir
+    # the untuned reference computes them at run time, and agrees
+    np.testing.assert_allclose(compile_untuned(load(text=LINEAR))(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_normalize_is_idempotent_and_leaves_memref_functions():
+    from mlir_ansor.search.normalize import NORMALIZED_ATTR, normalize
+
+    program = load(text=SOFTMAX)
+    normalize(program.module)
+    once = str(program.module)
+    normalize(program.module)
+    assert str(program.module) == once and NORMALIZED_ATTR in once
+    memref = load(
+        text="""
+func.func @f(%a: memref<4x1xf32>, %b: memref<4x8xf32>) {
+  linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0, 0)>, affine_map<(d0, d1) -> (d0, d1)>],
+                  iterator_types = ["parallel", "parallel"]} ins(%a : memref<4x1xf32>) outs(%b : memref<4x8xf32>) {
+  ^bb0(%x: f32, %y: f32):
+    linalg.yield %x : f32
+  }
+  return
+}
+"""
+    )
+    before = str(memref.module)
+    normalize(memref.module)
+    assert str(memref.module) == before
+
+
+def test_large_weights_are_linked_as_raw_data(tmp_path):
+    """Weights of 64 KiB and more leave the LLVM module (both forms torch-mlir
+    and our folding write: dense_resource blobs and dense hex) and come back
+    as raw data; the results must not change."""
+    rng = np.random.default_rng(2)
+    w1 = rng.uniform(-1, 1, size=(128, 256)).astype(np.float32)
+    w2 = rng.uniform(-1, 1, size=(256, 64)).astype(np.float32)
+    text = f"""
+func.func @mlp(%x: tensor<4x128xf32>) -> tensor<4x64xf32> {{
+  %zero = arith.constant 0.0 : f32
+  %w1 = arith.constant dense_resource<w1_blob> : tensor<128x256xf32>
+  %w2 = arith.constant dense<"0x{w2.tobytes().hex().upper()}"> : tensor<256x64xf32>
+  %e1 = tensor.empty() : tensor<4x256xf32>
+  %f1 = linalg.fill ins(%zero : f32) outs(%e1 : tensor<4x256xf32>) -> tensor<4x256xf32>
+  %h = linalg.matmul ins(%x, %w1 : tensor<4x128xf32>, tensor<128x256xf32>) outs(%f1 : tensor<4x256xf32>) -> tensor<4x256xf32>
+  %e2 = tensor.empty() : tensor<4x64xf32>
+  %f2 = linalg.fill ins(%zero : f32) outs(%e2 : tensor<4x64xf32>) -> tensor<4x64xf32>
+  %y = linalg.matmul ins(%h, %w2 : tensor<4x256xf32>, tensor<256x64xf32>) outs(%f2 : tensor<4x64xf32>) -> tensor<4x64xf32>
+  return %y : tensor<4x64xf32>
+}}
+{{-#
+  dialect_resources: {{
+    builtin: {{
+      w1_blob: "0x04000000{w1.tobytes().hex().upper()}"
+    }}
+  }}
+#-}}
+"""
+    from mlir import ir
+
+    from mlir_ansor.compile import _externalize_weights, schedule_module
+
+    scheduled = schedule_module(load(text=text)).mlir
+    with ir.Context():
+        module = ir.Module.parse(scheduled)
+        jit_libs, objects = _externalize_weights(module, scheduled, str(tmp_path))
+        globals_ = [o.operation for o in module.body.operations if o.operation.name == "memref.global"]
+        assert len(jit_libs) == len(objects) == 1
+        assert sorted(str(ir.TypeAttr(g.attributes["type"]).value) for g in globals_ if "initial_value" not in g.attributes) == [
+            "memref<128x256xf32>",
+            "memref<256x64xf32>",
+        ]
+    x = rng.uniform(-1, 1, size=(4, 128)).astype(np.float32)
+    cm = mlir_ansor.compile(load(text=text))
+    np.testing.assert_allclose(cm(x), (x @ w1) @ w2, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(compile_untuned(load(text=text))(x), (x @ w1) @ w2, rtol=1e-4, atol=1e-4)
+
+
+def test_task_defined_for_positive_inputs_only_gets_a_reference(tmp_path):
+    """A layer norm's rsqrt(var + eps) is NaN on the usual [-1, 1) inputs;
+    the reference is then computed on positive inputs, and tuning goes on."""
+    from mlir_ansor import TuneConfig
+    from mlir_ansor.measure.runner import TimingPolicy
+
+    text = """
+#id = affine_map<(d0) -> (d0)>
+func.func @rsqrt(%v: tensor<256xf32>) -> tensor<256xf32> {
+  %eps = arith.constant 1.0e-05 : f32
+  %e = tensor.empty() : tensor<256xf32>
+  %r = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel"]} ins(%v : tensor<256xf32>) outs(%e : tensor<256xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %s = arith.addf %a, %eps : f32
+    %q = math.rsqrt %s : f32
+    linalg.yield %q : f32
+  } -> tensor<256xf32>
+  return %r : tensor<256xf32>
+}
+"""
+    fast = TimingPolicy(warmup=0, min_repeat=1, max_repeat=2, min_time_s=0.001)
+    result = mlir_ansor.tune(load(text=text), config=TuneConfig(trials=2, batch_size=2, build_workers=1, timing=fast), db=tmp_path / "r.db")
+    (task,) = result.tasks
+    assert task.trials == 2 and np.isfinite(task.baseline_latency_s)
+    v = np.random.default_rng(0).uniform(0.5, 1.5, 256).astype(np.float32)
+    np.testing.assert_allclose(mlir_ansor.compile(load(text=text), db=tmp_path / "r.db")(v), 1 / np.sqrt(v + 1e-5), rtol=1e-5)

@@ -1,0 +1,81 @@
+"""The PyTorch path: import a small torch.nn model with torch-mlir, extract
+its tasks, tune a tiny budget, compile, and compare with PyTorch's output."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import numpy as np
+import pytest
+
+import mlir_ansor
+from mlir_ansor import TuneConfig
+from mlir_ansor.compile import compile_untuned
+from mlir_ansor.errors import AnsorError
+from mlir_ansor.measure.runner import TimingPolicy
+
+TINY = TimingPolicy(warmup=0, min_repeat=1, max_repeat=2, min_time_s=0.001)
+
+
+def test_missing_torch_mlir_names_the_extra(monkeypatch):
+    from mlir_ansor import torch_import
+
+    # None in sys.modules makes an import fail as if the package were absent.
+    monkeypatch.setitem(sys.modules, "torch_mlir", None)
+    monkeypatch.setitem(sys.modules, "torch_mlir.fx", None)
+    with pytest.raises(AnsorError, match=r"import_module needs torch-mlir.*pip install -e '\.\[torch\]'"):
+        torch_import.import_module(object(), ())
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(AnsorError, match=r"needs torch, which is not installed.*'torch' extra"):
+        torch_import.require_torch("mlir_ansor.models")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    pytest.importorskip("torch", reason="the PyTorch path needs the 'torch' extra (pip install -e '.[torch]')")
+    if importlib.util.find_spec("torch_mlir") is None:  # not imported here: its MLIR would clash with ours
+        pytest.skip("the PyTorch path needs torch-mlir (pip install -e '.[torch]')")
+    import torch
+
+    from mlir_ansor.models import tiny_cnn
+    from mlir_ansor.torch_import import import_module
+
+    model, inputs = tiny_cnn(seed=3)
+    with torch.no_grad():
+        expected = model(*inputs).numpy()
+    return import_module(model, inputs), inputs[0].numpy(), expected
+
+
+def test_import_and_extract_tasks(tiny):
+    text, _, _ = tiny
+    assert "func.func @main" in text and "dense_resource" in text
+    tasks = mlir_ansor.extract_tasks(mlir_ansor.load(text=text))
+    kinds = [t.kind for t in tasks]
+    # conv + batch norm + ReLU is one task (the norm's arithmetic fused after
+    # the convolution), the linear layer another (bias fused), then softmax
+    assert kinds[0] == "convolution" and tasks[0].anchor_op == "linalg.conv_2d_nchw_fchw"
+    assert tasks[0].name.endswith("_relu") and tasks[0].inputs[0].shape == (1, 3, 10, 10)  # the padded image
+    assert kinds[1] == "contraction" and tasks[1].name.endswith("_add")
+    assert kinds.count("reduction") == 2  # softmax: max and sum
+    # the weight transpose and the batch-norm factors are computed from
+    # constants only: no tasks
+    assert not any("transpose" in t.name for t in tasks)
+    assert all(s.dtype == "f32" for t in tasks for s in t.inputs + t.outputs)
+
+
+def test_tune_compile_and_compare_with_torch(tiny, tmp_path):
+    text, x, expected = tiny
+    program = mlir_ansor.load(text=text)
+    db = tmp_path / "tiny.db"
+    config = TuneConfig(trials=6, batch_size=3, build_workers=2, timing=TINY, seed=1)
+    result = mlir_ansor.tune(program, config=config, db=db)
+    assert sum(t.trials for t in result.tasks) >= 6
+    assert any(t.best_knobs for t in result.tasks)
+    cm = mlir_ansor.compile(program, db=db)
+    assert "tuned" in {k.source for k in cm.kernels}
+    out = cm(x)
+    assert out.shape == expected.shape == (1, 16)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(out.sum(), 1.0, rtol=1e-5)  # a softmax
+    np.testing.assert_allclose(out, compile_untuned(mlir_ansor.load(text=text))(x), rtol=1e-5, atol=1e-7)
