@@ -1,0 +1,75 @@
+"""Transposes folded into the contractions that read them
+(mlir_ansor.search.fold_transpose), and the TBG subgraph tuned as one task."""
+
+from __future__ import annotations
+
+import numpy as np
+from mlir import ir
+
+from mlir_ansor import TuneConfig, compile, load, tune, workloads
+from mlir_ansor.measure.runner import TimingPolicy
+from mlir_ansor.search.fold_transpose import fold_transposes
+from mlir_ansor.search.task import extract_tasks
+
+PERMUTING_GENERIC = """
+func.func @f(%a: tensor<8x16xf32>, %b: tensor<8x4xf32>) -> (tensor<16x4xf32>, tensor<16x8xf32>) {
+  %e = tensor.empty() : tensor<16x8xf32>
+  %t = linalg.generic {indexing_maps = [affine_map<(i, j) -> (j, i)>, affine_map<(i, j) -> (i, j)>],
+                       iterator_types = ["parallel", "parallel"]} ins(%a : tensor<8x16xf32>) outs(%e : tensor<16x8xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    linalg.yield %x : f32
+  } -> tensor<16x8xf32>
+  %z = arith.constant 0.0 : f32
+  %e2 = tensor.empty() : tensor<16x4xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e2 : tensor<16x4xf32>) -> tensor<16x4xf32>
+  %r = linalg.matmul ins(%t, %b : tensor<16x8xf32>, tensor<8x4xf32>) outs(%f : tensor<16x4xf32>) -> tensor<16x4xf32>
+  %e3 = tensor.empty() : tensor<16x8xf32>
+  %t2 = linalg.transpose ins(%a : tensor<8x16xf32>) outs(%e3 : tensor<16x8xf32>) permutation = [1, 0]
+  return %r, %t2 : tensor<16x4xf32>, tensor<16x8xf32>
+}
+"""
+
+
+def _ops(module: ir.Module) -> list[str]:
+    return [op.operation.name for op in module.body.operations[0].regions[0].blocks[0].operations]
+
+
+def test_batch_matmul_reads_the_untransposed_inputs():
+    with ir.Context(), ir.Location.unknown():
+        m = ir.Module.parse(workloads.transpose_batch_matmul(16, 2, 8))
+        assert fold_transposes(m, m.body.operations[0].operation) == 2
+        assert m.operation.verify()
+        assert "linalg.transpose" not in _ops(m) and "linalg.batch_matmul" not in _ops(m)
+        (mm,) = [op for op in m.body.operations[0].regions[0].blocks[0].operations if op.operation.name == "linalg.generic"]
+        maps = [str(ir.AffineMapAttr(x).value) for x in ir.ArrayAttr(mm.operation.attributes["indexing_maps"])]
+        # Q (s, h, d) read as Q[m, b, k]; K (s, h, d) read as K[n, b, k]; out (b, m, n).
+        assert maps == [
+            "(d0, d1, d2, d3) -> (d1, d0, d3)",
+            "(d0, d1, d2, d3) -> (d2, d0, d3)",
+            "(d0, d1, d2, d3) -> (d0, d1, d2)",
+        ]
+
+
+def test_only_transposes_that_feed_reductions_only_fold():
+    with ir.Context(), ir.Location.unknown():
+        m = ir.Module.parse(PERMUTING_GENERIC)
+        # The permuting generic feeds the matmul: folded. The linalg.transpose
+        # is a result of the function: kept.
+        assert fold_transposes(m, m.body.operations[0].operation) == 1
+        assert m.operation.verify()
+        ops = _ops(m)
+        assert ops.count("linalg.transpose") == 1 and ops.count("linalg.generic") == 1
+
+
+def test_tbg_tunes_as_one_task_and_matches_numpy(tmp_path):
+    text = workloads.transpose_batch_matmul(16, 2, 8)
+    program = load(text=text)
+    (task,) = extract_tasks(program)
+    assert task.flops == 2 * 2 * 16 * 16 * 8
+    fast = TimingPolicy(warmup=0, min_repeat=1, max_repeat=2, min_time_s=0.0)
+    result = tune(program, config=TuneConfig(trials=4, batch_size=4, timing=fast), db=tmp_path / "t.db")
+    assert np.isfinite(result.tasks[0].best_latency_s)
+    fn = compile(load(text=text), db=tmp_path / "t.db")
+    rng = np.random.default_rng(0)
+    q, k = (rng.standard_normal((16, 2, 8)).astype(np.float32) for _ in range(2))
+    np.testing.assert_allclose(fn(q, k), workloads.numpy_reference("transpose_batch_matmul")(q, k), rtol=1e-4, atol=1e-4)
