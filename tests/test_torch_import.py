@@ -68,7 +68,7 @@ def test_tune_compile_and_compare_with_torch(tiny, tmp_path):
     text, x, expected = tiny
     program = mlir_ansor.load(text=text)
     db = tmp_path / "tiny.db"
-    config = TuneConfig(trials=6, batch_size=3, build_workers=2, timing=TINY, seed=1)
+    config = TuneConfig(trials=6, batch_size=3, build_workers=2, timing=TINY, seed=1, build_timeout_s=20)
     result = mlir_ansor.tune(program, config=config, db=db)
     assert sum(t.trials for t in result.tasks) >= 6
     assert any(t.best_knobs for t in result.tasks)
