@@ -229,7 +229,10 @@ def plan_kernels(
             if database is not None:
                 trials = database.count(task.workload_key, target.key)
                 by_hash = {sk.hash: sk for sk in sketches}
-                for rec in database.best(task.workload_key, target.key, threads=threads, k=16):
+                # Records measured on this kind of machine first; else those of
+                # the host with the most records (a schedule tuned elsewhere).
+                best = database.best(task.workload_key, target.key, threads=threads, k=16, host=target.model)
+                for rec in best or database.best(task.workload_key, target.key, threads=threads, k=16):
                     sk = by_hash.get(rec.sketch_hash)
                     if sk is None:
                         continue
