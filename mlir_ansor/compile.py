@@ -53,6 +53,7 @@ from .frontend import Program, load
 from .measure.pool import WorkerPool
 from .measure.runner import Kernel, np_dtype
 from .passes.lowering import BUFFERIZE, emit_shared_library, lower_to_llvm
+from .search.normalize import clone_remapped
 from .search.task import Occurrence, Task, partition
 from .target import Target
 
@@ -547,17 +548,7 @@ def _fold_constants(program: Program) -> int:
             mapping: dict[ir.Value, ir.Value] = {}
             with ir.InsertionPoint(body):
                 for op in sorted(needed, key=order.__getitem__):
-                    clone = op.clone()
-
-                    def remap(inner: ir.Operation, mapping: dict = mapping) -> ir.WalkResult:
-                        for idx, v in enumerate(inner.operands):
-                            if v in mapping:
-                                inner.operands[idx] = mapping[v]
-                        return ir.WalkResult.ADVANCE
-
-                    clone.operation.walk(remap)
-                    for a, b in zip(op.results, clone.results):
-                        mapping[a] = b
+                    clone_remapped(op, mapping)
                 func_d.ReturnOp([mapping[v] for v in frontier])
             text = str(fold)
             signatures = _signatures(fold)

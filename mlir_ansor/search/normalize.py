@@ -37,7 +37,7 @@ from mlir.passmanager import PassManager
 
 from .fold_transpose import fold_transposes
 
-__all__ = ["drop_dead_results", "drop_unit_broadcasts", "normalize"]
+__all__ = ["clone_remapped", "drop_dead_results", "drop_unit_broadcasts", "normalize"]
 
 _FUNC_PIPELINE = "func.func(canonicalize,cse)"
 NORMALIZED_ATTR = "ansor.normalized"
@@ -93,6 +93,24 @@ def _backward_slice(block: ir.Block, roots: list[ir.Value]) -> set:
     return needed
 
 
+def clone_remapped(op: ir.Operation, mapping: dict) -> ir.Operation:
+    """Clone `op` at the current insertion point with every operand (its
+    nested ops' too) found in `mapping` replaced, and map `op`'s results to
+    the clone's; returns the clone."""
+    clone = op.clone()
+
+    def remap(inner: ir.Operation) -> ir.WalkResult:
+        for idx, v in enumerate(inner.operands):
+            if v in mapping:
+                inner.operands[idx] = mapping[v]
+        return ir.WalkResult.ADVANCE
+
+    clone.operation.walk(remap)
+    for a, b in zip(op.results, clone.results):
+        mapping[a] = b
+    return clone
+
+
 def _drop_dead_results_of(op: ir.Operation) -> bool:
     """Rebuild a multi-result ``linalg.generic`` without its unused results;
     returns whether it did. Only when the dropped results' output block
@@ -132,17 +150,7 @@ def _drop_dead_results_of(op: ir.Operation) -> bool:
             for inner in ops[:-1]:
                 if inner not in needed:
                     continue
-                clone = inner.clone()
-
-                def remap(o: ir.Operation) -> ir.WalkResult:
-                    for idx, v in enumerate(o.operands):
-                        if v in mapping:
-                            o.operands[idx] = mapping[v]
-                    return ir.WalkResult.ADVANCE
-
-                clone.operation.walk(remap)
-                for old_r, new_r in zip(inner.results, clone.results):
-                    mapping[old_r] = new_r
+                clone_remapped(inner, mapping)
             kept = [yield_op.operands[k] for k in live]
             ir.Operation.create("linalg.yield", operands=[mapping.get(v, v) for v in kept])
     for j, k in enumerate(live):
