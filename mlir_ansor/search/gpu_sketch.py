@@ -90,6 +90,10 @@ class GpuSketch(Sketch):
     min_register_dim: int = 1
     mma_shape: tuple[int, int] = (16, 8)
 
+    def sample(self, rng: random.Random) -> Assignment:
+        """A random assignment within the target's limits (:func:`sample`)."""
+        return sample(self, rng)
+
     def block_threads(self, assignment: Assignment) -> int:
         v = dict(assignment)
         n = 1

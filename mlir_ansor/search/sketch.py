@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -235,6 +236,28 @@ class Sketch:
     def concrete(self, assignment: Assignment) -> str:
         """The script with each knob's ``selected`` value set, verified."""
         return select_knobs(self.script, dict(assignment))
+
+    # Hooks for sketches whose knobs obey limits beyond `KnobSpec` (a GPU
+    # sketch's threads per block, shared memory, derived copy knobs): the
+    # search strategies draw with `sample`, and pass every mutated or
+    # crossed-over assignment through `complete`, then drop it when
+    # `violation` names a reason. Plain sketches need none of it.
+
+    def sample(self, rng: random.Random) -> Assignment:
+        """A random valid assignment of the knobs (`space.sample`)."""
+        from .space import sample as sample_knobs
+
+        return sample_knobs(self.knobs, rng)
+
+    def complete(self, assignment: Assignment) -> Assignment:
+        """`assignment` with every knob that follows from the others set
+        (none here)."""
+        return assignment
+
+    def violation(self, assignment: Assignment) -> str | None:
+        """Why `assignment` breaks a limit of the target (None: it does not;
+        a plain sketch's knobs are valid by construction)."""
+        return None
 
 
 def select_knobs(script: str, values: dict[str, int]) -> str:

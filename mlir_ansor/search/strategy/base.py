@@ -102,5 +102,7 @@ def usable(sketch: Sketch, knobs: Assignment, threads: int) -> bool:
     """Whether a sampled assignment is worth measuring at `threads` threads
     (a forall that cannot keep the threads busy is not, unless the loop
     nest is too small to ever do so)."""
+    if sketch.violation(knobs) is not None:  # a limit of the target (GPU sketches)
+        return False
     max_parallel = math.prod(e for _, e in sketch.forall)
     return max_parallel < threads or balanced(sketch.parallelism(knobs), threads)

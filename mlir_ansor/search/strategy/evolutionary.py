@@ -47,7 +47,7 @@ import numpy as np
 from ..cost_model import CostModel, RandomModel, XGBModel
 from ..features import extractor_for
 from ..sketch import Sketch
-from ..space import Assignment, KnobSpec, make_assignment, sample
+from ..space import Assignment, KnobSpec, make_assignment
 from .base import MeasuredCandidate, SearchStrategy, TaskContext, usable
 
 
@@ -260,7 +260,7 @@ class EvolutionarySearch(SearchStrategy):
         while len(out) < n and tries < self.config.max_tries:
             tries += 1
             sk = pool[self.rng.randrange(len(pool))]
-            self._take(sk, sample(sk.knobs, self.rng), out, taken)
+            self._take(sk, sk.sample(self.rng), out, taken)
 
     def _evolve(self, pool: list[Sketch], n: int) -> list[Candidate]:
         """The `n` best-scored fresh candidates found by evolution."""
@@ -280,7 +280,7 @@ class EvolutionarySearch(SearchStrategy):
         while len(population) < cfg.population and tries < 4 * cfg.population:
             tries += 1
             sk = pool[rng.randrange(len(pool))]
-            a = sample(sk.knobs, rng)
+            a = sk.sample(rng)
             if (sk.hash, a) not in seen:
                 seen.add((sk.hash, a))
                 population.append((sk, a))
@@ -323,7 +323,8 @@ class EvolutionarySearch(SearchStrategy):
             else:
                 (j,) = rng.choices(mates, weights=[weights[m] for m in mates])
                 child = crossover(sk.knobs, a, population[j][1], rng)
-            if (sk.hash, child) not in seen:
+            child = sk.complete(child)  # derived knobs; then drop what breaks the sketch's limits
+            if sk.violation(child) is None and (sk.hash, child) not in seen:
                 seen.add((sk.hash, child))
                 children.append((sk, child))
         return children or population

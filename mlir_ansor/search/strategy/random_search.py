@@ -9,7 +9,7 @@ task does not waste the budget.
 from __future__ import annotations
 
 from ..sketch import Sketch
-from ..space import Assignment, sample
+from ..space import Assignment
 from .base import MeasuredCandidate, SearchStrategy, TaskContext, usable
 
 
@@ -36,7 +36,7 @@ class RandomSearch(SearchStrategy):
         while len(out) < n and tries < self.max_tries:
             tries += 1
             sk = pool[self.rng.randrange(len(pool))]
-            knobs = sample(sk.knobs, self.rng)
+            knobs = sk.sample(self.rng)
             key = (sk.hash, knobs)
             if key in self.ctx.measured or not usable(sk, knobs, self.ctx.threads):
                 continue
