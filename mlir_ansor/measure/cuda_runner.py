@@ -17,6 +17,7 @@ first, `pycuda` where that is installed.
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,6 +180,48 @@ class _PycudaBackend:
         self.stream.synchronize()
 
 
+def device_count() -> tuple[int, str]:
+    """How many CUDA devices this process sees, and why none when 0 (no
+    `cuda-python`, no driver library, or no device); makes no context."""
+    try:
+        from cuda.bindings import driver as cu  # type: ignore[import-not-found]
+    except ImportError:
+        try:
+            from cuda import cuda as cu  # type: ignore[import-not-found,no-redef]
+        except ImportError:
+            return 0, "cuda-python (cuda.bindings) is not installed"
+    try:
+        (err,) = cu.cuInit(0)
+        if int(err) != 0:
+            return 0, f"cuInit failed ({int(err)}): no CUDA driver or no device"
+        err, n = cu.cuDeviceGetCount()
+        if int(err) != 0:
+            return 0, f"cuDeviceGetCount failed ({int(err)})"
+    except Exception as e:  # noqa: BLE001 - a missing libcuda raises its own types
+        return 0, f"no CUDA driver: {type(e).__name__}: {e}"
+    return int(n), "" if n else "the CUDA driver reports no device"
+
+
+# A built candidate as one file (what a builder hands to a runner, which may
+# be on another machine): a magic line, its manifest entry as one JSON line,
+# then the cubin's bytes.
+_BUNDLE_MAGIC = b"mlir-ansor-cuda-bundle 1\n"
+
+
+def write_bundle(path: str | Path, entry: dict, cubin: bytes) -> None:
+    """Write a candidate's manifest `entry` and `cubin` to one file."""
+    Path(path).write_bytes(_BUNDLE_MAGIC + json.dumps(entry).encode() + b"\n" + cubin)
+
+
+def read_bundle(path: str | Path) -> tuple[dict, bytes]:
+    """The manifest entry and cubin of a file written by :func:`write_bundle`."""
+    data = Path(path).read_bytes()
+    if not data.startswith(_BUNDLE_MAGIC):
+        raise CudaRunError(f"{path}: not a candidate bundle")
+    head, _, image = data[len(_BUNDLE_MAGIC) :].partition(b"\n")
+    return json.loads(head), image
+
+
 def open_backend(device: int = 0):
     """The first CUDA backend that works; raises :class:`CudaUnavailable`
     with every reason otherwise."""
@@ -233,14 +276,17 @@ def run(
     max_repeat: int = 20,
     min_time_s: float = 0.2,
     slow_s: float = 1.0,
+    image: bytes | None = None,
 ) -> RunResult:
     """Load the candidate's cubin, run it once on `inputs` and check the
     outputs against `references` (relative max error <= `tol`), then time
     the whole launch sequence with CUDA events: `warmup` runs, then at least
     `min_repeat` and at most `max_repeat` runs, until `min_time_s` is spent.
-    A checking run slower than `slow_s` is the only timing."""
+    A checking run slower than `slow_s` is the only timing. `image`: the
+    cubin's bytes (else read from `folder` / ``entry["cubin"]``)."""
     buffers = entry["buffers"]
-    image = (Path(folder) / entry["cubin"]).read_bytes()
+    if image is None:
+        image = (Path(folder) / entry["cubin"]).read_bytes()
     module = backend.load(image)
     ptrs: list = []
     try:

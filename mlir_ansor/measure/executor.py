@@ -234,6 +234,8 @@ class LocalExecutor(Executor):
     (`build_workers` builders, by default one per such core); else all cores.
     The build, run and reference functions have the signatures of
     `jobs.build_candidate`, `jobs.run_candidate`, `jobs.prepare_reference`.
+    `gpu`: the runs go to this machine's GPU (cuda targets); `host` is then
+    the GPU's name.
     """
 
     def __init__(
@@ -246,6 +248,7 @@ class LocalExecutor(Executor):
         build_fn: Callable = jobs.build_candidate,
         run_fn: Callable = jobs.run_candidate,
         reference_fn: Callable = jobs.prepare_reference,
+        gpu: bool = False,
     ) -> None:
         cores = os.cpu_count() or 1
         self._overlap = overlap and threads < cores
@@ -257,7 +260,7 @@ class LocalExecutor(Executor):
             build_workers or default_builders, env=env, max_jobs_per_worker=200, memory_limit_mb=memory_limit_mb
         )
         self.runner = WorkerPool(1, env=env, max_jobs_per_worker=500, memory_limit_mb=memory_limit_mb)
-        self._host = host_model()
+        self._host = host_model(gpu)
         self._node = os.uname().nodename
         self._count = 0
 
@@ -999,7 +1002,7 @@ def make_executor(
     if spec == "local":
         if runner_resource:
             log.warning("runner resource %r: only the Ray executor places runners; ignored", runner_resource)
-        return LocalExecutor(threads, **common)
+        return LocalExecutor(threads, gpu=gpu, **common)
     t0 = time.perf_counter()
     ex = RayExecutor(spec, threads, runner_resource=runner_resource, gpu=gpu, **common)
     log.info("Ray executor ready in %.1f s", time.perf_counter() - t0)

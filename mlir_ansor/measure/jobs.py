@@ -6,16 +6,35 @@
   that the runner reads.
 - :func:`build_candidate`: apply a concrete schedule and emit a library.
 - :func:`run_candidate`: check a library against the reference and time it.
+
+For CUDA targets (`tuner.Measurer` picks these for ``target.kind == "cuda"``):
+
+- :func:`prepare_cuda_reference`: first make sure this host sees a GPU
+  (else fail with the reason: the tuner stops before building anything),
+  then the reference outputs as above, from the untuned CPU lowering;
+- :func:`build_cuda_candidate`: schedule, lower to PTX, assemble a cubin
+  with ptxas, and say whether ptxas's figures drop it
+  (`passes.nvvm.check_limits`); the artifact is one bundle file
+  (`cuda_runner.write_bundle`: manifest entry + cubin);
+- :func:`run_cuda_candidate`: load the bundle's cubin on the GPU, check it
+  against the reference and time it with CUDA events (`cuda_runner.run`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
+import os
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
+from ..target import Target
+from . import cuda_runner
 from .builder import build
-from .runner import Kernel, TimingPolicy, np_dtype, run, time_callable
+from .runner import Kernel, TimingPolicy, load_data, np_dtype, run, time_callable
 
 
 def random_inputs(
@@ -83,3 +102,96 @@ def build_candidate(payload: str, script: str, threads: int, so_path: str, opt_l
 
 def run_candidate(so_path: str, data_path: str, policy: TimingPolicy, tol: float, cutoff_s: float = float("inf")) -> dict:
     return run(so_path, data_path, policy, check=True, tol=tol, cutoff_s=cutoff_s)
+
+
+# --------------------------------------------------------------------------
+# CUDA targets
+
+
+class NoGpuError(RuntimeError):
+    """The runner host cannot run CUDA candidates (no driver binding, no
+    driver, or no device)."""
+
+
+_BACKENDS: list = []  # this worker's CUDA backend, opened on first use
+
+
+def _backend():
+    if not _BACKENDS:
+        try:
+            _BACKENDS.append(cuda_runner.open_backend())
+        except cuda_runner.CudaUnavailable as e:
+            raise NoGpuError(f"no GPU on the runner host: {e}") from None
+    return _BACKENDS[0]
+
+
+def prepare_cuda_reference(
+    payload: str,
+    inputs: list[tuple[tuple[int, ...], str]],
+    outputs: list[tuple[tuple[int, ...], str]],
+    seed: int,
+    so_path: str,
+    data_path: str,
+    threads: int,
+    policy: TimingPolicy,
+) -> dict:
+    """A CUDA task's reference: fail with :class:`NoGpuError` unless this
+    host can run a kernel, then compute the reference outputs with the
+    untuned CPU lowering (`prepare_reference`, timed once). Returns
+    {"costs": [] (a CPU time is no GPU baseline), "build_s", "device"}."""
+    device = _backend().device_name
+    once = TimingPolicy(warmup=0, min_repeat=1, max_repeat=1, min_time_s=0.0)
+    info = prepare_reference(payload, inputs, outputs, seed, so_path, data_path, threads, once)
+    return {"costs": [], "build_s": info["build_s"], "device": device}
+
+
+def build_cuda_candidate(
+    payload: str, script: str, threads: int, out_path: str, opt_level: int = 3, *, target: Target | None = None
+) -> dict:
+    """Build one candidate for the cuda `target` (default sm_90) into the
+    bundle `out_path`; ptxas's figures are checked against `target`'s limits.
+
+    Returns {"path", "build_s", "binary_hash" (of the cubin), "ptxas" (per
+    kernel: registers, spills, stack, smem, barriers), "features"
+    (`nvvm.ptxas_features`), "launches", "dropped" (why ptxas's figures
+    rule it out, `nvvm.check_limits`; "" when they do not)}. `threads` and
+    `opt_level` are the CPU build's and unused here."""
+    from ..passes.nvvm import build_cuda
+
+    target = target or Target.cuda(90)
+    with tempfile.TemporaryDirectory(prefix="ansor-cubin-") as tmp:
+        cubin = os.path.join(tmp, "kernel.cubin")
+        b = build_cuda(payload, script, target, cubin)
+        image = Path(cubin).read_bytes()
+    entry = b.to_json()
+    write = {**entry, "cubin": os.path.basename(out_path)}
+    cuda_runner.write_bundle(out_path, write, image)
+    return {
+        "path": out_path,
+        "build_s": b.build_s,
+        "binary_hash": hashlib.sha256(image).hexdigest()[:20],
+        "ptxas": b.ptxas,
+        "features": b.features,
+        "launches": entry["launches"],
+        "dropped": b.dropped(target) or "",
+    }
+
+
+def run_cuda_candidate(path: str, data_path: str, policy: TimingPolicy, tol: float, cutoff_s: float = float("inf")) -> dict:
+    """Check a built bundle on the GPU against the reference, then time it
+    with CUDA events (the CPU runner's contract: {"costs", "error" (relative
+    error), "ok"}). A driver error raises (a recorded run error)."""
+    be = _backend()
+    entry, image = cuda_runner.read_bundle(path)
+    inputs, refs = load_data(data_path)
+    slow = min(cutoff_s, 1.0) if math.isfinite(cutoff_s) else 1.0
+    r = cuda_runner.run(
+        be, entry, os.path.dirname(path), inputs, refs, tol,
+        warmup=policy.warmup, min_repeat=policy.min_repeat, max_repeat=policy.max_repeat,
+        min_time_s=policy.min_time_s, slow_s=slow, image=image,
+    )
+    if r.ok:
+        return {"costs": r.costs, "error": r.max_rel_err, "ok": True, "device": be.device_name}
+    if r.error.startswith("wrong answer"):
+        return {"costs": [], "error": r.max_rel_err, "ok": False}
+    raise cuda_runner.CudaRunError(r.error)

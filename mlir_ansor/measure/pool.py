@@ -60,6 +60,8 @@ class ErrorKind(enum.StrEnum):
     WRONG_ANSWER = "wrong_answer"  # set by callers
     BUILD_ERROR = "build_error"  # set by callers
     RUN_ERROR = "run_error"  # set by callers
+    PTXAS_LIMIT = "ptxas_limit"  # built, but ptxas's figures rule it out (spills, stack, smem, registers)
+    NOT_MEASURED = "not_measured"  # built in a build-only run; a measuring run measures it
 
 
 @dataclass
