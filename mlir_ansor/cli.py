@@ -1,8 +1,8 @@
 """The `mlir-ansor` command line: parse arguments, call the API, print.
 
 Subcommands (shared/DESIGN.md, "The command line"):
-  tune [INPUT] [--target cpu] [--trials N] [--db FILE] [--threads N] [--seed N]
-       [--timeout S] [--executor local|auto|ray://ADDR] [--json]
+  tune [INPUT] [--target cpu|cuda[:sm_XX]] [--trials N] [--db FILE] [--threads N] [--seed N]
+       [--timeout S] [--executor local|auto|ray://ADDR] [--json] [--build-only]
        [--search NAME] [--cost-model NAME] [--task-scheduler NAME] [--rules a,b]
        [--plugin MODULE_OR_FILE.py]... [--pretrained-model FILE]
        [--no-cost-model] [--no-crossover] [--no-packing] [--random-task-scheduler]
@@ -61,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("tune", help="search schedules for every task of a module")
     t.add_argument("input", nargs="?", help="MLIR file ('-' for stdin); default: a bundled 256^3 matmul")
-    t.add_argument("--target", default="cpu", help="cpu (the host)")
+    t.add_argument("--target", default="cpu",
+                   help="cpu (the host), or cuda / cuda:sm_XX (NVIDIA: builds need ptxas, measuring needs a GPU)")
     t.add_argument("--trials", type=_positive(int), default=64, help="candidates to measure (whole module)")
     t.add_argument("--db", default="tuning.db", help="records database (created or resumed)")
     t.add_argument("--threads", type=_positive(int), default=1, help="threads the kernels use")
@@ -88,6 +89,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--executor", default="local", metavar="local|auto|ray://ADDR",
                    help="where candidates are built and measured: local worker processes (default), "
                         "auto (Ray: a running cluster, else a local instance), or ray://HOST:PORT (a Ray cluster)")
+    t.add_argument("--build-only", action="store_true",
+                   help="build (for cuda: and ptxas-check) candidates without measuring them; records are "
+                        "'not_measured' (or the build error / 'ptxas_limit'), and a later run on the same --db "
+                        "with a GPU measures them. For a cuda target on a machine without a GPU")
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     t.add_argument("--progress", choices=("auto", "live", "log", "none"), default="auto",
                    help="progress display: live on a terminal, log lines otherwise (auto)")
@@ -216,6 +221,9 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         if r.errors:
             print(f"{'':<4}errors: " + ", ".join(f"{k} {v}" for k, v in sorted(r.errors.items())))
     print(f"whole module: {_fmt_s(result.latency_s)} (records in {result.db_path})")
+    if config.build_only:
+        print("build only: nothing was measured; run the same command without --build-only on a host with "
+              "the target's hardware (same --db) to measure what was built")
     return 0
 
 
@@ -248,6 +256,7 @@ def config_from_args(args: argparse.Namespace, config_cls):
         packing=not args.no_packing,
         evolution=EvolutionConfig(crossover=not args.no_crossover),
         pretrained_model=args.pretrained_model,
+        build_only=getattr(args, "build_only", False),
     )
 
 

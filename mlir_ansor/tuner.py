@@ -10,6 +10,17 @@ time in a separate runner process, and commit every outcome, valid or not, to
 the records database. :class:`Measurer` owns the executor (worker processes
 on this machine, or a Ray cluster: `measure.executor`).
 
+CUDA targets (``Target.cuda()``): the sketches come from
+`search.gpu_sketch.generate_gpu_sketches`; a build lowers to PTX and runs
+ptxas (`jobs.build_cuda_candidate`), and a candidate that ptxas's figures
+rule out (spills, a stack frame, shared memory or registers past the
+block's limits) is a ``ptxas_limit`` record, never measured; the runner
+(`jobs.run_cuda_candidate`) runs the cubin on the GPU with CUDA events and
+checks it against the reference. Without a GPU, ``TuneConfig.build_only``
+builds and filters candidates and records them as ``not_measured``
+(resuming the database on a GPU host measures them); without it, `tune`
+stops with the reason before building anything.
+
 Why measure one at a time: two kernels timed at once on a 2-core machine
 disturb each other; builds are CPU-bound and independent, so they run in
 parallel, then the batch is timed serially with the machine otherwise idle.
@@ -19,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -102,6 +114,10 @@ class TuneConfig:
       asks for one unit of this custom resource, so it runs on a node that
       offers it (builds run anywhere); None: any node with `threads` free
       CPUs (and a GPU for cuda targets).
+    build_only: build (and for CUDA, assemble and filter with ptxas) every
+      candidate, measure none: each is recorded as ``not_measured`` (or with
+      its build error or ``ptxas_limit``). For a machine without a GPU; a
+      measuring run on the same database measures what this one built.
     """
 
     trials: int = 64
@@ -131,6 +147,7 @@ class TuneConfig:
     pretrained_model: str | None = None
     executor: str = "local"
     runner_resource: str | None = None
+    build_only: bool = False
 
 
 @dataclass
@@ -304,7 +321,11 @@ class Measurer:
     own to check that crashes and hangs become recorded errors. `executor`:
     one made by the caller, with its own job functions (left open by
     `close`); else one is made from ``config.executor`` for `target` (a GPU
-    runner for a cuda target), running `build_fn` and `run_fn`.
+    runner for a cuda target), running `build_fn`, `run_fn` and
+    `reference_fn` (signature of `jobs.prepare_reference`; None: the
+    target's). For a cuda target the default job functions are the CUDA ones
+    (`jobs.build_cuda_candidate`, `jobs.run_cuda_candidate`,
+    `jobs.prepare_cuda_reference`).
     """
 
     def __init__(
@@ -315,10 +336,20 @@ class Measurer:
         run_fn: Callable = jobs.run_candidate,
         executor: Executor | None = None,
         target: Target | None = None,
+        reference_fn: Callable | None = None,
     ) -> None:
+        gpu = target is not None and target.kind == "cuda"
+        if gpu:
+            if build_fn is jobs.build_candidate:
+                build_fn = functools.partial(jobs.build_cuda_candidate, target=target)
+            if run_fn is jobs.run_candidate:
+                run_fn = jobs.run_cuda_candidate
+        if reference_fn is None:
+            reference_fn = jobs.prepare_cuda_reference if gpu else jobs.prepare_reference
         self.config = config
         self.build_fn = build_fn
         self.run_fn = run_fn
+        self.suffix = ".cubin-bundle" if gpu else ".so"  # what a candidate's build writes
         self._own_executor = executor is None
         self.executor = executor or make_executor(
             config.executor,
@@ -327,9 +358,10 @@ class Measurer:
             overlap=config.overlap,
             memory_limit_mb=config.memory_limit_mb,
             runner_resource=config.runner_resource,
-            gpu=target is not None and target.kind == "cuda",
+            gpu=gpu,
             build_fn=build_fn,
             run_fn=run_fn,
+            reference_fn=reference_fn,
         )
         # Overlap builds with measurement only when the kernels leave a core
         # free (the executor knows where its runner is).
@@ -420,8 +452,53 @@ def make_strategy(config: TuneConfig) -> SearchStrategy:
 
 def task_sketches(task: Task, target: Target, config: TuneConfig) -> list[Sketch]:
     """The task's sketches under the configuration's rule selection and
-    ablations (`rules`, `packing`)."""
-    return generate_sketches(task.mlir, target, rules=config.rules, fixed=None if config.packing else NO_PACKING)
+    ablations (`rules`, `packing`). A cuda target gets the GPU sketches
+    (`gpu_sketch.generate_gpu_sketches`; `rules` and `packing` are CPU
+    rules' and do not apply), less those with no assignment within the
+    target's limits (a tile space too small for a warp-sized block)."""
+    if target.kind != "cuda":
+        return generate_sketches(task.mlir, target, rules=config.rules, fixed=None if config.packing else NO_PACKING)
+    import random
+
+    from .errors import UnsupportedError
+    from .search.gpu_sketch import generate_gpu_sketches
+
+    out: list[Sketch] = []
+    for sk in generate_gpu_sketches(task.mlir, target):
+        try:
+            sk.sample(random.Random(0))
+        except UnsupportedError as e:
+            log.info("task %s: sketch %s dropped: %s", task.name, sk.name, e)
+            continue
+        out.append(sk)
+    if not out:
+        raise AnsorError(f"task {task.name}: no GPU sketch has a knob assignment within the limits of {target.key}")
+    return out
+
+
+def check_cuda_host(target: Target, config: TuneConfig, *, gpu_here: bool = True) -> None:
+    """Fail early, with what to do, when a cuda target cannot be tuned here:
+    no ptxas to build with, or no GPU to measure on. The GPU is looked for
+    only when the runs go to this machine (`gpu_here`, the local executor,
+    not `build_only`); a Ray runner, or a caller's `Measurer`, finds out
+    when the task's reference is prepared (`jobs.prepare_cuda_reference`)."""
+    from .measure.cuda_runner import device_count
+    from .passes.nvvm import find_ptxas
+
+    if find_ptxas() is None:
+        raise AnsorError(
+            f"target {target.key}: building CUDA candidates needs the CUDA toolkit's ptxas "
+            "(not on PATH, $PTXAS, $CUDA_HOME/bin or /usr/local/cuda/bin)"
+        )
+    if config.build_only or config.executor != "local" or not gpu_here:
+        return
+    n, why = device_count()
+    if n == 0:
+        raise AnsorError(
+            f"target {target.key}: measuring CUDA candidates needs a GPU on this host, and there is none ({why}); "
+            "pass --build-only (TuneConfig(build_only=True)) to build and ptxas-check candidates here, "
+            "then resume the same --db on a GPU host to measure them"
+        )
 
 
 def _reduction_length(task: Task) -> int:
@@ -459,12 +536,7 @@ def tune(
         config = dataclasses.replace(config, trials=trials)
     target = target or Target.host()
     if target.kind == "cuda":
-        raise AnsorError(
-            f"target {target.key}: tuning measures candidates, and CUDA candidates are measured on a GPU host "
-            "that this tuner does not drive yet; build GPU candidates with benchmarks/gpu_build.py "
-            "(mlir_ansor.search.gpu_sketch + mlir_ansor.passes.nvvm) and time them there with "
-            "benchmarks/gpu_check.sh"
-        )
+        check_cuda_host(target, config, gpu_here=measurer is None)
     program = source if isinstance(source, Program) else load(source)
     tasks = extract_tasks(program, func=func)
     own_db = db is None
@@ -537,10 +609,15 @@ def _prepare(tasks: list[Task], target: Target, config: TuneConfig, database: Da
         st.tol = tolerance(task.outputs[0].dtype if task.outputs else "f32", _reduction_length(task))
         database.add_workload(task.workload_key, task.name, task.mlir, task.flops)
         # Resume: skip what is measured, start from the best valid record.
-        for sk_hash, knobs in database.measured_keys(task.workload_key, target.key):
-            ctx.measured.add((sk_hash, tuple(knobs)))
+        # A measuring run measures what a build-only run only built.
+        records = database.records(task.workload_key, target.key)
+        for rec in records:
+            if config.build_only or rec.error_kind != ErrorKind.NOT_MEASURED:
+                ctx.measured.add((rec.sketch_hash, tuple(rec.knobs)))
         by_hash = {sk.hash: sk for sk in sketches}
-        for rec in database.records(task.workload_key, target.key):
+        for rec in records:
+            if rec.error_kind == ErrorKind.NOT_MEASURED:
+                continue
             if rec.threads == config.threads and rec.sketch_hash in by_hash and rec.host == m.host:
                 ctx.history.append(
                     MeasuredCandidate(by_hash[rec.sketch_hash], tuple(rec.knobs), tuple(rec.costs), rec.error_kind)
@@ -555,13 +632,24 @@ def _prepare(tasks: list[Task], target: Target, config: TuneConfig, database: Da
                 if sk.hash == rec.sketch_hash:
                     st.result.best_sketch = sk.name
                     st.result.best_script = sk.concrete(rec.knobs)
+        if config.build_only:
+            states.append(st)  # nothing runs: no reference, no baseline
+            log.info("task %s: %d sketch(es), build only", task.name, len(sketches))
+            continue
         st.data_path, res = m.reference(sketches[0].payload, task, config.seed, i)
         if not res.ok:
+            last = res.error_msg.strip().splitlines()[-1] if res.error_msg.strip() else ""
+            if "NoGpuError" in res.error_msg:
+                raise AnsorError(
+                    f"target {target.key}: the runner cannot run CUDA kernels ({last}); tune on a host with a GPU, "
+                    "or pass --build-only (TuneConfig(build_only=True)) to build and ptxas-check candidates only"
+                )
             raise AnsorError(
                 f"task {task.name}: the untuned lowering failed, so no reference can be computed "
-                f"({res.error_kind.value}: {res.error_msg.strip().splitlines()[-1] if res.error_msg.strip() else ''})"
+                f"({res.error_kind.value}: {last})"
             )
-        st.result.baseline_latency_s = sorted(res.value["costs"])[len(res.value["costs"]) // 2]
+        costs = sorted(res.value["costs"])  # none for a GPU task: its untuned lowering runs on the CPU
+        st.result.baseline_latency_s = costs[len(costs) // 2] if costs else math.inf
         log.info(
             "task %s: %d sketch(es), %d knobs, untuned %.3g s (%.2f GFLOP/s)",
             task.name,
@@ -621,7 +709,7 @@ class _Batches:
             cands = []
             for sk, knobs in drawn:
                 self.counter += 1
-                c = Candidate(st, sk, knobs, so_path=self.m.path(f"c{self.counter}.so"))
+                c = Candidate(st, sk, knobs, so_path=self.m.path(f"c{self.counter}{self.m.suffix}"))
                 c.script = sk.concrete(knobs)
                 cands.append(c)
             return st, cands
@@ -714,11 +802,25 @@ def _search(
     return measured
 
 
+def _ptxas_json(value: dict) -> str:
+    """A CUDA build's ptxas figures and launch shapes, as one JSON object
+    (kept in a record's message: what the filter decided on)."""
+    return json.dumps({"ptxas": value.get("ptxas", {}), "launches": value.get("launches", [])})
+
+
 def _measure_one(c: Candidate, b: JobResult, st: _TaskState, target: Target, config: TuneConfig, m: Measurer) -> dict:
     if not b.ok:
         kind = ErrorKind.BUILD_ERROR if b.error_kind == ErrorKind.EXCEPTION else b.error_kind
         # Nothing ran: the record belongs to the host kind this run measures on.
         return {"costs": [], "error_kind": kind.value, "error_msg": b.error_msg, "host": m.host}
+    if b.value.get("dropped"):
+        # ptxas's figures rule it out (`nvvm.check_limits`): not worth running.
+        msg = f"dropped after ptxas: {b.value['dropped']}; {_ptxas_json(b.value)}"
+        return {"costs": [], "error_kind": ErrorKind.PTXAS_LIMIT.value, "error_msg": msg, "host": m.host}
+    if config.build_only:
+        fig = f"; {_ptxas_json(b.value)}" if "ptxas" in b.value else ""
+        msg = f"built, not measured (build-only run){fig}"
+        return {"costs": [], "error_kind": ErrorKind.NOT_MEASURED.value, "error_msg": msg, "host": m.host}
     bhash = b.value.get("binary_hash")
     if bhash in st.binaries:
         # Same machine code as a candidate already measured: reuse its result.

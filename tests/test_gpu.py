@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import random
 import sys
 from pathlib import Path
@@ -84,13 +85,141 @@ def test_cuda_target(mlir_side):
         Target.parse("tpu")
 
 
-def test_tune_refuses_cuda_without_a_gpu_driver(mlir_side):
+def _gpu_count() -> tuple[int, str]:
+    return _runner().device_count()
+
+
+def test_tune_without_a_gpu_stops_before_building(mlir_side, ptxas, tmp_path):
+    """No GPU: `tune` for a cuda target names the reason and --build-only,
+    before it builds or records anything."""
     from mlir_ansor import tune
     from mlir_ansor.errors import AnsorError
     from mlir_ansor.target import Target
 
-    with pytest.raises(AnsorError, match="GPU host"):
-        tune(str(Path(__file__).parent / "inputs" / "matmul.mlir"), target=Target.cuda())
+    n, why = _gpu_count()
+    if n:
+        pytest.skip(f"this host has {n} GPU(s): tune measures there")
+    db = tmp_path / "t.db"
+    with pytest.raises(AnsorError, match="needs a GPU on this host.*--build-only") as e:
+        tune(str(Path(__file__).parent / "inputs" / "matmul.mlir"), target=Target.cuda(), db=db)
+    assert why in str(e.value)
+    assert not db.exists()
+
+
+MATMUL_MLIR = Path(__file__).parent / "inputs" / "matmul.mlir"  # 128x64 @ 64x256, f32
+
+
+def _ptxas_figures(msg: str) -> dict:
+    return json.loads(msg[msg.index("{"):])
+
+
+def test_tune_build_only_records_ptxas_checked_candidates(mlir_side, ptxas, tmp_path):
+    """Build-only tuning for CUDA: candidates come from the GPU sketches
+    within the target's limits, each is built to a cubin, and ptxas's
+    figures decide: within the block's registers (a quarter of sm_90's here,
+    so some candidates pass the limit), recorded ``not_measured``; past it,
+    ``ptxas_limit``, with the figures it was judged on."""
+    import dataclasses
+
+    from mlir_ansor import tune
+    from mlir_ansor.frontend import load
+    from mlir_ansor.records import Database
+    from mlir_ansor.search.gpu_sketch import generate_gpu_sketches
+    from mlir_ansor.search.task import extract_tasks
+    from mlir_ansor.target import Target
+    from mlir_ansor.tuner import TuneConfig
+
+    target = dataclasses.replace(Target.cuda(90), registers_per_block=16384)
+    cfg = TuneConfig(trials=16, batch_size=8, build_only=True, seed=1)
+    res = tune(str(MATMUL_MLIR), target=target, config=cfg, db=tmp_path / "t.db")
+    (task,) = res.tasks
+    assert res.measured == 16 and task.trials == 16 and not math.isfinite(task.best_latency_s)
+    sketches = {sk.hash: sk for sk in generate_gpu_sketches(extract_tasks(load(str(MATMUL_MLIR)))[0].mlir, target)}
+    recs = Database(str(tmp_path / "t.db")).records()
+    kinds = {r.error_kind for r in recs}
+    assert kinds <= {"not_measured", "ptxas_limit"}, [r.error_msg[:200] for r in recs]
+    assert {"not_measured", "ptxas_limit"} <= kinds  # both outcomes met (seeded)
+    assert dict(task.errors) == {k: sum(r.error_kind == k for r in recs) for k in kinds}
+    for r in recs:
+        sk = sketches[r.sketch_hash]
+        assert sk.violation(r.knobs) is None, (sk.name, r.knobs)  # sampled within the sketch's limits
+        fig = _ptxas_figures(r.error_msg)
+        ((entry, p),) = fig["ptxas"].items()
+        threads = math.prod(fig["launches"][0]["block"])
+        over = p["registers"] * threads > 16384 or p["spill_stores"] or p["stack"]
+        assert bool(over) == (r.error_kind == "ptxas_limit"), (r.error_kind, p, threads)
+        if r.error_kind == "ptxas_limit":
+            assert r.error_msg.startswith(f"dropped after ptxas: {entry}")
+    # Resuming in build-only mode builds nothing twice.
+    again = tune(str(MATMUL_MLIR), target=target, config=dataclasses.replace(cfg, trials=4), db=tmp_path / "t.db")
+    recs2 = Database(str(tmp_path / "t.db")).records()
+    assert again.measured == 4 and len({(r.sketch_hash, r.knobs) for r in recs2}) == 20
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_tune_measures_cuda_candidates_on_a_fake_gpu(wrong, mlir_side, ptxas, tmp_path):
+    """The measuring path without a GPU: real builds and cubins, the runner's
+    bundle, buffers, reference check and timing loop, with a fake device
+    that computes the product itself (`fake_cuda.py`). Right answers become
+    valid records timed at the fake's 0.1 ms; a wrong one is caught."""
+    import fake_cuda
+
+    from mlir_ansor import tune
+    from mlir_ansor.records import Database
+    from mlir_ansor.target import Target
+    from mlir_ansor.tuner import Measurer, TuneConfig
+
+    target = Target.cuda(90)
+    cfg = TuneConfig(trials=3, batch_size=3, seed=2)
+    run = fake_cuda.wrong_run_on_fake_gpu if wrong else fake_cuda.run_on_fake_gpu
+    with Measurer(cfg, target=target, run_fn=run, reference_fn=fake_cuda.reference_on_fake_gpu) as m:
+        res = tune(str(MATMUL_MLIR), target=target, config=cfg, db=tmp_path / "t.db", measurer=m)
+    recs = Database(str(tmp_path / "t.db")).records()
+    assert len(recs) == 3
+    built = [r for r in recs if r.error_kind != "ptxas_limit"]
+    assert built
+    if wrong:
+        assert all(r.error_kind == "wrong_answer" and "relative error" in r.error_msg for r in built)
+        assert not math.isfinite(res.tasks[0].best_latency_s)
+    else:
+        assert all(r.valid and set(r.costs) == {1e-4} for r in built)
+        assert res.tasks[0].best_latency_s == pytest.approx(1e-4)
+
+
+def test_tune_on_the_gpu(mlir_side, ptxas, tmp_path):
+    """On a host with a GPU (cuda-python and a device), tuning measures
+    real candidates, checked against the reference."""
+    from mlir_ansor import tune
+    from mlir_ansor.target import Target
+    from mlir_ansor.tuner import TuneConfig
+
+    n, why = _gpu_count()
+    if not n:
+        pytest.skip(f"no GPU to measure on: {why}")
+    res = tune(str(MATMUL_MLIR), target=Target.cuda(90), config=TuneConfig(trials=8, batch_size=8), db=tmp_path / "t.db")
+    assert res.measured == 8 and math.isfinite(res.tasks[0].best_latency_s)
+
+
+def test_evolution_keeps_gpu_limits(mlir_side):
+    """Mutation and crossover of GPU assignments stay within the sketch's
+    limits (derived copy knobs recomputed, violators dropped); a bare
+    mutation does not, which is why the hook exists."""
+    from mlir_ansor import workloads
+    from mlir_ansor.search.gpu_sketch import generate_gpu_sketches
+    from mlir_ansor.search.strategy import EvolutionarySearch
+    from mlir_ansor.search.strategy.evolutionary import mutate
+    from mlir_ansor.target import Target
+
+    sks = generate_gpu_sketches(workloads.matmul(128, 256, 64, "f32"), Target.cuda(90))
+    sk = next(s for s in sks if s.name == "cuda-tiled")  # derived copy knobs and register-tile limits
+    rng = random.Random(0)
+    pop = [(sk, sk.sample(rng)) for _ in range(48)]
+    assert any(sk.violation(mutate(sk.knobs, a, rng)) for _, a in pop)
+    es = EvolutionarySearch()
+    es.rng = random.Random(1)
+    children = es._offspring(pop, np.asarray([rng.random() for _ in pop]))
+    assert len(children) > 48
+    assert all(s.violation(a) is None for s, a in children)
 
 
 def test_ptxas_report_parsing(mlir_side):

@@ -1,0 +1,89 @@
+"""A stand-in CUDA device for the tuner's GPU tests on machines without one.
+
+`run_on_fake_gpu` and `reference_on_fake_gpu` are the CUDA job functions
+(`jobs.run_cuda_candidate`, `jobs.prepare_cuda_reference`) with this
+worker's CUDA backend replaced by :class:`FakeMatmulDevice`, which loads
+the real cubin (checks it is an ELF image), keeps the buffers, and on each
+launch computes C = A @ B itself. So everything around the driver (the
+bundle, the buffer order, the check against the reference, the timing
+loop, the records) runs as on a GPU; `wrong_run_on_fake_gpu` adds 1 to C,
+which the check must catch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlir_ansor.measure import jobs
+
+
+class FakeMatmulDevice:
+    name = "fake"
+    device_name = "Fake GPU"
+
+    def __init__(self, wrong: bool = False) -> None:
+        self.mem: dict[int, np.ndarray | None] = {}
+        self.order: list[int] = []
+        self.wrong = wrong
+        self.next = 4096
+
+    def load(self, image):
+        assert image[:4] == b"\x7fELF", "a cubin is an ELF image"
+        return "module"
+
+    def function(self, module, entry):
+        return entry
+
+    def unload(self, module):
+        pass
+
+    def alloc(self, nbytes):
+        self.next += 4096
+        self.mem[self.next] = None
+        self.order.append(self.next)
+        return self.next
+
+    def free(self, ptr):
+        del self.mem[ptr]
+        self.order.remove(ptr)
+
+    def to_device(self, ptr, array):
+        self.mem[ptr] = array.copy()
+
+    def to_host(self, array, ptr):
+        array[...] = self.mem[ptr]
+
+    def launch(self, func, grid, block, smem, ptrs):
+        a, b, c = (self.mem[p] for p in self.order[:3])  # host-argument order: A, B, C
+        c[...] = a @ b + (1.0 if self.wrong else 0.0)
+
+    def event(self):
+        return object()
+
+    def record(self, ev):
+        pass
+
+    def elapsed_s(self, start, end):
+        return 1e-4
+
+    def synchronize(self):
+        pass
+
+
+def _install(wrong: bool = False) -> None:
+    jobs._BACKENDS[:] = [FakeMatmulDevice(wrong)]
+
+
+def reference_on_fake_gpu(*args):
+    _install()
+    return jobs.prepare_cuda_reference(*args)
+
+
+def run_on_fake_gpu(*args):
+    _install()
+    return jobs.run_cuda_candidate(*args)
+
+
+def wrong_run_on_fake_gpu(*args):
+    _install(wrong=True)
+    return jobs.run_cuda_candidate(*args)
