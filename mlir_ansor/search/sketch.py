@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from mlir import ir, passmanager
 
 from ..errors import UnsupportedError
 from ..target import Target
-from .space import Assignment, KnobSpec
+from .space import Assignment, KnobSpec, make_assignment
 
 OP_ATTR = "ansor.op"
 ANCHOR_ATTR = "ansor.anchor"
@@ -214,6 +215,10 @@ class Sketch:
     knobs: tuple[KnobSpec, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
     forall: tuple[tuple[str, int], ...] = ()  # (tile knob, loop extent) of the scf.forall
+    # The rule's guess of a good value per knob (the option nearest to it is
+    # taken): :func:`default_assignment`, for tasks nobody tuned and as the
+    # first candidate of every search. Not part of the sketch's identity.
+    prefer: tuple[tuple[str, int], ...] = field(default=(), compare=False)
 
     def parallelism(self, assignment: Assignment) -> int:
         """How many iterations the scf.forall of this schedule has (a
@@ -258,6 +263,43 @@ class Sketch:
         """Why `assignment` breaks a limit of the target (None: it does not;
         a plain sketch's knobs are valid by construction)."""
         return None
+
+
+def _nearest(options: Sequence[int], target: int) -> int:
+    """The option nearest to `target` on a log scale (the smaller on a tie)."""
+    t = math.log(max(1, target))
+    return min(options, key=lambda o: (abs(math.log(max(1, o)) - t), o))
+
+
+def default_assignment(sketch: Sketch, threads: int) -> Assignment:
+    """The knob values a sketch gets without measurements: the rule's
+    preferred values (`Sketch.prefer`, nearest allowed option), and parallel
+    tiles that give the scf.forall at least `threads` iterations, an even
+    split where one exists (outer loops first). A parallel tile without a
+    preference is as large as the thread count allows (the whole extent at
+    one thread); knobs without a preference take their first option.
+    Always valid: every value is among those its knob allows."""
+    need = max(1, threads)
+    prefer = dict(sketch.prefer)
+    extents = dict(sketch.forall)
+    values: dict[str, int] = {}
+    for spec in sketch.knobs:
+        allowed = spec.allowed(values)
+        extent = extents.get(spec.name)
+        if extent is not None and not spec.alternatives:
+            target = prefer.get(spec.name, extent)
+            chunks = {t: -(-extent // t) for t in allowed}
+            fits = [t for t in allowed if chunks[t] >= need]
+            even = [t for t in fits if chunks[t] % need == 0]
+            tile = _nearest(even or fits or [min(allowed)], target)
+            values[spec.name] = tile
+            need = max(1, -(-need // chunks[tile]))
+        elif spec.name in prefer:
+            want = prefer[spec.name]
+            values[spec.name] = want if want in allowed else allowed[0] if spec.alternatives else _nearest(allowed, want)
+        else:
+            values[spec.name] = allowed[0]
+    return make_assignment(values)
 
 
 def select_knobs(script: str, values: dict[str, int]) -> str:

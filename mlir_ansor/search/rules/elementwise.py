@@ -49,4 +49,7 @@ class ElementwiseVectorize(Rule):
             if any(s != 0 for s in sizes):
                 w.tile_for(w.match_op_id(forall, o.op_id), sizes)
         finish(w, vectorize=True)
-        return [Sketch(self.name, ctx.payload, w.text(), tuple(specs), forall=tuple((f"p_d{d}", ranges[d]) for d in root.parallel))]
+        # Default: two vectors per step, one row.
+        prefer = ((f"r_d{vec}", 2 * ctx.lanes()),) + (((f"r_d{row}", 1),) if row is not None else ())
+        forall = tuple((f"p_d{d}", ranges[d]) for d in root.parallel)
+        return [Sketch(self.name, ctx.payload, w.text(), tuple(specs), forall=forall, prefer=prefer)]

@@ -180,7 +180,11 @@ class MultiLevelTiling(Rule):
                 specs.append(KnobSpec(f"r_d{d}", opts, doc=f"register rows of loop d{d}"))
         if inner_red:
             d = inner_red[-1]
-            if transposed or not odd[d]:
+            # Window loops (kw = 3) keep tiles that divide them: a partial
+            # unroll or cache tile of one sent the transform interpreter into
+            # a loop that never ended (a 3x3 NCHW conv with k = u = 2 ran past
+            # 400 s before it was killed; with k = 3, u = 1 it builds in 0.2 s).
+            if transposed or not odd[d] or is_window:
                 opts = tuple(x for x in UNROLLS if ranges[d] % x == 0)
             else:
                 opts = tuple(x for x in UNROLLS if x <= ranges[d])
@@ -208,7 +212,7 @@ class MultiLevelTiling(Rule):
                 continue
             u_name = f"u_d{d}" if f"u_d{d}" in reg else None
             doc = f"reduction (cache) tile of loop d{d}"
-            if odd[d] and u_name is not None and not transposed:
+            if odd[d] and u_name is not None and not transposed and not is_window:
                 opts = partial_tile_options(ranges[d], UNROLLS)
                 specs.append(KnobSpec(f"k_d{d}", opts, multiple_of=u_name, doc=doc + " (the last may be partial)"))
             else:
@@ -280,4 +284,34 @@ class MultiLevelTiling(Rule):
             w.cleanup(func)
         finish(w, vectorize=True)
         forall_knobs = tuple((f"p_d{d}", ranges[d]) for d in anchor.parallel)
-        return [Sketch(self.name, ctx.payload, w.text(), tuple(specs), forall=forall_knobs)]
+        prefer = _preferred(specs, vec, row, inner_red, lanes)
+        return [Sketch(self.name, ctx.payload, w.text(), tuple(specs), forall=forall_knobs, prefer=prefer)]
+
+
+# The default point of the space (`sketch.default_assignment`): a register
+# tile of 4 rows by 2 vectors (8 accumulators of AVX2's 16 registers, the
+# shape of the best GEMM 1024 records), the innermost reduction unrolled by
+# 4, cache tiles of up to 256 along the reductions, thread tiles of 64 rows
+# by 128 vector columns (a packed 256x128 f32 tile is 128 KiB, a quarter of
+# Zen 3's L2), and the reused operand packed.
+_PREFER_ROWS, _PREFER_UNROLL, _PREFER_K = 4, 4, 256
+_PREFER_P_ROWS, _PREFER_P_COLS = 64, 128
+
+
+def _preferred(specs: list[KnobSpec], vec: int | None, row: int | None, inner_red: list[int], lanes: int) -> tuple[tuple[str, int], ...]:
+    prefer: dict[str, int] = {}
+    for sp in specs:
+        kind, _, d = sp.name.partition("_d")
+        if sp.name == "pack":
+            prefer[sp.name] = 0
+        elif kind == "r":
+            prefer[sp.name] = 2 * lanes if int(d) == vec else _PREFER_ROWS
+        elif kind == "u":
+            prefer[sp.name] = _PREFER_UNROLL
+        elif kind == "k":
+            prefer[sp.name] = _PREFER_K
+        elif kind == "p" and int(d) == vec:
+            prefer[sp.name] = _PREFER_P_COLS
+        elif kind == "p" and int(d) == row:
+            prefer[sp.name] = _PREFER_P_ROWS
+    return tuple(sorted(prefer.items()))

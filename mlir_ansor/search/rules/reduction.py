@@ -107,4 +107,14 @@ class ReductionVectorize(Rule):
             horizontal(w)
         tile_others_like(w, ctx, forall, [sizes[d] if d in a.parallel else 0 for d in range(len(ranges))], skip={a.op_id})
         finish(w, vectorize=True)
-        return [Sketch(self.name, ctx.payload, w.text(), tuple(specs), forall=tuple((f"p_d{d}", ranges[d]) for d in a.parallel))]
+        # Default: one vector of lanes; along the contiguous dimension,
+        # partial results two vectors wide (rfactor) where it applies.
+        prefer = [(f"v_d{contiguous}", lanes)] + ([(f"r_d{row}", 1)] if f"r_d{row}" in reg else [])
+        if widths:
+            prefer.append(("rfactor", 1 + widths.index(_nearest_width(widths, 2 * lanes))))
+        forall = tuple((f"p_d{d}", ranges[d]) for d in a.parallel)
+        return [Sketch(self.name, ctx.payload, w.text(), tuple(specs), forall=forall, prefer=tuple(prefer))]
+
+
+def _nearest_width(widths: tuple[int, ...], target: int) -> int:
+    return min(widths, key=lambda x: (abs(x - target), x))

@@ -1,0 +1,107 @@
+"""The rules' default points (`Sketch.prefer`, `sketch.default_assignment`):
+valid for every sketch, the expected register tile for a GEMM, measured
+first by the search, and what `compile` gives a task without records."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mlir_ansor
+from mlir_ansor import TuneConfig, tune, workloads
+from mlir_ansor.records import Database
+from mlir_ansor.search.sketch import default_assignment, generate_sketches
+from mlir_ansor.search.space import is_valid
+from mlir_ansor.search.task import extract_tasks
+from mlir_ansor.target import Target
+
+AVX2 = Target("cpu", 256, 2, "test", ("avx2", "fma"))
+
+WORKLOADS = {
+    "matmul": workloads.matmul(128, 96, 64),
+    "odd_matmul": workloads.matmul(67, 45, 33),
+    "matmul_tb": workloads.matmul_transposed_b(64, 64, 32),
+    "batch_matmul": workloads.batch_matmul(2, 32, 32, 16),
+    "conv_nhwc": workloads.conv2d_nhwc(1, 10, 10, 8, 16, 3, 3),
+    "conv_nchw": workloads.conv2d_nchw(1, 8, 10, 10, 16, 3, 3),
+    "pool": workloads.pool2d_nhwc(1, 10, 10, 8, 3, 1, "max"),
+    "reduce": workloads.reduce_last(16, 64),
+    "softmax": workloads.softmax(16, 64),
+    "elementwise": workloads.elementwise_add_relu(16, 64),
+    "conv3d": workloads.conv3d_ndhwc(1, 4, 6, 6, 4, 8, 3),
+}
+
+
+def _tasks(text: str, tmp_path):
+    path = tmp_path / "w.mlir"
+    path.write_text(text)
+    return extract_tasks(str(path))
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_default_point_is_valid_and_keeps_threads_busy(name, tmp_path):
+    for task in _tasks(WORKLOADS[name], tmp_path):
+        for sk in generate_sketches(task.mlir, AVX2):
+            for threads in (1, 2, 4):
+                a = default_assignment(sk, threads)
+                assert is_valid(sk.knobs, a), (sk.name, threads, a)
+                most = 1
+                for _, extent in sk.forall:
+                    most *= extent
+                want = min(threads, most)
+                assert sk.parallelism(a) >= want, (sk.name, threads, a)
+                if threads == 1:
+                    assert sk.parallelism(a) == 1 or any(sk.prefer), (sk.name, a)
+
+
+def test_gemm_default_is_four_rows_by_two_vectors_packed(tmp_path):
+    (task,) = _tasks(workloads.matmul(512, 512, 512), tmp_path)
+    sk = generate_sketches(task.mlir, AVX2)[0]
+    assert sk.name == "cpu-contraction"
+    a = dict(default_assignment(sk, 1))
+    assert (a["r_d0"], a["r_d1"], a["u_d2"], a["k_d2"], a["pack"]) == (4, 16, 4, 256, 0)
+    assert (a["p_d0"], a["p_d1"]) == (64, 128)
+    # two threads: the same tiles already give 8 x 4 forall iterations
+    assert dict(default_assignment(sk, 2)) == a
+
+
+def test_window_loops_get_no_partial_tiles(tmp_path):
+    # a 3x3 NCHW convolution: k = u = 2 on its kw loop made the transform
+    # interpreter loop forever; tiles of window loops divide them
+    (task,) = _tasks(workloads.conv2d_nchw(1, 8, 10, 10, 16, 3, 3), tmp_path)
+    sk = generate_sketches(task.mlir, AVX2)[0]
+    for spec in sk.knobs:
+        if spec.name in ("u_d6", "k_d6", "u_d5", "k_d5"):
+            assert all(3 % o == 0 for o in spec.options), (spec.name, spec.options)
+
+
+def test_first_batch_measures_the_default_point(tmp_path):
+    path = tmp_path / "mm.mlir"
+    path.write_text(workloads.matmul(64, 64, 32))
+    db = tmp_path / "t.db"
+    config = TuneConfig(trials=3, batch_size=3, strategy="random", seed=5)
+    tune(str(path), config=config, db=db)
+    (task,) = extract_tasks(str(path))
+    sk = generate_sketches(task.mlir, Target.host())[0]
+    want = (sk.hash, default_assignment(sk, 1))
+    with Database(db) as d:
+        recs = d.records()
+    keys = [(r.sketch_hash, tuple(r.knobs)) for r in recs]
+    assert want in keys and len(set(keys)) == len(keys) == 3
+    # the ablation: no default point
+    db2 = tmp_path / "n.db"
+    tune(str(path), config=TuneConfig(trials=3, batch_size=3, strategy="random", seed=5, default_candidate=False), db=db2)
+    with Database(db2) as d:
+        assert want not in [(r.sketch_hash, tuple(r.knobs)) for r in d.records()]
+
+
+def test_compile_without_records_uses_the_rule_default(tmp_path):
+    path = tmp_path / "mm.mlir"
+    path.write_text(workloads.matmul(96, 80, 48))
+    cm = mlir_ansor.compile(str(path), db=None)
+    (k,) = cm.kernels
+    assert k.source == "default" and k.sketch_name == "cpu-contraction"
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((96, 48), dtype=np.float32)
+    b = rng.standard_normal((48, 80), dtype=np.float32)
+    np.testing.assert_allclose(cm(a, b), a @ b, rtol=1e-4, atol=1e-4)
