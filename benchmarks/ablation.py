@@ -14,6 +14,7 @@ with FLAGS one of (docs/extending.md, "Ablations"):
   no packing         --no-packing               the pack alternative held at "in place"
   round-robin tasks  --task-scheduler round-robin
   random tasks       --random-task-scheduler
+  no default point   --no-default-candidate   the rule's default knobs not measured first
 
 and prints, per workload, the median (over seeds) best GFLOP/s of each
 variant as found in the search, the same best record re-timed in a fresh
@@ -51,6 +52,7 @@ VARIANTS: list[tuple[str, list[str]]] = [
     ("no packing", ["--no-packing"]),
     ("round-robin tasks", ["--task-scheduler", "round-robin"]),
     ("random tasks", ["--random-task-scheduler"]),
+    ("no default candidate", ["--no-default-candidate"]),
 ]
 
 

@@ -6,6 +6,7 @@ Subcommands (shared/DESIGN.md, "The command line"):
        [--search NAME] [--cost-model NAME] [--task-scheduler NAME] [--rules a,b]
        [--plugin MODULE_OR_FILE.py]... [--pretrained-model FILE]
        [--no-cost-model] [--no-crossover] [--no-packing] [--random-task-scheduler]
+       [--no-default-candidate]
   compile [INPUT] [--db FILE] [--threads N] [-o OUT.mlir|OUT.so]
   run [INPUT] [--db FILE] [--threads N] [--repeat N] [--json]
   show FILE.db [--json]
@@ -86,6 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     ab.add_argument("--no-crossover", action="store_true", help="evolutionary search with mutations only")
     ab.add_argument("--no-packing", action="store_true", help="drop the packing alternative of multi-level tiling")
     ab.add_argument("--random-task-scheduler", action="store_true", help="give each batch to a random task")
+    ab.add_argument("--no-default-candidate", action="store_true",
+                    help="do not measure the rule's default point first (random points only)")
     t.add_argument("--executor", default="local", metavar="local|auto|ray://ADDR",
                    help="where candidates are built and measured: local worker processes (default), "
                         "auto (Ray: a running cluster, else a local instance), or ray://HOST:PORT (a Ray cluster)")
@@ -254,6 +257,7 @@ def config_from_args(args: argparse.Namespace, config_cls):
         task_scheduler="random" if args.random_task_scheduler else args.task_scheduler,
         rules=rules,
         packing=not args.no_packing,
+        default_candidate=not args.no_default_candidate,
         evolution=EvolutionConfig(crossover=not args.no_crossover),
         pretrained_model=args.pretrained_model,
         build_only=getattr(args, "build_only", False),

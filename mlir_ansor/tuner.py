@@ -54,7 +54,7 @@ from .measure.pool import ErrorKind, JobResult
 from .measure.runner import TimingPolicy, tolerance
 from .records import Database, Record
 from .search.rules import NO_PACKING
-from .search.sketch import Sketch, generate_sketches
+from .search.sketch import Sketch, default_assignment, generate_sketches
 from .search.space import Assignment
 from .search.strategy import EvolutionConfig, MeasuredCandidate, SearchStrategy, TaskContext
 from .search.task import Task, extract_tasks
@@ -100,6 +100,10 @@ class TuneConfig:
       every registered rule. The default schedule is always added.
     packing: False holds the packing alternative of multi-level tiling at
       "read in place" (the no-packing ablation, `rules.NO_PACKING`).
+    default_candidate: measure each task's default point (the rule's
+      preferred knobs, `sketch.default_assignment`: what `compile` gives an
+      untuned task) in its first batch; False is an ablation (random points
+      only).
     evolution: settings of the evolutionary strategy (its `max_tries` is
       taken from `max_sample_tries`); `crossover=False` is an ablation.
     pretrained_model: a saved cost model (`CostModel.save`, e.g. trained on
@@ -143,6 +147,7 @@ class TuneConfig:
     cost_model: str = "xgb"
     rules: tuple[str, ...] | None = None
     packing: bool = True
+    default_candidate: bool = True
     evolution: EvolutionConfig = field(default_factory=EvolutionConfig)
     pretrained_model: str | None = None
     executor: str = "local"
@@ -605,6 +610,8 @@ def _prepare(tasks: list[Task], target: Target, config: TuneConfig, database: Da
     for i, task in enumerate(tasks):
         sketches = task_sketches(task, target, config)
         ctx = TaskContext(task, sketches, target, config.threads, config.seed)
+        if config.default_candidate and sketches and sketches[0].prefer:
+            ctx.seeds.append((sketches[0], default_assignment(sketches[0], config.threads)))
         st = _TaskState(task, sketches, make_strategy(config), TaskResult(task))
         st.tol = tolerance(task.outputs[0].dtype if task.outputs else "f32", _reduction_length(task))
         database.add_workload(task.workload_key, task.name, task.mlir, task.flops)

@@ -25,6 +25,9 @@ class TaskContext:
     measured: (sketch hash, assignment) pairs already measured (in earlier
       runs too: a resumed run never measures one twice).
     history: earlier valid measurements, for warm starts.
+    seeds: candidates to measure first, before any sampling (the rules'
+      default points, `sketch.default_assignment`): a task that gets one
+      batch has the rule's guess measured, not only random points.
     """
 
     task: Task
@@ -34,6 +37,19 @@ class TaskContext:
     seed: int
     measured: set[tuple[str, Assignment]] = field(default_factory=set)
     history: list[MeasuredCandidate] = field(default_factory=list)
+    seeds: list[tuple[Sketch, Assignment]] = field(default_factory=list)
+
+    def take_seeds(self, n: int) -> list[tuple[Sketch, Assignment]]:
+        """Up to `n` seeds not measured yet, each handed out once and marked
+        measured."""
+        out: list[tuple[Sketch, Assignment]] = []
+        while self.seeds and len(out) < n:
+            sk, a = self.seeds.pop(0)
+            if (sk.hash, a) in self.measured or not usable(sk, a, self.threads):
+                continue
+            self.measured.add((sk.hash, a))
+            out.append((sk, a))
+        return out
 
     def rng(self, salt: str = "") -> random.Random:
         return random.Random(f"{self.seed}:{self.task.workload_key}:{salt}")

@@ -218,11 +218,11 @@ class EvolutionarySearch(SearchStrategy):
     # ---------------------------------------------------------- proposals
     def generate_candidates(self, n: int) -> list[Candidate] | None:
         pool = self._pool()
-        out: list[Candidate] = []
-        taken: set = set()
+        out: list[Candidate] = self.ctx.take_seeds(n)
+        taken: set = {(sk.hash, a) for sk, a in out}
         if self._model_ready():
             n_random = int(round(n * self.config.eps_greedy))
-            for sk, a in self._evolve(pool, n - n_random):
+            for sk, a in self._evolve(pool, n - n_random - len(out)):
                 self._take(sk, a, out, taken)
         self._fill_random(pool, n, out, taken)
         return out or None

@@ -31,7 +31,7 @@ class RandomSearch(SearchStrategy):
 
     def generate_candidates(self, n: int) -> list[tuple[Sketch, Assignment]] | None:
         pool = self._pool()
-        out: list[tuple[Sketch, Assignment]] = []
+        out = self.ctx.take_seeds(n)
         tries = 0
         while len(out) < n and tries < self.max_tries:
             tries += 1
