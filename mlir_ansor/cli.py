@@ -308,6 +308,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     for r in report.rows:
         drift = f"{r.drift:.2f}x" if math.isfinite(r.drift) else "-"
         notes = [r.error] if r.error else []
+        if r.other_host:
+            notes.append(f"recorded on {r.recorded_host}")
         if r.changed_versions:
             notes.append("versions changed: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in r.changed_versions.items()))
         print(f"{r.name[:40]:<40} {r.rank:>4} {r.threads:>7} {_fmt_s(r.old_latency_s):>11} "

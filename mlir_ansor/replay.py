@@ -42,6 +42,8 @@ class ReplayRow:
     error: str = ""  # empty when it rebuilt, checked and timed fine
     seed: int | None = None
     changed_versions: dict = field(default_factory=dict)  # name -> (recorded, now)
+    recorded_host: str = ""  # the host (CPU model or GPU) the record was measured on
+    other_host: bool = False  # recorded on another kind of machine: drift mixes machines
 
     @property
     def drift(self) -> float:
@@ -65,6 +67,8 @@ class ReplayRow:
             "error": self.error,
             "seed": self.seed,
             "changed_versions": {k: list(v) for k, v in self.changed_versions.items()},
+            "recorded_host": self.recorded_host,
+            "other_host": self.other_host,
         }
 
 
@@ -112,7 +116,10 @@ def replay(
     jobs: dict[int, list] = {}  # threads -> [(task, sketch, record, rank)]
     with Database(db_path) as db:
         for w in db.workloads():
-            recs = db.best(w["workload_key"], target.key, threads=threads, k=10**6)
+            # Records measured on this kind of machine; else those of the
+            # host with the most records (drift then compares machines).
+            recs = db.best(w["workload_key"], target.key, threads=threads, k=10**6, host=target.model)
+            recs = recs or db.best(w["workload_key"], target.key, threads=threads, k=10**6)
             if not recs:
                 continue
             try:
@@ -147,6 +154,8 @@ def replay(
                     w["name"], w["workload_key"], rank, n_threads, sk.name, tuple(rec.knobs), rec.latency_s,
                     seed=seed if isinstance(seed, int) else None,
                     changed_versions={k: (old_v[k], v) for k, v in now.items() if k in old_v and old_v[k] != v},
+                    recorded_host=rec.host,
+                    other_host=rec.host != target.model,
                 )
                 rows.append(row)
                 if w["workload_key"] not in data:

@@ -78,3 +78,28 @@ def test_replay_reports_records_that_no_longer_build(tiny_db, tmp_path, capsys):
     assert main(["replay", str(db_path), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["rows"][0]["rank"] == 1 and data["target"] == Target.host().key
+
+
+def test_replay_prefers_records_of_this_machine(tiny_db, tmp_path, capsys):
+    import shutil
+
+    db_path = tmp_path / "hosts.db"
+    shutil.copyfile(tiny_db, db_path)
+    with Database(db_path) as db:
+        w = db.workloads()[0]
+        mine = db.best(w["workload_key"], Target.host().key)[0]
+        # Another machine's records, more of them and faster: never compared
+        # with this machine's while this machine has some.
+        for i in range(len(mine.knobs)):
+            db.commit_record(Record(**{**mine.to_json(), "host": "Other CPU", "costs": (1e-9,), "timestamp": 10.0 + i}))
+    report = replay(db_path, top=1, timing=TINY)
+    (row,) = report.rows
+    assert row.recorded_host == Target.host().model and not row.other_host
+    assert row.old_latency_s == pytest.approx(mine.latency_s)
+    # Only another machine's records: replayed, and the drift says so.
+    other = Target(**{**Target.host().__dict__, "model": "Some Other CPU"})
+    report = replay(db_path, top=1, timing=TINY, target=other)
+    (row,) = report.rows
+    assert row.recorded_host == "Other CPU" and row.other_host
+    assert main(["replay", str(db_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"][0]["other_host"] is False
