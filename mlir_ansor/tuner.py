@@ -616,8 +616,14 @@ def _prepare(tasks: list[Task], target: Target, config: TuneConfig, database: Da
         st.tol = tolerance(task.outputs[0].dtype if task.outputs else "f32", _reduction_length(task))
         database.add_workload(task.workload_key, task.name, task.mlir, task.flops)
         # Resume: skip what is measured, start from the best valid record.
-        # A measuring run measures what a build-only run only built.
-        records = database.records(task.workload_key, target.key)
+        # A measuring run measures what a build-only run only built. What
+        # another kind of machine, or another thread count, measured is
+        # measured again here (its latencies are never compared with ours).
+        records = [
+            r
+            for r in database.records(task.workload_key, target.key)
+            if r.host == m.host and r.threads == config.threads
+        ]
         for rec in records:
             if config.build_only or rec.error_kind != ErrorKind.NOT_MEASURED:
                 ctx.measured.add((rec.sketch_hash, tuple(rec.knobs)))
@@ -625,7 +631,7 @@ def _prepare(tasks: list[Task], target: Target, config: TuneConfig, database: Da
         for rec in records:
             if rec.error_kind == ErrorKind.NOT_MEASURED:
                 continue
-            if rec.threads == config.threads and rec.sketch_hash in by_hash and rec.host == m.host:
+            if rec.sketch_hash in by_hash:
                 ctx.history.append(
                     MeasuredCandidate(by_hash[rec.sketch_hash], tuple(rec.knobs), tuple(rec.costs), rec.error_kind)
                 )

@@ -105,3 +105,22 @@ def test_compile_without_records_uses_the_rule_default(tmp_path):
     a = rng.standard_normal((96, 48), dtype=np.float32)
     b = rng.standard_normal((48, 80), dtype=np.float32)
     np.testing.assert_allclose(cm(a, b), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_another_machines_records_do_not_count_as_measured(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "mm.mlir"
+    path.write_text(workloads.matmul(64, 64, 32))
+    db = tmp_path / "h.db"
+    config = TuneConfig(trials=2, batch_size=2, strategy="random", seed=9)
+    tune(str(path), config=config, db=db)
+    with sqlite3.connect(db) as c:  # as if another kind of machine had measured them
+        c.execute("UPDATE records SET host = 'Other CPU'")
+    tune(str(path), config=config, db=db)
+    (task,) = extract_tasks(str(path))
+    sk = generate_sketches(task.mlir, Target.host())[0]
+    seed_point = (sk.hash, default_assignment(sk, 1))
+    with Database(db) as d:
+        hosts = [r.host for r in d.records() if (r.sketch_hash, tuple(r.knobs)) == seed_point]
+    assert sorted(hosts) == sorted(["Other CPU", Target.host().model])
