@@ -33,6 +33,7 @@ from mlir import ir, passmanager
 from ..errors import UnsupportedError
 from ..target import Target
 from .space import Assignment, KnobSpec, make_assignment
+from .space import sample as sample_knobs
 
 OP_ATTR = "ansor.op"
 ANCHOR_ATTR = "ansor.anchor"
@@ -250,8 +251,6 @@ class Sketch:
 
     def sample(self, rng: random.Random) -> Assignment:
         """A random valid assignment of the knobs (`space.sample`)."""
-        from .space import sample as sample_knobs
-
         return sample_knobs(self.knobs, rng)
 
     def complete(self, assignment: Assignment) -> Assignment:
