@@ -22,6 +22,16 @@ What it does, and why:
   reshape between a convolution and its batch-norm chain and stops their
   fusion into one task.)
 
+* converts channel-first convolutions and poolings to channel-last and
+  sinks the transposes this makes until they cancel (:mod:`.layout`;
+  ``normalize(module, layout=False)`` or :data:`CONVERT_LAYOUT` turn it off):
+  our CPU sketches vectorize NHWC convolutions along the output channels,
+  NCHW ones only along the image width.
+
+* rewrites grouped and 3-D convolutions as plain 2-D ones
+  (:mod:`.split_conv`): only those decompose to the 1-D convolutions the
+  vectorizer knows (GRP ran at 2.5 GFLOP/s and C3D at 1.9 before).
+
 * folds transposes into the contractions and reductions that read them
   (:mod:`.fold_transpose`): a transpose feeding a matmul would otherwise be
   a task of its own with no arithmetic (BERT's attention scores, TBG).
@@ -36,12 +46,18 @@ from mlir import ir
 from mlir.passmanager import PassManager
 
 from .fold_transpose import fold_transposes
+from .split_conv import split_convolutions
+from .layout import convert_layout
 
-__all__ = ["clone_remapped", "drop_dead_results", "drop_unit_broadcasts", "normalize"]
+__all__ = ["CONVERT_LAYOUT", "clone_remapped", "drop_dead_results", "drop_unit_broadcasts", "normalize"]
 
 _FUNC_PIPELINE = "func.func(canonicalize,cse)"
 NORMALIZED_ATTR = "ansor.normalized"
 """Unit attribute set on a function once :func:`normalize` ran on it."""
+CONVERT_LAYOUT = True
+"""Whether :func:`normalize` runs the channel-last layout pass when not told
+(the task extraction behind tune and compile does not tell it: set this to
+False to extract and compile channel-first convolutions as imported)."""
 
 
 def _on_tensors(fn: ir.Operation) -> bool:
@@ -257,9 +273,13 @@ def drop_unit_broadcasts(fn: ir.Operation) -> int:
     return count
 
 
-def normalize(module: ir.Module) -> None:
+def normalize(module: ir.Module, *, layout: bool | None = None) -> None:
     """Normalize every function of ``module`` that works on tensors, in place
-    (idempotent: a function already normalized is skipped)."""
+    (idempotent: a function already normalized is skipped). `layout`: run the
+    channel-last layout pass (:func:`.layout.convert_layout`); None reads
+    :data:`CONVERT_LAYOUT`."""
+    if layout is None:
+        layout = CONVERT_LAYOUT
     with module.context, ir.Location.unknown():
         for opview in module.body.operations:
             fn = opview.operation
@@ -268,6 +288,9 @@ def normalize(module: ir.Module) -> None:
             if NORMALIZED_ATTR in fn.attributes or not _on_tensors(fn):
                 continue
             drop_dead_results(fn)
+            if layout:
+                convert_layout(fn)
+            split_convolutions(fn)
             drop_unit_broadcasts(fn)
             fold_transposes(module, fn)
             pm = PassManager.parse(_FUNC_PIPELINE)
