@@ -35,8 +35,9 @@ def _sketch_names(text: str, tmp_path) -> list[list[str]]:
         (workloads.pool2d_nhwc(1, 10, 10, 8, 3, 1, "max"), ["cpu-contraction", "cpu-default"]),
         (workloads.reduce_last(16, 64), ["cpu-reduction", "cpu-default"]),
         (workloads.elementwise_add_relu(16, 64), ["cpu-elementwise", "cpu-default"]),
-        # No 1-D decomposition upstream: the default schedule only.
-        (workloads.conv3d_ndhwc(1, 4, 6, 6, 4, 8, 3), ["cpu-default"]),
+        # No 1-D decomposition upstream: normalization makes it 2-D
+        # convolutions over the depth window (search/split_conv.py).
+        (workloads.conv3d_ndhwc(1, 4, 6, 6, 4, 8, 3), ["cpu-contraction", "cpu-default"]),
     ],
 )
 def test_rule_choice_follows_structure(tmp_path, text, expected):

@@ -73,6 +73,10 @@ ALLOWED_NON_LINALG_OPS = frozenset(
         # Padding (torch-mlir pads convolution and pooling inputs) stays
         # outside tasks too: the padded tensor is the task's argument.
         "tensor.pad",
+        # Slices (convolutions split into plain 2-D ones, `split_conv.py`) stay
+        # outside tasks as well: tasks read and write whole tensors.
+        "tensor.extract_slice",
+        "tensor.insert_slice",
     }
 )
 """Non-Linalg ops that may appear in a function body; they are left outside tasks."""

@@ -1,0 +1,94 @@
+"""Grouped and 3-D convolutions rewritten as plain 2-D ones
+(`search/split_conv.py`), and strided copies lowered to loops, not to the C
+runner's element-by-element `memrefCopy` (`passes/lowering.py`)."""
+
+from __future__ import annotations
+
+import numpy as np
+from mlir import ir
+
+import mlir_ansor
+from mlir_ansor import workloads
+from mlir_ansor.compile import compile_untuned
+from mlir_ansor.passes.lowering import strided_copies_to_linalg
+from mlir_ansor.search.split_conv import split_conv3d, split_groups
+from mlir_ansor.search.task import extract_tasks
+
+
+def _grouped_numpy(x: np.ndarray, k: np.ndarray) -> np.ndarray:
+    n, h, w, g, c = x.shape
+    _, f, kh, kw, _ = k.shape
+    out = np.zeros((n, h - kh + 1, w - kw + 1, g, f), dtype=np.float64)
+    for i in range(kh):
+        for j in range(kw):
+            win = x[:, i : i + h - kh + 1, j : j + w - kw + 1].astype(np.float64)  # n oh ow g c
+            out += np.einsum("nhwgc,gfc->nhwgf", win, k[:, :, i, j, :].astype(np.float64))
+    return out
+
+
+def test_split_makes_one_plain_conv_per_group():
+    with ir.Context(), ir.Location.unknown():
+        m = ir.Module.parse(workloads.grouped_conv2d_nhwgc(1, 9, 8, 3, 4, 5, 3, 2))
+        fn = m.body.operations[0].operation
+        assert split_groups(fn) == 1
+        m.operation.verify()
+        text = str(m)
+    assert "conv_2d_nhwgc_gfhwc" not in text
+    assert text.count("linalg.conv_2d_nhwc_hwcf") == 3 and text.count("tensor.insert_slice") == 3
+    # the original filled init is gone (every output element is inserted)
+    assert text.count("linalg.fill") == 3
+
+
+def test_grouped_conv_compiles_to_merged_tasks_and_matches_numpy(tmp_path):
+    path = tmp_path / "grp.mlir"
+    path.write_text(workloads.grouped_conv2d_nhwgc(1, 10, 9, 3, 4, 8, 3, 3))
+    tasks = extract_tasks(str(path))  # normalized: split per group
+    by_name = {t.name: t for t in tasks}
+    conv = next(t for n, t in by_name.items() if n.startswith("conv_2d_nhwc_hwcf"))
+    assert conv.weight == 3 and len(tasks) == 2  # the convolution and the filter transpose, once each
+    cm = mlir_ansor.compile(str(path), db=None)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 10, 9, 3, 4)).astype(np.float32)
+    k = rng.standard_normal((3, 8, 3, 3, 4)).astype(np.float32)
+    got = cm(x, k)
+    np.testing.assert_allclose(got, _grouped_numpy(x, k), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(compile_untuned(str(path))(x, k), got, rtol=1e-4, atol=1e-4)
+
+
+def test_strided_copies_become_linalg_copies():
+    text = """
+    func.func @f(%a: memref<4x8xf32>, %b: memref<4x4xf32>, %c: memref<4x8xf32>) {
+      %s = memref.subview %a[0, 2] [4, 4] [1, 1] : memref<4x8xf32> to memref<4x4xf32, strided<[8, 1], offset: 2>>
+      memref.copy %s, %b : memref<4x4xf32, strided<[8, 1], offset: 2>> to memref<4x4xf32>
+      memref.copy %a, %c : memref<4x8xf32> to memref<4x8xf32>
+      return
+    }"""
+    with ir.Context(), ir.Location.unknown():
+        m = ir.Module.parse(text)
+        assert strided_copies_to_linalg(m) == 1
+        out = str(m)
+    assert out.count("linalg.copy") == 1 and out.count("memref.copy") == 1  # the contiguous one stays a memcpy
+
+
+def test_conv3d_becomes_2d_convs_over_the_depth_window(tmp_path):
+    text = workloads.conv3d_ndhwc(1, 6, 8, 7, 4, 8, 3)
+    with ir.Context(), ir.Location.unknown():
+        m = ir.Module.parse(text)
+        assert split_conv3d(m.body.operations[0].operation) == 1
+        m.operation.verify()
+        out = str(m)
+    assert "conv_3d" not in out and out.count("linalg.conv_2d_nhwc_hwcf") == 3
+    path = tmp_path / "c3d.mlir"
+    path.write_text(text)
+    names = sorted(t.name for t in extract_tasks(str(path)))
+    assert all(n.startswith("conv_2d_nhwc_hwcf_4x6x5x8x3x3x4") for n in names)
+    cm = mlir_ansor.compile(str(path), db=None)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 6, 8, 7, 4)).astype(np.float32)
+    k = rng.standard_normal((3, 3, 3, 4, 8)).astype(np.float32)
+    want = np.zeros((1, 4, 6, 5, 8))
+    for a in range(3):
+        for b in range(3):
+            for c in range(3):
+                want += np.einsum("ndhwc,cf->ndhwf", x[:, a : a + 4, b : b + 6, c : c + 5].astype(np.float64), k[a, b, c])
+    np.testing.assert_allclose(cm(x, k), want, rtol=1e-4, atol=1e-4)
