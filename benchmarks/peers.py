@@ -108,7 +108,22 @@ def _run_tvm(args: argparse.Namespace, wd: str, names: list[str], models: list[s
         with open(log) as f:
             tail = f.read()[-2000:]
         return {"error": f"peers_tvm.py exited with status {proc.returncode}; end of {log}:\n{tail}"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    with open(os.path.join(wd, "tvm.json"), "w") as f:  # for --reuse-tvm
+        json.dump(info, f, indent=1)
+    return info
+
+
+def _reused_tvm(tvm_dir: str) -> dict:
+    """TVM's results of an earlier run in `tvm_dir` (its `tvm.json`), to be
+    re-timed in this run (`--reuse-tvm`)."""
+    path = os.path.join(tvm_dir, "tvm.json")
+    if not os.path.exists(path):
+        return {"error": f"--reuse-tvm: no {path} (written by a run of peers.py with TVM)"}
+    with open(path) as f:
+        info = json.load(f)
+    info["reused_from"] = tvm_dir
+    return info
 
 
 def _retime_tvm(args: argparse.Namespace, wd: str, names: list[str]) -> dict[str, float]:
@@ -192,6 +207,8 @@ def print_table(rows: list[Row], args: argparse.Namespace, tvm_info: dict) -> di
             print(f"  {r.name}: {n}")
     if "error" in tvm_info:
         print(f"  TVM: {tvm_info['error']}")
+    if tvm_info.get("reused_from"):
+        print(f"  TVM: tuned in an earlier run ({tvm_info['reused_from']}), its kernels re-timed in this one")
     elif tvm_info.get("startup_s"):
         print(f"  TVM: one-time start-up (imports, tensor intrinsics) {tvm_info['startup_s']:.0f} s, not in its tune times")
     single = [r for r in rows if r.name in workloads.ANSOR_SET and r.name not in workloads.SUBGRAPHS]
@@ -270,6 +287,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-tvm", action="store_true", help="leave TVM out")
     ap.add_argument("--tvm-python", default=DEFAULT_TVM_PYTHON, help="python of TVM's env")
+    ap.add_argument("--reuse-tvm", metavar="DIR",
+                    help="take TVM's tuning (times, trials, best kernels) from the work folder of an earlier run "
+                         "on the same inputs (same --seed) and only re-time its kernels in this run")
     ap.add_argument("--plot", metavar="PNG", help="write a bar chart of GFLOP/s and tuning times")
     ap.add_argument("--json", metavar="FILE", help="write every figure as JSON")
     ap.add_argument("--work-dir", help="keep inputs, databases and TVM logs here (default: a temporary folder)")
@@ -317,7 +337,13 @@ def main() -> None:
         print(f"ours {name}: {o.latency_s * 1e3:.3f} ms, tuned in {o.tune_s:.0f} s", file=sys.stderr, flush=True)
 
     # 3. TVM MetaSchedule, in its own env, after ours (never at the same time).
-    tvm_info: dict = {"error": "left out (--no-tvm)"} if args.no_tvm else _run_tvm(args, wd, names, models)
+    tvm_dir = args.reuse_tvm or wd
+    if args.no_tvm:
+        tvm_info: dict = {"error": "left out (--no-tvm)"}
+    elif args.reuse_tvm:
+        tvm_info = _reused_tvm(tvm_dir)
+    else:
+        tvm_info = _run_tvm(args, wd, names, models)
     for name, res in tvm_info.get("results", {}).items():
         row = rows[name]
         if "error" in res:
@@ -327,7 +353,7 @@ def main() -> None:
             row.peers["tvm"] = res["latency_s"]
             ref_path = os.path.join(wd, f"{name}.ours.npy")
             if os.path.exists(ref_path):
-                row.tvm_err = _rel_err(np.load(os.path.join(wd, f"{name}.tvm.npy")), np.load(ref_path))
+                row.tvm_err = _rel_err(np.load(os.path.join(tvm_dir, f"{name}.tvm.npy")), np.load(ref_path))
                 if row.tvm_err > 1e-3:
                     row.notes.append(f"TVM's output differs from ours (relative error {row.tvm_err:.1e})")
 
@@ -336,7 +362,7 @@ def main() -> None:
     # one window does not decide a ratio alone.
     if len(work) > 0:
         print("timing every system again", file=sys.stderr, flush=True)
-        again = {} if args.no_tvm else _retime_tvm(args, wd, names)
+        again = {} if args.no_tvm else _retime_tvm(args, tvm_dir, names)
         for name, _path, arrays, model, example in work:
             row = rows[name]
             if name in kernels:
@@ -346,7 +372,8 @@ def main() -> None:
                 for s, v in fresh.items():
                     row.peers[s] = min(row.peers.get(s, math.inf), v)
             if name in again and "tvm" in row.peers:
-                row.peers["tvm"] = min(row.peers["tvm"], again[name])
+                # a reused tuning counts only as timed in this run
+                row.peers["tvm"] = again[name] if args.reuse_tvm else min(row.peers["tvm"], again[name])
 
     table = [rows[n] for n, *_ in work]
     summary = print_table(table, args, tvm_info)
