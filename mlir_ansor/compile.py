@@ -55,7 +55,7 @@ from .measure.runner import Kernel, np_dtype
 from .passes.lowering import BUFFERIZE, emit_shared_library, lower_to_llvm
 from .search.normalize import clone_remapped
 from .search.task import Occurrence, Task, partition
-from .target import Target
+from .target import Target, usable_cores
 
 __all__ = ["CompiledModule", "KernelPlan", "ScheduledModule", "compile", "compile_untuned", "plan_kernels", "schedule_module"]
 
@@ -627,7 +627,7 @@ def _pool() -> WorkerPool:
     if not _POOL:
         import atexit
 
-        pool = WorkerPool(max(1, os.cpu_count() or 1), env={"KMP_WARNINGS": "0"}, max_jobs_per_worker=100)
+        pool = WorkerPool(usable_cores(), env={"KMP_WARNINGS": "0"}, max_jobs_per_worker=100)
         atexit.register(pool.close)
         _POOL.append(pool)
     return _POOL[0]

@@ -102,3 +102,21 @@ def test_best_compares_records_of_one_host_only(tmp_path):
         assert {r.host for r in db.best("wk", "cpu:avx2", threads=1, k=10)} == {"Slow CPU"}
         assert [dict(r.knobs)["t"] for r in db.best("wk", "cpu:avx2", threads=2, k=10)] == [6]
         assert db.best("wk", "cpu:other") == []
+
+
+def test_cores_follow_cpu_affinity():
+    # Under `taskset -c 0` the tuner must not overlap builds with timing on
+    # the one core it may use (the machine may have more).
+    import subprocess
+    import sys
+
+    code = (
+        "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
+        "from mlir_ansor.target import usable_cores, Target;"
+        "from mlir_ansor.measure.executor import LocalExecutor;"
+        "ex = LocalExecutor(threads=1);"
+        "print(usable_cores(), Target.host().cores, ex.overlap); ex.close()"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "1", "False"]

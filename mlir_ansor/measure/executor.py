@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 from ..errors import AnsorError
+from ..target import usable_cores
 from . import jobs
 from .pool import ErrorKind, JobResult, WorkerPool
 from .runner import TimingPolicy
@@ -149,6 +150,7 @@ class RunJob:
     policy: TimingPolicy
     tol: float
     cutoff_s: float = float("inf")
+
 
 
 def host_model(gpu: bool = False) -> str:
@@ -250,7 +252,7 @@ class LocalExecutor(Executor):
         reference_fn: Callable = jobs.prepare_reference,
         gpu: bool = False,
     ) -> None:
-        cores = os.cpu_count() or 1
+        cores = usable_cores()
         self._overlap = overlap and threads < cores
         default_builders = max(1, cores - threads) if self._overlap else cores
         env = _worker_env(threads)
