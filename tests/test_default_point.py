@@ -124,3 +124,39 @@ def test_another_machines_records_do_not_count_as_measured(tmp_path):
     with Database(db) as d:
         hosts = [r.host for r in d.records() if (r.sketch_hash, tuple(r.knobs)) == seed_point]
     assert sorted(hosts) == sorted(["Other CPU", Target.host().model])
+
+
+SQUARED_DIFF = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d0)>
+func.func @sq(%x: tensor<16x64xf64>, %m: tensor<16xf64>) -> tensor<16x64xf64> {
+  %e = tensor.empty() : tensor<16x64xf64>
+  %d = linalg.generic {indexing_maps = [#id, #row, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x, %m : tensor<16x64xf64>, tensor<16xf64>) outs(%e : tensor<16x64xf64>) {
+  ^bb0(%a: f64, %b: f64, %o: f64):
+    %s = arith.subf %a, %b : f64
+    linalg.yield %s : f64
+  } -> tensor<16x64xf64>
+  %q = linalg.generic {indexing_maps = [#id, #id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%d, %d : tensor<16x64xf64>, tensor<16x64xf64>) outs(%e : tensor<16x64xf64>) {
+  ^bb0(%a: f64, %b: f64, %o: f64):
+    %p = arith.mulf %a, %b : f64
+    linalg.yield %p : f64
+  } -> tensor<16x64xf64>
+  return %q : tensor<16x64xf64>
+}
+"""
+
+
+def test_elementwise_consumer_reading_its_producer_twice(tmp_path):
+    # (x - mean)^2 as BERT's layer norm writes it: the producer is fused in
+    # twice, and tiling both copies with knob sizes once was refused
+    # ("expected as many parameter values (0) as target ops (2)").
+    path = tmp_path / "sq.mlir"
+    path.write_text(SQUARED_DIFF)
+    cm = mlir_ansor.compile(str(path), db=None)
+    (k,) = cm.kernels
+    assert k.source == "default" and k.sketch_name == "cpu-elementwise"
+    rng = np.random.default_rng(0)
+    x, m = rng.standard_normal((16, 64)), rng.standard_normal(16)
+    np.testing.assert_allclose(cm(x, m), (x - m[:, None]) ** 2, rtol=1e-12)

@@ -54,7 +54,8 @@ class ElementwiseVectorize(Rule):
                 if r_d is not None and o_d is not None:
                     sizes[o_d] = reg[r_d]
             if any(s != 0 for s in sizes):
-                w.tile_for(w.match_op_id(forall, o.op_id), sizes)
+                # each: a producer read twice by its consumer (x * x) is fused in twice
+                w.tile_each(w.match_op_id(forall, o.op_id), sizes)
         finish(w, vectorize=True)
         # Default: two vectors per step, one row.
         prefer = ((f"r_d{vec}", 2 * ctx.lanes()),) + (((f"r_d{row}", 1),) if row is not None else ())
