@@ -53,7 +53,7 @@ from .frontend import Program, load
 from .measure.pool import WorkerPool
 from .measure.runner import Kernel, np_dtype
 from .passes.lowering import BUFFERIZE, emit_shared_library, lower_to_llvm
-from .search.normalize import clone_remapped
+from .search.normalize import backward_slice, clone_remapped
 from .search.task import Occurrence, Task, partition
 from .target import Target, usable_cores
 
@@ -485,7 +485,7 @@ def _fold_constants(program: Program) -> int:
     from mlir.dialects import arith as arith_d
     from mlir.dialects import func as func_d
 
-    from .search.task import _captured_values, constant_linalg_ops
+    from .search.task import constant_linalg_ops
 
     folded = 0
     for fn in _func_ops(program.module):
@@ -504,21 +504,8 @@ def _fold_constants(program: Program) -> int:
         if not frontier:
             continue
         # The ops the frontier depends on, in program order.
-        owner = {}
-        order = {}
-        for k, opview in enumerate(block.operations):
-            order[opview.operation] = k
-            for r in opview.operation.results:
-                owner[r] = opview.operation
-        needed: set = set()
-        stack = list(frontier)
-        while stack:
-            v = stack.pop()
-            op = owner.get(v)
-            if op is None or op in needed:
-                continue
-            needed.add(op)
-            stack.extend(list(op.operands) + _captured_values(op))
+        order = {opview.operation: k for k, opview in enumerate(block.operations)}
+        needed = {x for x in backward_slice(block, frontier) if isinstance(x, ir.Operation)}
         with program.context, ir.Location.unknown():
             fold = ir.Module.create()
             with ir.InsertionPoint(fold.body):
@@ -542,8 +529,7 @@ def _fold_constants(program: Program) -> int:
             for v, arr in zip(frontier, values):
                 if arr.dtype == np.bool_:
                     continue  # i1 data needs bit packing; such an op stays and runs per call
-                producer = owner[v]
-                with ir.InsertionPoint(producer):
+                with ir.InsertionPoint(v.owner):
                     attr = ir.DenseElementsAttr.get(np.ascontiguousarray(arr), type=ir.ShapedType(v.type).element_type)
                     c = arith_d.ConstantOp(v.type, attr)
                 v.replace_all_uses_with(c.result)

@@ -50,7 +50,7 @@ from .fold_transpose import fold_transposes
 from .layout import convert_layout
 from .split_conv import split_convolutions
 
-__all__ = ["CONVERT_LAYOUT", "clone_remapped", "drop_dead_results", "drop_unit_broadcasts", "normalize"]
+__all__ = ["CONVERT_LAYOUT", "backward_slice", "clone_remapped", "drop_dead_results", "drop_unit_broadcasts", "normalize"]
 
 _FUNC_PIPELINE = "func.func(canonicalize,cse)"
 NORMALIZED_ATTR = "ansor.normalized"
@@ -81,8 +81,9 @@ def _on_tensors(fn: ir.Operation) -> bool:
     return not found_memref
 
 
-def _backward_slice(block: ir.Block, roots: list[ir.Value]) -> set:
-    """Ops of ``block`` (and block arguments) that the values ``roots`` depend on."""
+def backward_slice(block: ir.Block, roots: list[ir.Value]) -> set:
+    """The ops of ``block`` that the values ``roots`` depend on (values read
+    inside their regions included), and those values themselves."""
     owner_of = {}
     for inner in block.operations:
         for r in inner.operation.results:
@@ -146,7 +147,7 @@ def _drop_dead_results_of(op: ir.Operation) -> bool:
     body = op.regions[0].blocks[0]
     ops = [o.operation for o in body.operations]
     yield_op = ops[-1]
-    needed = _backward_slice(body, [yield_op.operands[k] for k in live])
+    needed = backward_slice(body, [yield_op.operands[k] for k in live])
     args = list(body.arguments)
     if any(args[n_ins + k] in needed for k in range(n_outs) if k not in live):
         return False
