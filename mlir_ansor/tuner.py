@@ -624,14 +624,12 @@ def _prepare(tasks: list[Task], target: Target, config: TuneConfig, database: Da
             for r in database.records(task.workload_key, target.key)
             if r.host == m.host and r.threads == config.threads
         ]
-        for rec in records:
-            if config.build_only or rec.error_kind != ErrorKind.NOT_MEASURED:
-                ctx.measured.add((rec.sketch_hash, tuple(rec.knobs)))
         by_hash = {sk.hash: sk for sk in sketches}
         for rec in records:
-            if rec.error_kind == ErrorKind.NOT_MEASURED:
-                continue
-            if rec.sketch_hash in by_hash:
+            measured = rec.error_kind != ErrorKind.NOT_MEASURED
+            if config.build_only or measured:
+                ctx.measured.add((rec.sketch_hash, tuple(rec.knobs)))
+            if measured and rec.sketch_hash in by_hash:
                 ctx.history.append(
                     MeasuredCandidate(by_hash[rec.sketch_hash], tuple(rec.knobs), tuple(rec.costs), rec.error_kind)
                 )

@@ -264,7 +264,7 @@ class Sketch:
         return None
 
 
-def _nearest(options: Sequence[int], target: int) -> int:
+def nearest_option(options: Sequence[int], target: int) -> int:
     """The option nearest to `target` on a log scale (the smaller on a tie)."""
     t = math.log(max(1, target))
     return min(options, key=lambda o: (abs(math.log(max(1, o)) - t), o))
@@ -290,12 +290,13 @@ def default_assignment(sketch: Sketch, threads: int) -> Assignment:
             chunks = {t: -(-extent // t) for t in allowed}
             fits = [t for t in allowed if chunks[t] >= need]
             even = [t for t in fits if chunks[t] % need == 0]
-            tile = _nearest(even or fits or [min(allowed)], target)
+            tile = nearest_option(even or fits or [min(allowed)], target)
             values[spec.name] = tile
             need = max(1, -(-need // chunks[tile]))
-        elif spec.name in prefer:
-            want = prefer[spec.name]
-            values[spec.name] = want if want in allowed else allowed[0] if spec.alternatives else _nearest(allowed, want)
+        elif spec.name in prefer and prefer[spec.name] in allowed:
+            values[spec.name] = prefer[spec.name]
+        elif spec.name in prefer and not spec.alternatives:
+            values[spec.name] = nearest_option(allowed, prefer[spec.name])
         else:
             values[spec.name] = allowed[0]
     return make_assignment(values)

@@ -130,3 +130,9 @@ def vector_tile_options(extent: int, lanes: int, *, partial: bool = False) -> tu
     if opts:
         return opts
     return tuple(x for x in range(1, lanes + 1) if extent % x == 0)
+
+
+def reads_vector_dim_transposed(op: OpStructure, vec: int) -> bool:
+    """Whether some input of `op` is indexed by loop `vec` in a dimension
+    other than its last (contiguous) one, e.g. B of A.B^T, or a transpose."""
+    return any(vec in dims and dims[-1] != vec for dims in op.operand_dims[: op.num_inputs])

@@ -12,7 +12,15 @@ from __future__ import annotations
 from ...dialects.schedule import ScheduleWriter
 from ..sketch import Sketch
 from ..space import KnobSpec, divisors
-from .base import Rule, RuleResult, SketchContext, finish, tile_root_and_fuse, vector_tile_options
+from .base import (
+    Rule,
+    RuleResult,
+    SketchContext,
+    finish,
+    reads_vector_dim_transposed,
+    tile_root_and_fuse,
+    vector_tile_options,
+)
 
 ROWS = (1, 2, 4, 8)
 
@@ -67,11 +75,4 @@ def _reads_across_vector_loop(ctx: SketchContext) -> bool:
     """Whether some op of the task reads an input along the root's vector
     loop in a dimension other than the input's contiguous one."""
     out = [d for d in ctx.root.output_dims if d is not None]
-    if not out:
-        return False
-    vec = out[-1]
-    for o in ctx.ops:
-        for dims in o.operand_dims[: o.num_inputs]:
-            if dims and vec in dims and dims[-1] != vec:
-                return True
-    return False
+    return bool(out) and any(reads_vector_dim_transposed(o, out[-1]) for o in ctx.ops)

@@ -55,6 +55,7 @@ from .base import (
     RuleResult,
     SketchContext,
     finish,
+    reads_vector_dim_transposed,
     root_sizes_from_anchor,
     tile_others_like,
     tile_root_and_fuse,
@@ -122,15 +123,6 @@ def reused_operand(anchor: OpStructure, row: int | None) -> int | None:
     return None
 
 
-def _reads_vector_dim_transposed(anchor: OpStructure, vec: int) -> bool:
-    """Whether some input is indexed by the vector loop in a dimension other
-    than its last (contiguous) one, e.g. B of A.B^T."""
-    for dims in anchor.operand_dims[: anchor.num_inputs]:
-        if vec in dims and dims[-1] != vec:
-            return True
-    return False
-
-
 class MultiLevelTiling(Rule):
     name = "cpu-contraction"
 
@@ -152,7 +144,7 @@ class MultiLevelTiling(Rule):
         forced = forced_unit_loops(anchor) if is_window else set()
         inner_red = [d for d in anchor.reductions if d not in forced]
         reused = reused_operand(anchor, row)
-        transposed = _reads_vector_dim_transposed(anchor, vec)
+        transposed = reads_vector_dim_transposed(anchor, vec)
         # Loops whose extent is a multiple of 8 (of the lanes, for the vector
         # loop) keep tiles that divide them: the schedules, their IR and the
         # cost model's templates stay what they were. Other loops ("odd":

@@ -21,7 +21,7 @@ reduction (and the ``v_d`` knob); option i > 0 uses the i-th width.
 from __future__ import annotations
 
 from ...dialects.schedule import ScheduleWriter
-from ..sketch import Sketch
+from ..sketch import Sketch, nearest_option
 from ..space import KnobSpec, divisors
 from .base import (
     Rule,
@@ -111,10 +111,6 @@ class ReductionVectorize(Rule):
         # partial results two vectors wide (rfactor) where it applies.
         prefer = [(f"v_d{contiguous}", lanes)] + ([(f"r_d{row}", 1)] if f"r_d{row}" in reg else [])
         if widths:
-            prefer.append(("rfactor", 1 + widths.index(_nearest_width(widths, 2 * lanes))))
+            prefer.append(("rfactor", 1 + widths.index(nearest_option(widths, 2 * lanes))))
         forall = tuple((f"p_d{d}", ranges[d]) for d in a.parallel)
         return [Sketch(self.name, ctx.payload, w.text(), tuple(specs), forall=forall, prefer=tuple(prefer))]
-
-
-def _nearest_width(widths: tuple[int, ...], target: int) -> int:
-    return min(widths, key=lambda x: (abs(x - target), x))
