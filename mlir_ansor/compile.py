@@ -209,8 +209,7 @@ def plan_kernels(
                 by_hash = {sk.hash: sk for sk in sketches}
                 # Records measured on this kind of machine first; else those of
                 # the host with the most records (a schedule tuned elsewhere).
-                best = database.best(task.workload_key, target.key, threads=threads, k=16, host=target.model)
-                for rec in best or database.best(task.workload_key, target.key, threads=threads, k=16):
+                for rec in database.best(task.workload_key, target.key, threads=threads, k=16, prefer_host=target.model):
                     sk = by_hash.get(rec.sketch_hash)
                     if sk is None:
                         continue

@@ -118,8 +118,7 @@ def replay(
         for w in db.workloads():
             # Records measured on this kind of machine; else those of the
             # host with the most records (drift then compares machines).
-            recs = db.best(w["workload_key"], target.key, threads=threads, k=10**6, host=target.model)
-            recs = recs or db.best(w["workload_key"], target.key, threads=threads, k=10**6)
+            recs = db.best(w["workload_key"], target.key, threads=threads, k=10**6, prefer_host=target.model)
             if not recs:
                 continue
             try:

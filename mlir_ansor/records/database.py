@@ -427,11 +427,18 @@ class Database:
         threads: int | None = None,
         k: int = 1,
         host: str | None = None,
+        prefer_host: str | None = None,
     ) -> list[Record]:
         """The ``k`` valid records with the lowest latency (ties: oldest first),
         all measured on one kind of host (CPU model or GPU name): latencies
         of different machines are never compared. `host` names it; None
-        takes the host with the most valid records (ties: the first seen)."""
+        takes `prefer_host` when it has valid records (this machine's
+        model: a schedule measured here), else the host with the most valid
+        records (ties: the first seen)."""
+        if host is None and prefer_host is not None:
+            mine = self.best(workload_key, target, threads, k, host=prefer_host)
+            if mine:
+                return mine
         sql = "FROM records WHERE workload_key = ? AND target = ? AND latency_s IS NOT NULL"
         params: list = [workload_key, target]
         if threads is not None:
