@@ -89,19 +89,29 @@ def _perm_of(v: ir.Value) -> list[int] | None:
     return list(ir.DenseI64ArrayAttr(v.owner.attributes["permutation"]))
 
 
+def fill_value(init: ir.Value) -> ir.Value | None:
+    """The scalar of ``linalg.fill(scalar, tensor.empty)``, if `init` is one
+    (an init that can be re-made in another shape at no cost)."""
+    if isinstance(init, ir.BlockArgument) or init.owner.name != "linalg.fill":
+        return None
+    base = init.owner.operands[1]
+    if isinstance(base, ir.BlockArgument) or base.owner.name != "tensor.empty":
+        return None
+    return init.owner.operands[0]
+
+
 def _init_like(init: ir.Value, perm: list[int]) -> ir.Value:
     """`init` permuted by `perm`: a ``linalg.fill`` of a ``tensor.empty``
     is re-made in the new shape (no copy at run time), anything else is
     transposed."""
     from mlir.dialects import linalg, tensor
 
+    fill = fill_value(init)
+    if fill is not None:
+        t = ir.RankedTensorType(init.type)
+        empty = tensor.EmptyOp([t.shape[p] for p in perm], t.element_type)
+        return linalg.fill(fill, outs=[empty.result])
     owner = None if isinstance(init, ir.BlockArgument) else init.owner
-    if owner is not None and owner.name == "linalg.fill":
-        base = owner.operands[1]
-        if not isinstance(base, ir.BlockArgument) and base.owner.name == "tensor.empty":
-            t = ir.RankedTensorType(init.type)
-            empty = tensor.EmptyOp([t.shape[p] for p in perm], t.element_type)
-            return linalg.fill(owner.operands[0], outs=[empty.result])
     if owner is not None and owner.name == "tensor.empty":
         t = ir.RankedTensorType(init.type)
         return tensor.EmptyOp([t.shape[p] for p in perm], t.element_type).result

@@ -29,14 +29,12 @@ from __future__ import annotations
 
 from mlir import ir
 
+from .layout import _ints, _static_tensor, fill_value
+
 __all__ = ["split_conv3d", "split_convolutions", "split_groups"]
 
 _GROUPED = "linalg.conv_2d_nhwgc_gfhwc"
 _CONV3D = "linalg.conv_3d_ndhwc_dhwcf"
-
-
-def _ints(attr: ir.Attribute) -> list[int]:
-    return [int(x) for x in ir.DenseIntElementsAttr(attr)]
 
 
 def _slice(src: ir.Value, offsets: list[int], sizes: list[int], result_shape: list[int]) -> ir.Value:
@@ -60,28 +58,17 @@ def _insert(src: ir.Value, dest: ir.Value, offsets: list[int], sizes: list[int])
     ).result
 
 
-def _fill_value(init: ir.Value) -> ir.Value | None:
-    """The scalar of ``linalg.fill(scalar, tensor.empty)``, if `init` is one."""
-    if isinstance(init, ir.BlockArgument) or init.owner.name != "linalg.fill":
-        return None
-    base = init.owner.operands[1]
-    if isinstance(base, ir.BlockArgument) or base.owner.name != "tensor.empty":
-        return None
-    return init.owner.operands[0]
-
-
 def _split(op: ir.Operation) -> bool:
     from mlir.dialects import linalg, tensor
 
     x, w, init = op.operands
-    types = [v.type for v in (x, w, init)]
-    if not all(isinstance(t, ir.RankedTensorType) and ir.RankedTensorType(t).has_static_shape for t in types):
+    if not all(_static_tensor(v) for v in (x, w, init)):
         return False
     n, h, wd, g, c = ir.RankedTensorType(x.type).shape
     _, f, kh, kw, _ = ir.RankedTensorType(w.type).shape
     _, oh, ow, _, _ = ir.RankedTensorType(init.type).shape
     elem = ir.RankedTensorType(init.type).element_type
-    fill = _fill_value(init)
+    fill = fill_value(init)
     strides, dilations = _ints(op.attributes["strides"]), _ints(op.attributes["dilations"])
     with ir.InsertionPoint(op), op.location:
         # Every element of the result is written by one group's insert, so a
@@ -133,8 +120,7 @@ def _split_3d(op: ir.Operation) -> bool:
     from mlir.dialects import linalg, tensor
 
     x, w, init = op.operands
-    types = [v.type for v in (x, w, init)]
-    if not all(isinstance(t, ir.RankedTensorType) and ir.RankedTensorType(t).has_static_shape for t in types):
+    if not all(_static_tensor(v) for v in (x, w, init)):
         return False
     strides, dilations = _ints(op.attributes["strides"]), _ints(op.attributes["dilations"])
     if strides[0] != 1 or dilations[0] != 1:
@@ -144,7 +130,7 @@ def _split_3d(op: ir.Operation) -> bool:
     _, od, oh, ow, _ = ir.RankedTensorType(init.type).shape
     elem = ir.RankedTensorType(init.type).element_type
     with ir.InsertionPoint(op), op.location:
-        fill = _fill_value(init)
+        fill = fill_value(init)
         if fill is not None:  # the same fill, made in the collapsed shape
             acc = linalg.fill(fill, outs=[tensor.EmptyOp([n * od, oh, ow, f], elem).result])
         else:
