@@ -38,10 +38,10 @@ class FakeMatmulDevice:
         pass
 
     def alloc(self, nbytes):
-        self.next += 4096
-        self.mem[self.next] = None
-        self.order.append(self.next)
-        return self.next
+        ptr, self.next = self.next, self.next + 4096  # 4096, 8192, ... never reused
+        self.mem[ptr] = None
+        self.order.append(ptr)
+        return ptr
 
     def free(self, ptr):
         del self.mem[ptr]

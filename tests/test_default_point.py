@@ -75,15 +75,20 @@ def test_window_loops_get_no_partial_tiles(tmp_path):
             assert all(3 % o == 0 for o in spec.options), (spec.name, spec.options)
 
 
+def _default_point(path) -> tuple:
+    """(sketch hash, knobs) of the one-task module's default point on this host."""
+    (task,) = extract_tasks(str(path))
+    sk = generate_sketches(task.mlir, Target.host())[0]
+    return sk.hash, default_assignment(sk, 1)
+
+
 def test_first_batch_measures_the_default_point(tmp_path):
     path = tmp_path / "mm.mlir"
     path.write_text(workloads.matmul(64, 64, 32))
     db = tmp_path / "t.db"
     config = TuneConfig(trials=3, batch_size=3, strategy="random", seed=5)
     tune(str(path), config=config, db=db)
-    (task,) = extract_tasks(str(path))
-    sk = generate_sketches(task.mlir, Target.host())[0]
-    want = (sk.hash, default_assignment(sk, 1))
+    want = _default_point(path)
     with Database(db) as d:
         recs = d.records()
     keys = [(r.sketch_hash, tuple(r.knobs)) for r in recs]
@@ -118,9 +123,7 @@ def test_another_machines_records_do_not_count_as_measured(tmp_path):
     with sqlite3.connect(db) as c:  # as if another kind of machine had measured them
         c.execute("UPDATE records SET host = 'Other CPU'")
     tune(str(path), config=config, db=db)
-    (task,) = extract_tasks(str(path))
-    sk = generate_sketches(task.mlir, Target.host())[0]
-    seed_point = (sk.hash, default_assignment(sk, 1))
+    seed_point = _default_point(path)
     with Database(db) as d:
         hosts = [r.host for r in d.records() if (r.sketch_hash, tuple(r.knobs)) == seed_point]
     assert sorted(hosts) == sorted(["Other CPU", Target.host().model])

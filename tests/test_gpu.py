@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import filecheck
+from fake_cuda import FakeMatmulDevice
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_INPUTS = Path(__file__).parent / "inputs" / "gpu"
@@ -479,60 +480,21 @@ def _f32_workload() -> dict:
     return next(w for w in manifest["workloads"] if w["dtype"] == "f32")
 
 
-class _FakeBackend:
-    """Stands in for a device: buffers are numpy arrays, and a launch of the
-    test GEMM computes A.B (so the buffer plumbing of `run` is checked
-    without a GPU)."""
-
-    name = "fake"
+class _FakeBackend(FakeMatmulDevice):
+    """Stands in for a device (`fake_cuda.FakeMatmulDevice`: buffers are
+    numpy arrays, and a launch of the test GEMM computes A.B, so the buffer
+    plumbing of `run` is checked without a GPU); also records each launch
+    and checks the pointers it is given."""
 
     def __init__(self, wrong: bool = False) -> None:
-        self.mem: dict[int, np.ndarray] = {}
+        super().__init__(wrong)
         self.launched: list[tuple] = []
-        self.wrong = wrong
-
-    def load(self, image):
-        assert image[:4] == b"\x7fELF"  # a cubin is an ELF file
-        return "module"
-
-    def function(self, module, entry):
-        return entry
-
-    def unload(self, module):
-        pass
-
-    def alloc(self, nbytes):
-        ptr = 4096 * (len(self.mem) + 1)
-        self.mem[ptr] = None
-        return ptr
-
-    def free(self, ptr):
-        del self.mem[ptr]
-
-    def to_device(self, ptr, array):
-        self.mem[ptr] = array.copy()
-
-    def to_host(self, array, ptr):
-        array[...] = self.mem[ptr]
 
     def launch(self, func, grid, block, smem, ptrs):
         self.launched.append((func, tuple(grid), tuple(block)))
         # Buffers were allocated in host-argument order: A, B, C.
-        a, b, c = (self.mem[4096 * i] for i in (1, 2, 3))
         assert sorted(ptrs) == [4096, 8192, 12288]
-        c[...] = a @ b + (1.0 if self.wrong else 0.0)
-
-    def event(self):
-        return object()
-
-    def record(self, ev):
-        pass
-
-    def elapsed_s(self, start, end):
-        return 1e-4
-
-    def synchronize(self):
-        pass
+        super().launch(func, grid, block, smem, ptrs)
 
 
 def test_runner_plumbing_with_a_fake_device():
