@@ -178,6 +178,8 @@ class MultiLevelTiling(Rule):
             # 400 s before it was killed; with k = 3, u = 1 it builds in 0.2 s).
             if transposed or not odd[d] or is_window:
                 opts = tuple(x for x in UNROLLS if ranges[d] % x == 0)
+                if is_window and 2 < ranges[d] <= 7 and ranges[d] not in opts:
+                    opts += (ranges[d],)  # the whole window (kw = 3)
             else:
                 opts = tuple(x for x in UNROLLS if x <= ranges[d])
             if transposed and len(opts) > 1:
@@ -255,7 +257,13 @@ class MultiLevelTiling(Rule):
         w.tile_each(w.match_op_id(forall, anchor.op_id), u_sizes)
         others = tile_others_like(w, ctx, forall, r_sizes, skip={anchor.op_id})
         if reused is not None:
-            w.tile_each(w.match_ops(forall, ["linalg.copy"]), [1, 0])
+            # The packing copy: one row of the innermost dimension per step.
+            # Tiled along its first dimension only, a convolution filter's
+            # copy kept a [kw, c, f] tile (3x256x128), vectorized and fully
+            # unrolled into thousands of vector transfers in one block; LLVM
+            # took minutes per kernel (ResNet-50 with the layout pass).
+            rank = sum(1 for d in anchor.operand_dims[reused] if d is not None)
+            w.tile_each(w.match_ops(forall, ["linalg.copy"]), [1] * (rank - 1) + [0])
         # Register tiles that do not divide their loop leave remainders:
         # peel them, so full tiles are static.
         forall = w.peel_partial_loops("%root")
