@@ -88,6 +88,7 @@ def lower_to_llvm(module: ir.Module, threads: int = 1) -> None:
     expand_math(module)  # exp/erf/tanh as SIMD arith ops, not one libm call per lane
     passmanager.PassManager.parse(f"builtin.module({_front()})").run(module.operation)
     forward_output_copies(module)
+    static_driver_buffers(module)
     strided_copies_to_linalg(module)
     passmanager.PassManager.parse(f"builtin.module({_back(threads)})").run(module.operation)
 
@@ -142,23 +143,145 @@ def _forward_one_copy(entry: ir.Block) -> bool:
         src, dst = copy.operands[0], copy.operands[1]
         if not any(dst == a for a in args) or src.type != dst.type or not _identity_layout(dst.type):
             continue
-        if not isinstance(src, ir.OpResult) or src.owner.operation.name != "memref.alloc":
+        if sum(1 for _ in dst.uses) != 1 or not isinstance(src, ir.OpResult):
             continue
-        if src.owner.operation not in position or sum(1 for _ in dst.uses) != 1:
+        # The copied buffer, or a reshape of it used by the copy alone (the
+        # driver of a 3-D convolution split into 2-D ones expands its last
+        # result to 5-D): the buffer becomes the inverse reshape of `dst`.
+        reshape = src.owner.operation if src.owner.operation.name in _INVERSE_RESHAPE else None
+        if reshape is not None:
+            if sum(1 for _ in src.uses) != 1 or not isinstance(reshape.operands[0], ir.OpResult):
+                continue
+            buf = reshape.operands[0]
+        else:
+            buf = src
+        alloc = buf.owner.operation
+        if alloc.name != "memref.alloc" or alloc not in position or not _identity_layout(buf.type):
             continue
-        users = [u.owner.operation for u in src.uses]
-        others = [u for u in users if u != copy and u.name != "memref.dealloc"]
+        users = [u.owner.operation for u in buf.uses]
+        others = [u for u in users if u != copy and (reshape is None or u != reshape) and u.name != "memref.dealloc"]
         if any(position[_top_level(u, entry)] > position[copy] for u in others):
             continue
-        alloc = src.owner.operation
         for u in users:
             if u.name == "memref.dealloc":
                 u.erase()
         copy.erase()
-        src.replace_all_uses_with(dst)
+        if reshape is not None:
+            from mlir.dialects import memref
+
+            reassociation = reshape.attributes["reassociation"]
+            with ir.InsertionPoint(alloc), alloc.location:
+                if reshape.name == "memref.expand_shape":
+                    view = memref.collapse_shape(buf.type, dst, reassociation)
+                else:
+                    view = memref.expand_shape(buf.type, dst, reassociation, [], ir.MemRefType(buf.type).shape)
+            reshape.erase()
+            buf.replace_all_uses_with(view)
+        else:
+            buf.replace_all_uses_with(dst)
         alloc.erase()
         return True
     return False
+
+
+_INVERSE_RESHAPE = ("memref.expand_shape", "memref.collapse_shape")
+
+
+DRIVER_ATTR = "ansor.normalized"
+"""Functions with this attribute are drivers that `compile` wrote: straight-line
+calls of kernels (`search/normalize.py` sets it)."""
+
+
+_VIEW_OPS = frozenset(
+    {"memref.subview", "memref.collapse_shape", "memref.expand_shape", "memref.cast", "memref.reinterpret_cast"}
+)
+
+
+def static_driver_buffers(module: ir.Module) -> int:
+    """Give each driver's intermediate buffers static storage, shared between
+    buffers whose lifetimes do not overlap; returns how many allocations went.
+
+    A driver (a function marked :data:`DRIVER_ATTR`) allocates every
+    intermediate result with ``malloc`` on every call. Large blocks come from
+    fresh ``mmap`` pages that fault in on first touch, and the kernels pay
+    for it: a 3-D convolution split into three 2-D ones (five buffers of
+    13 MB) spent about a quarter of its call there. Here, every
+    ``memref.alloc`` of static shape in a driver's entry block becomes a
+    ``memref.get_global`` of an uninitialized, 64-byte-aligned global. A
+    global is reused by a later allocation of the same type once the last
+    use of its previous buffer (and of every view of it) is behind; the
+    buffers' deallocs go.
+
+    The price: a compiled driver is not reentrant (two threads calling it at
+    once would share these buffers); its kernels still run in parallel with
+    OpenMP inside each call."""
+    from mlir.dialects import memref
+
+    count = 0
+    for fn in list(module.body.operations):
+        op = fn.operation
+        if op.name != "func.func" or DRIVER_ATTR not in op.attributes or not op.regions[0].blocks:
+            continue
+        name = ir.StringAttr(op.attributes["sym_name"]).value
+        entry = op.regions[0].blocks[0]
+        ops = _block_ops(entry)
+        position = {o: i for i, o in enumerate(ops)}
+        # The plan first (positions stay valid: each alloc is replaced in place).
+        plan: list[tuple[int, ir.MemRefType, str]] = []
+        free: dict[str, list[str]] = {}
+        live: list[tuple[int, str, str]] = []  # (last use, type, global)
+        symbols: list[tuple[str, ir.MemRefType]] = []
+        for i, inner in enumerate(ops):
+            if inner.name != "memref.alloc" or inner.operands:
+                continue
+            t = ir.MemRefType(inner.results[0].type)
+            if not t.has_static_shape or not _identity_layout(t):
+                continue
+            for entry_live in [x for x in live if x[0] < i]:
+                live.remove(entry_live)
+                free.setdefault(entry_live[1], []).append(entry_live[2])
+            key = str(t)
+            if free.get(key):
+                sym = free[key].pop()
+            else:
+                sym = f"__ansor_{name}_buf{len(symbols)}"
+                symbols.append((sym, t))
+            live.append((_last_use(inner.results[0], entry, position), key, sym))
+            plan.append((i, t, sym))
+        if not plan:
+            continue
+        with ir.InsertionPoint(op), op.location:  # before the driver
+            for sym, t in symbols:
+                memref.GlobalOp(sym, ir.TypeAttr.get(t), sym_visibility="private", initial_value=ir.UnitAttr.get(), alignment=64)
+        for i, t, sym in plan:
+            alloc = _block_ops(entry)[i]
+            with ir.InsertionPoint(alloc), alloc.location:
+                buf = memref.get_global(t, sym)
+            alloc.results[0].replace_all_uses_with(buf)
+            alloc.erase()
+            count += 1
+        for inner in _block_ops(entry):
+            src = inner.operands[0] if inner.name == "memref.dealloc" else None
+            if isinstance(src, ir.OpResult) and src.owner.operation.name == "memref.get_global":
+                inner.erase()
+    return count
+
+
+def _last_use(value: ir.Value, block: ir.Block, position: dict) -> int:
+    """Position in `block` of the last op (deallocs aside) that uses `value`
+    or a view of it."""
+    last = 0
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        for use in v.uses:
+            user = use.owner.operation
+            if user.name == "memref.dealloc":
+                continue
+            last = max(last, position[_top_level(user, block)])
+            if user.name in _VIEW_OPS:
+                todo.extend(user.results)
+    return last
 
 
 def _top_level(op: ir.Operation, block: ir.Block) -> ir.Operation:
