@@ -113,6 +113,10 @@ class CompiledModule:
     the first one; ``entry=`` picks another) and returns its results: a single
     array, or a tuple. A function on memrefs returns the memref arguments it
     writes, as new arrays (the caller's arrays are not modified).
+
+    Not reentrant: the library keeps the intermediate results of its drivers
+    in static buffers (`passes.lowering.static_driver_buffers`), so one
+    compiled module must not run on two threads at once.
     """
 
     library_path: str
@@ -515,8 +519,13 @@ def _fold_constants(program: Program) -> int:
                 for op in sorted(needed, key=order.__getitem__):
                     clone_remapped(op, mapping)
                 func_d.ReturnOp([mapping[v] for v in frontier])
-            text = str(fold)
             signatures = _signatures(fold)
+            # Bufferized here, so that its constants are memref.globals when
+            # lower_and_link looks for large ones to keep out of LLVM: on
+            # tensors, ResNet-50's filters (the layout pass's transposes)
+            # went through LLVM as 100 MB of initializers, 135 s of a build.
+            passmanager.PassManager.parse(f"builtin.module({BUFFERIZE})").run(fold.operation)
+            text = str(fold)
         cm = _finish(text, signatures, "__ansor_fold", 1, [], 2)
         try:
             values = cm()
