@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 from conftest import INPUTS
@@ -26,6 +27,7 @@ from mlir_ansor.search.strategy.evolutionary import (
     distance,
     knob_kind,
     mutate,
+    neighbours,
     pick_diverse,
     repair,
 )
@@ -117,6 +119,37 @@ def test_batches_are_kept_apart(task_and_sketches):
     few = pick_diverse(ranked[:5], 5, 3)
     assert len(few) == 5 and few[0][1] == base
     assert pick_diverse(ranked, 8, 1) == ranked[:8]
+
+
+def test_neighbours_move_one_knob_to_an_adjacent_option(task_and_sketches):
+    sk = task_and_sketches[1][0]
+    a = sample(sk.knobs, random.Random(4))
+    near = neighbours(sk.knobs, a)
+    assert near and a not in near and len(set(near)) == len(near)
+    assert all(is_valid(sk.knobs, b) for b in near)
+    for k in sk.knobs:  # every knob that has room moves both ways, when still valid
+        opts = list(k.options)
+        if dict(a)[k.name] in opts and len(opts) > 1:
+            assert any(dict(b)[k.name] != dict(a)[k.name] for b in near), k.name
+
+
+def test_every_model_batch_refines_the_incumbent(task_and_sketches):
+    """With local_share, each batch chosen by the model holds neighbours of
+    the best candidate measured so far (the diverse rest alone holds fewer)."""
+    counts = [_neighbours_in_second_batch(task_and_sketches, share) for share in (SMALL.local_share, 0.0)]
+    assert counts[0] >= round(16 * SMALL.local_share) > counts[1], counts
+
+
+def _neighbours_in_second_batch(task_and_sketches, share: float) -> int:
+    ctx = _ctx(task_and_sketches, 2)
+    strat = EvolutionarySearch(replace(SMALL, local_share=share), model=XGBModel(seed=2))
+    strat.pre_tuning(ctx)
+    first = strat.generate_candidates(16)
+    strat.notify_results([MeasuredCandidate(s, a, (ctx.task.flops / (fake_gflops(a) * 1e9),)) for s, a in first])
+    best = max(first, key=lambda c: fake_gflops(c[1]))
+    batch = strat.generate_candidates(16)
+    near = set(neighbours(best[0].knobs, best[1]))
+    return sum(a in near for _, a in batch)
 
 
 def test_registered_and_built_from_the_config():
