@@ -15,6 +15,7 @@ with FLAGS one of (docs/extending.md, "Ablations"):
   round-robin tasks  --task-scheduler round-robin
   random tasks       --random-task-scheduler
   no default point   --no-default-candidate   the rule's default knobs not measured first
+  no local refinement --no-local-refinement   no batch share for the incumbent's neighbours
 
 and prints, per workload, the median (over seeds) best GFLOP/s of each
 variant as found in the search, the same best record re-timed in a fresh
@@ -53,6 +54,7 @@ VARIANTS: list[tuple[str, list[str]]] = [
     ("round-robin tasks", ["--task-scheduler", "round-robin"]),
     ("random tasks", ["--random-task-scheduler"]),
     ("no default candidate", ["--no-default-candidate"]),
+    ("no local refinement", ["--no-local-refinement"]),
 ]
 
 

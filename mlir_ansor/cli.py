@@ -6,7 +6,7 @@ Subcommands (shared/DESIGN.md, "The command line"):
        [--search NAME] [--cost-model NAME] [--task-scheduler NAME] [--rules a,b]
        [--plugin MODULE_OR_FILE.py]... [--pretrained-model FILE]
        [--no-cost-model] [--no-crossover] [--no-packing] [--random-task-scheduler]
-       [--no-default-candidate]
+       [--no-default-candidate] [--no-local-refinement]
   compile [INPUT] [--db FILE] [--threads N] [-o OUT.mlir|OUT.so]
   run [INPUT] [--db FILE] [--threads N] [--repeat N] [--json]
   show FILE.db [--json]
@@ -89,6 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     ab.add_argument("--random-task-scheduler", action="store_true", help="give each batch to a random task")
     ab.add_argument("--no-default-candidate", action="store_true",
                     help="do not measure the rule's default point first (random points only)")
+    ab.add_argument("--no-local-refinement", action="store_true",
+                    help="evolutionary batches without the incumbent's neighbours (EvolutionConfig.local_share=0)")
     t.add_argument("--executor", default="local", metavar="local|auto|ray://ADDR",
                    help="where candidates are built and measured: local worker processes (default), "
                         "auto (Ray: a running cluster, else a local instance), or ray://HOST:PORT (a Ray cluster)")
@@ -258,7 +260,7 @@ def config_from_args(args: argparse.Namespace, config_cls):
         rules=rules,
         packing=not args.no_packing,
         default_candidate=not args.no_default_candidate,
-        evolution=EvolutionConfig(crossover=not args.no_crossover),
+        evolution=EvolutionConfig(crossover=not args.no_crossover, local_share=0.0 if args.no_local_refinement else EvolutionConfig.local_share),
         pretrained_model=args.pretrained_model,
         build_only=getattr(args, "build_only", False),
     )
