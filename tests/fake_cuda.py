@@ -7,14 +7,13 @@ the real cubin (checks it is an ELF image), keeps the buffers, and on each
 launch computes C = A @ B itself. So everything around the driver (the
 bundle, the buffer order, the check against the reference, the timing
 loop, the records) runs as on a GPU; `wrong_run_on_fake_gpu` adds 1 to C,
-which the check must catch.
+which the check must catch. This module imports no MLIR (the jobs only
+when installed): test_gpu.py imports it on GPU hosts that have none.
 """
 
 from __future__ import annotations
 
 import numpy as np
-
-from mlir_ansor.measure import jobs
 
 
 class FakeMatmulDevice:
@@ -71,19 +70,27 @@ class FakeMatmulDevice:
 
 
 def _install(wrong: bool = False) -> None:
+    from mlir_ansor.measure import jobs
+
     jobs._BACKENDS[:] = [FakeMatmulDevice(wrong)]
 
 
 def reference_on_fake_gpu(*args):
+    from mlir_ansor.measure import jobs
+
     _install()
     return jobs.prepare_cuda_reference(*args)
 
 
 def run_on_fake_gpu(*args):
+    from mlir_ansor.measure import jobs
+
     _install()
     return jobs.run_cuda_candidate(*args)
 
 
 def wrong_run_on_fake_gpu(*args):
+    from mlir_ansor.measure import jobs
+
     _install(wrong=True)
     return jobs.run_cuda_candidate(*args)
