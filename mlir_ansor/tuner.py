@@ -18,8 +18,11 @@ block's limits) is a ``ptxas_limit`` record, never measured; the runner
 (`jobs.run_cuda_candidate`) runs the cubin on the GPU with CUDA events and
 checks it against the reference. Without a GPU, ``TuneConfig.build_only``
 builds and filters candidates and records them as ``not_measured``
-(resuming the database on a GPU host measures them); without it, `tune`
-stops with the reason before building anything.
+(resuming the database on a GPU host measures them); it also keeps each
+task's reference (from the untuned CPU lowering) and every built bundle in
+``<db>.gpu/``, which `measure.gpu_measure` measures on a GPU host that has
+no MLIR. Without a GPU and without `build_only`, `tune` stops with the
+reason before building anything.
 
 Why measure one at a time: two kernels timed at once on a 2-core machine
 disturb each other; builds are CPU-bound and independent, so they run in
@@ -48,8 +51,8 @@ from typing import Any
 from . import __version__
 from .errors import AnsorError
 from .frontend import Program, load
-from .measure import jobs
-from .measure.executor import BuildJob, Executor, Outcome, ReferenceJob, RunJob, make_executor
+from .measure import gpu_measure, jobs
+from .measure.executor import BuildJob, Executor, LocalExecutor, Outcome, ReferenceJob, RunJob, make_executor
 from .measure.pool import ErrorKind, JobResult
 from .measure.runner import TimingPolicy, tolerance
 from .records import Database, Record
@@ -350,7 +353,10 @@ class Measurer:
             if run_fn is jobs.run_candidate:
                 run_fn = jobs.run_cuda_candidate
         if reference_fn is None:
-            reference_fn = jobs.prepare_cuda_reference if gpu else jobs.prepare_reference
+            if gpu and config.build_only:  # kept for `gpu_measure`; needs no GPU
+                reference_fn = jobs.prepare_offline_cuda_reference
+            else:
+                reference_fn = jobs.prepare_cuda_reference if gpu else jobs.prepare_reference
         self.config = config
         self.build_fn = build_fn
         self.run_fn = run_fn
@@ -446,6 +452,7 @@ class _TaskState:
     data_path: str = ""
     tol: float = 1e-4
     binaries: dict = field(default_factory=dict)  # binary hash -> costs
+    bundle_dir: str = ""  # build-only CUDA: where this task's bundles are kept (`gpu_measure`)
 
 
 def make_strategy(config: TuneConfig) -> SearchStrategy:
@@ -554,7 +561,13 @@ def tune(
     measured = 0
     search_s = 0.0
     try:
-        states = _prepare(tasks, target, config, database, m)
+        keep = None
+        if target.kind == "cuda" and config.build_only:
+            if isinstance(m.executor, LocalExecutor):  # its bundles are files here
+                keep = gpu_measure.bundle_dir(db_path)
+            else:
+                log.warning("build-only with a %s: bundles are not kept for gpu_measure", type(m.executor).__name__)
+        states = _prepare(tasks, target, config, database, m, keep)
         run_id = database.add_run(
             config.seed,
             target.key,
@@ -605,7 +618,12 @@ def _check_names(config: TuneConfig) -> None:
         )
 
 
-def _prepare(tasks: list[Task], target: Target, config: TuneConfig, database: Database, m: Measurer) -> list[_TaskState]:
+def _prepare(
+    tasks: list[Task], target: Target, config: TuneConfig, database: Database, m: Measurer, keep: str | None = None
+) -> list[_TaskState]:
+    """The tasks' search states, resumed from `database`; each measuring
+    task's reference is prepared. `keep` (build-only CUDA runs): the folder
+    that keeps each task's reference and bundles for `gpu_measure`."""
     states: list[_TaskState] = []
     for i, task in enumerate(tasks):
         sketches = task_sketches(task, target, config)
@@ -644,7 +662,9 @@ def _prepare(tasks: list[Task], target: Target, config: TuneConfig, database: Da
                     st.result.best_sketch = sk.name
                     st.result.best_script = sk.concrete(rec.knobs)
         if config.build_only:
-            states.append(st)  # nothing runs: no reference, no baseline
+            if keep is not None:
+                _keep_reference(st, sketches[0].payload, target, config, m, os.path.join(keep, task.workload_key), i)
+            states.append(st)  # nothing is timed: no baseline
             log.info("task %s: %d sketch(es), build only", task.name, len(sketches))
             continue
         st.data_path, res = m.reference(sketches[0].payload, task, config.seed, i)
@@ -671,6 +691,27 @@ def _prepare(tasks: list[Task], target: Target, config: TuneConfig, database: Da
         )
         states.append(st)
     return states
+
+
+def _keep_reference(st: _TaskState, payload: str, target: Target, config: TuneConfig, m: Measurer, folder: str, index: int) -> None:
+    """A build-only CUDA task: compute its reference here (the untuned CPU
+    lowering) and keep it in `folder` with the task's description, where the
+    task's bundles will go (`gpu_measure.export_task`). A folder kept by an
+    earlier run is reused. Without a reference nothing is kept (a warning)."""
+    task = st.task
+    if not gpu_measure.task_ready(folder):
+        data, res = m.reference(payload, task, config.seed, index)
+        if not res.ok or not isinstance(data, str) or not os.path.isfile(data):
+            last = res.error_msg.strip().splitlines()[-1] if res.error_msg.strip() else f"no local data ({data!r})"
+            log.warning("task %s: no reference to keep for gpu_measure, bundles not kept (%s)", task.name, last)
+            return
+        spec = lambda ts: [(tuple(t.shape), t.dtype) for t in ts]  # noqa: E731
+        gpu_measure.export_task(
+            folder, data, workload_key=task.workload_key, name=task.name, target=target.key, seed=config.seed,
+            inputs=spec(task.inputs), outputs=spec(task.outputs), input_range=res.value["input_range"], tol=st.tol,
+            flops=task.flops,
+        )
+    st.bundle_dir = folder
 
 
 class _Batches:
@@ -831,6 +872,11 @@ def _measure_one(c: Candidate, b: JobResult, st: _TaskState, target: Target, con
     if config.build_only:
         fig = f"; {_ptxas_json(b.value)}" if "ptxas" in b.value else ""
         msg = f"built, not measured (build-only run){fig}"
+        if st.bundle_dir and isinstance(c.artifact, str) and os.path.isfile(c.artifact):
+            try:
+                gpu_measure.keep_bundle(st.bundle_dir, c.artifact, target.key, c.sketch.hash, c.knobs)
+            except OSError as e:
+                log.warning("cannot keep a bundle in %s for gpu_measure: %s", st.bundle_dir, e)
         return {"costs": [], "error_kind": ErrorKind.NOT_MEASURED.value, "error_msg": msg, "host": m.host}
     bhash = b.value.get("binary_hash")
     if bhash in st.binaries:

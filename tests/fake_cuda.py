@@ -7,11 +7,18 @@ the real cubin (checks it is an ELF image), keeps the buffers, and on each
 launch computes C = A @ B itself. So everything around the driver (the
 bundle, the buffer order, the check against the reference, the timing
 loop, the records) runs as on a GPU; `wrong_run_on_fake_gpu` adds 1 to C,
-which the check must catch. This module imports no MLIR (the jobs only
-when installed): test_gpu.py imports it on GPU hosts that have none.
+which the check must catch.
+
+`gpu_measure` (measuring a build-only database without MLIR) takes a device
+as ``--backend fake_cuda:CALLABLE``: :class:`FakeMatmulDevice`,
+:func:`wrong_device`, or :func:`faulty_device` (crashes or hangs on the
+first launch). This module imports no MLIR (the jobs only when installed).
 """
 
 from __future__ import annotations
+
+import os
+import time
 
 import numpy as np
 
@@ -67,6 +74,29 @@ class FakeMatmulDevice:
 
     def synchronize(self):
         pass
+
+
+def wrong_device() -> FakeMatmulDevice:
+    return FakeMatmulDevice(wrong=True)
+
+
+class _FaultyDevice(FakeMatmulDevice):
+    """Aborts the process ($FAKE_GPU_FAULT=abort) or hangs (=hang) on the
+    first launch of all processes that share the marker file
+    $FAKE_GPU_MARKER; later launches compute the product."""
+
+    def launch(self, func, grid, block, smem, ptrs):
+        marker = os.environ["FAKE_GPU_MARKER"]
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            if os.environ.get("FAKE_GPU_FAULT") == "hang":
+                time.sleep(3600)
+            os.abort()
+        super().launch(func, grid, block, smem, ptrs)
+
+
+def faulty_device() -> FakeMatmulDevice:
+    return _FaultyDevice()
 
 
 def _install(wrong: bool = False) -> None:

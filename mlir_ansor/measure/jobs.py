@@ -17,7 +17,9 @@ For CUDA targets (`tuner.Measurer` picks these for ``target.kind == "cuda"``):
   (`passes.nvvm.check_limits`); the artifact is one bundle file
   (`cuda_runner.write_bundle`: manifest entry + cubin);
 - :func:`run_cuda_candidate`: load the bundle's cubin on the GPU, check it
-  against the reference and time it with CUDA events (`cuda_runner.run`).
+  against the reference and time it with CUDA events (`cuda_runner.run`);
+- :func:`prepare_offline_cuda_reference`: a build-only run's reference (no
+  GPU needed), kept with the bundles for `gpu_measure` on a GPU host.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ def prepare_reference(
     threads: int,
     policy: TimingPolicy,
 ) -> dict:
-    """Build and run the untuned task; returns {"costs", "build_s"}.
+    """Build and run the untuned task; returns {"costs", "build_s",
+    "input_range" (the [low, high) the inputs were drawn from)}.
 
     The run that computes the reference is timed; when it is slower than
     `policy.min_time_s` it is the baseline's only timing (an untuned kernel
@@ -93,7 +96,7 @@ def prepare_reference(
     payload_arrays = {f"in{i}": a for i, a in enumerate(arrays)}
     payload_arrays.update({f"ref{i}": o for i, o in enumerate(outs)})
     np.savez(data_path, **payload_arrays)
-    return {"costs": costs, "build_s": info["build_s"]}
+    return {"costs": costs, "build_s": info["build_s"], "input_range": [low, high]}
 
 
 def build_candidate(payload: str, script: str, threads: int, so_path: str, opt_level: int = 3) -> dict:
@@ -143,6 +146,25 @@ def prepare_cuda_reference(
     once = TimingPolicy(warmup=0, min_repeat=1, max_repeat=1, min_time_s=0.0)
     info = prepare_reference(payload, inputs, outputs, seed, so_path, data_path, threads, once)
     return {"costs": [], "build_s": info["build_s"], "device": device}
+
+
+def prepare_offline_cuda_reference(
+    payload: str,
+    inputs: list[tuple[tuple[int, ...], str]],
+    outputs: list[tuple[tuple[int, ...], str]],
+    seed: int,
+    so_path: str,
+    data_path: str,
+    threads: int,
+    policy: TimingPolicy,
+) -> dict:
+    """A CUDA task's reference for a build-only run, computed here without a
+    GPU (the untuned CPU lowering, run once), for `gpu_measure` to check the
+    candidates against on a GPU host that has no MLIR. Returns {"costs": [],
+    "build_s", "input_range"}."""
+    once = TimingPolicy(warmup=0, min_repeat=1, max_repeat=1, min_time_s=0.0)
+    info = prepare_reference(payload, inputs, outputs, seed, so_path, data_path, threads, once)
+    return {"costs": [], "build_s": info["build_s"], "input_range": info["input_range"]}
 
 
 def build_cuda_candidate(

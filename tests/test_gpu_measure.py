@@ -1,0 +1,329 @@
+"""Measuring a build-only database on a GPU host without MLIR (`gpu_measure`).
+
+The build side (MLIR + ptxas) builds a tiny matmul's candidates into a
+database and keeps their bundles and the reference next to it; the measure
+side runs `mlir_ansor/measure/gpu_measure.py` as a script, in a process
+where `mlir` and `mlir_ansor` cannot be imported (as on the GPU host), on
+the fake device of `fake_cuda.py` (computes A @ B itself; 0.1 ms a run).
+
+Without MLIR (a GPU host), the database is the prebuilt copy in
+tests/inputs/gpu_db (`python tests/test_gpu_measure.py --regen` writes it),
+and `test_measure_only_on_the_gpu` measures it on the real device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).parent
+SCRIPT = ROOT / "mlir_ansor" / "measure" / "gpu_measure.py"
+PREBUILT = TESTS / "inputs" / "gpu_db" / "t.db"
+M, N, K = 64, 128, 64  # the f32 matmul built: 64x64 @ 64x128
+
+_BLOCKER = '''
+import sys
+
+class _NoMlir:
+    """This process stands for a GPU host: no MLIR, nothing of mlir_ansor installed."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("mlir", "mlir_ansor"):
+            raise ModuleNotFoundError(f"{name} is not installed here (a GPU host without MLIR)", name=name)
+        return None
+
+sys.meta_path.insert(0, _NoMlir())
+'''
+
+
+@pytest.fixture(scope="module")
+def no_mlir(tmp_path_factory) -> dict:
+    """Environment for a subprocess that cannot import mlir or mlir_ansor
+    (a sitecustomize on PYTHONPATH, inherited by the worker too), and that
+    finds `fake_cuda`."""
+    d = tmp_path_factory.mktemp("no_mlir")
+    (d / "sitecustomize.py").write_text(_BLOCKER)
+    return {**os.environ, "PYTHONPATH": f"{d}{os.pathsep}{TESTS}"}
+
+
+def _measure(db: Path, env: dict, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), str(db), *args], capture_output=True, text=True, env=env, timeout=timeout,
+        cwd=db.parent,
+    )
+
+
+def test_gpu_measure_imports_without_mlir(no_mlir):
+    imports = re.findall(r"^\s*(?:import|from)\s+(\S+)", SCRIPT.read_text(), re.M)
+    assert not [m for m in imports if m.split(".")[0] in ("mlir", "mlir_ansor", "")], imports
+    code = (
+        "import runpy, sys\n"
+        f"m = runpy.run_path({str(SCRIPT)!r}, run_name='gpu_measure')\n"
+        "assert m['_cuda_runner']().relative_error.__module__ == 'ansor_cuda_runner'\n"
+        "assert not [n for n in sys.modules if n.split('.')[0] in ('mlir', 'mlir_ansor')]\n"
+        "print('ok')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=no_mlir, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+    r = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, env=no_mlir, timeout=60)
+    assert r.returncode == 0 and "not_measured" in r.stdout, r.stderr
+
+
+def build_database(db: Path) -> None:
+    """A build-only run of the test matmul (3 candidates) into `db`."""
+    from mlir_ansor import tune, workloads
+    from mlir_ansor.frontend import load
+    from mlir_ansor.target import Target
+    from mlir_ansor.tuner import TuneConfig
+
+    cfg = TuneConfig(trials=3, batch_size=3, seed=2, build_only=True)
+    tune(load(text=workloads.matmul(M, N, K, "f32")), target=Target.cuda(90), config=cfg, db=db)
+
+
+def _can_build() -> bool:
+    try:
+        from mlir_ansor.passes.nvvm import find_ptxas
+    except ImportError:
+        return False
+    return find_ptxas() is not None
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> Path:
+    """A build-only database of the test matmul: built afresh where MLIR
+    and ptxas are, else the prebuilt copy."""
+    if not _can_build():
+        if not PREBUILT.exists():
+            pytest.skip("no MLIR and ptxas to build with, and no prebuilt database")
+        return PREBUILT
+    db = tmp_path_factory.mktemp("built") / "t.db"
+    build_database(db)
+    return db
+
+
+@pytest.fixture
+def mlir_side():
+    pytest.importorskip("mlir", reason="MLIR bindings are not installed (a GPU host has none)")
+
+
+@pytest.fixture
+def db(built, tmp_path) -> Path:
+    """A copy of the built database and its bundle folder."""
+    dest = tmp_path / "t.db"
+    shutil.copyfile(built, dest)
+    shutil.copytree(str(built) + ".gpu", str(dest) + ".gpu")
+    return dest
+
+
+def _records(db: Path):
+    from mlir_ansor.records import Database
+
+    with Database(db) as d:
+        return d.records(), d.runs()
+
+
+def test_build_only_keeps_bundles_and_reference(built, mlir_side):
+    """Every not_measured record has its bundle (named by target, sketch and
+    knobs); the task's reference matches A @ B on the inputs drawn again
+    from the seed, which are `jobs.random_inputs`'s."""
+    from mlir_ansor.measure import cuda_runner, gpu_measure, jobs
+
+    recs, _ = _records(built)
+    todo = [r for r in recs if r.error_kind == "not_measured"]
+    assert todo
+    (task_dir,) = Path(gpu_measure.bundle_dir(built)).iterdir()
+    assert task_dir.name == todo[0].workload_key
+    names = {gpu_measure.bundle_name(r.target, r.sketch_hash, r.knobs) for r in todo}
+    assert names == {p.name for p in task_dir.glob("*.cubin-bundle")}
+    for n in names:
+        entry, image = cuda_runner.read_bundle(task_dir / n)
+        assert image[:4] == b"\x7fELF" and [b["shape"] for b in entry["buffers"]] == [[M, K], [K, N], [M, N]]
+    spec, inputs, refs = gpu_measure.load_task(task_dir)
+    assert spec["seed"] == 2 and spec["target"] == "cuda:sm_90" and spec["tol"] > 0
+    for a, b in zip(inputs, jobs.random_inputs([((M, K), "f32"), ((K, N), "f32")], 2)):
+        np.testing.assert_array_equal(a, b)
+    exact = inputs[0].astype(np.float64) @ inputs[1].astype(np.float64)
+    assert cuda_runner.relative_error(refs[0], exact) < 1e-5
+    size = sum(p.stat().st_size for p in task_dir.iterdir())
+    assert size < 256 << 10  # the reference outputs (32 KiB) and the cubins; no inputs
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_measure_only_on_a_fake_gpu(wrong, db, no_mlir, mlir_side):
+    """Every not_measured candidate gets a record as a measuring `tune` on
+    the GPU host writes it (the GPU as host, the build's figures, a run of
+    its own); right answers are valid at the fake's 0.1 ms and `best()`
+    finds them, a wrong one is a wrong_answer. Measuring again adds nothing."""
+    from mlir_ansor.records import Database
+
+    device = "fake_cuda:wrong_device" if wrong else "fake_cuda:FakeMatmulDevice"
+    before, runs0 = _records(db)
+    r = _measure(db, no_mlir, "--backend", device)
+    assert r.returncode == 0, r.stdout + r.stderr
+    after, runs = _records(db)
+    assert after[: len(before)] == before  # the not_measured records stay, as after a measuring tune
+    new = after[len(before):]
+    todo = [x for x in before if x.error_kind == "not_measured"]
+    assert len(new) == len(todo)
+    (run,) = runs[len(runs0):]
+    assert run["measure_only"]["of_runs"] == [runs0[0]["id"]] and run["runner_host"] == "Fake GPU"
+    assert run["config"] == runs0[0]["config"] and run["seed"] == 2
+    for old, rec in zip(todo, new):
+        assert (rec.workload_key, rec.target, rec.sketch_hash, rec.knobs) == (old.workload_key, old.target, old.sketch_hash, old.knobs)
+        assert (rec.host, rec.threads, rec.build_s) == ("Fake GPU", old.threads, old.build_s)
+        versions = json.loads(rec.versions)
+        assert versions["run"] == run["id"] and versions["seed"] == 2
+        if wrong:
+            assert rec.error_kind == "wrong_answer" and not rec.costs
+            assert rec.error_msg.startswith("relative error ") and "exceeds tolerance 3.05e-05" in rec.error_msg
+        else:
+            assert rec.valid and set(rec.costs) == {1e-4} and len(rec.costs) >= 3, rec
+    with Database(db) as d:
+        best = d.best(todo[0].workload_key, "cuda:sm_90")
+        if wrong:
+            assert best == []
+        else:
+            assert (best[0].latency_s, best[0].host) == (1e-4, "Fake GPU")
+        assert len(d.measured_keys(todo[0].workload_key, "cuda:sm_90")) == len(todo)
+    again = _measure(db, no_mlir, "--backend", device)
+    assert again.returncode == 0 and "0 candidate(s) to measure" in again.stdout, again.stdout + again.stderr
+    assert _records(db)[0] == after
+
+
+@pytest.mark.parametrize("fault", ["abort", "hang"])
+def test_measure_only_survives_a_crash_and_a_hang(fault, db, no_mlir, tmp_path, mlir_side):
+    """The first candidate's run aborts the worker (or hangs past the
+    limit): it is recorded as a crash (a timeout), and the others are
+    measured by a fresh worker."""
+    env = {**no_mlir, "FAKE_GPU_FAULT": fault, "FAKE_GPU_MARKER": str(tmp_path / "faulted")}
+    before, _ = _records(db)
+    r = _measure(db, env, "--backend", "fake_cuda:faulty_device", "--timeout", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    new = _records(db)[0][len(before):]
+    assert len(new) == sum(x.error_kind == "not_measured" for x in before) >= 2
+    first, *rest = new
+    if fault == "abort":
+        assert first.error_kind == "crash" and first.error_msg.startswith("worker killed by SIGABRT")
+    else:
+        assert first.error_kind == "timeout" and first.error_msg.startswith("job timed out after")
+    assert all(x.valid for x in rest)
+
+
+def test_measure_only_to_jsonl(db, no_mlir, tmp_path, mlir_side):
+    """--jsonl leaves the database alone; importing the file gives what
+    measuring in place gives, and a second run appends nothing."""
+    from mlir_ansor.records import Database
+
+    out = tmp_path / "gpu.jsonl"
+    before, _ = _records(db)
+    r = _measure(db, no_mlir, "--backend", "fake_cuda:FakeMatmulDevice", "--jsonl", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _records(db)[0] == before
+    lines = out.read_text().splitlines()
+    again = _measure(db, no_mlir, "--backend", "fake_cuda:FakeMatmulDevice", "--jsonl", str(out))
+    assert again.returncode == 0 and out.read_text().splitlines() == lines, again.stdout + again.stderr
+    with Database(db) as d:
+        added = d.import_jsonl(out)
+        assert added == sum(x.error_kind == "not_measured" for x in before)
+        new = d.records()[len(before):]
+        (run,) = d.runs()[1:]
+    assert all(x.valid and x.host == "Fake GPU" and json.loads(x.versions)["run"] == run["id"] for x in new)
+
+
+def test_measure_only_without_bundles_skips(db, no_mlir, mlir_side):
+    """Inputs that do not match the reference's (another numpy's generator)
+    leave the task's records not_measured; so does a missing bundle, and
+    the others are measured. Exit status 1, naming what was skipped."""
+    from mlir_ansor.measure import gpu_measure
+
+    before, _ = _records(db)
+    todo = [x for x in before if x.error_kind == "not_measured"]
+    folder = Path(gpu_measure.bundle_dir(db)) / todo[0].workload_key
+    spec = json.loads((folder / "task.json").read_text())
+    (folder / "task.json").write_text(json.dumps({**spec, "inputs_digest": "0" * 32}))
+    r = _measure(db, no_mlir, "--backend", "fake_cuda:FakeMatmulDevice")
+    assert r.returncode == 1 and r.stderr.count("differ from the build host's") == len(todo), r.stdout + r.stderr
+    assert _records(db)[0] == before
+    (folder / "task.json").write_text(json.dumps(spec))
+    (folder / gpu_measure.bundle_name(todo[0].target, todo[0].sketch_hash, todo[0].knobs)).unlink()
+    r = _measure(db, no_mlir, "--backend", "fake_cuda:FakeMatmulDevice")
+    assert r.returncode == 1 and "no bundle" in r.stderr, r.stdout + r.stderr
+    assert len(_records(db)[0]) == len(before) + len(todo) - 1
+
+
+def test_prebuilt_database_is_current(no_mlir, tmp_path):
+    """The prebuilt copy (for GPU hosts) is in the format this code reads:
+    every not_measured record's bundle is there, and it measures on the
+    fake device."""
+    import sqlite3
+
+    if not PREBUILT.exists():
+        pytest.skip("no prebuilt database")
+    db = tmp_path / "t.db"
+    shutil.copyfile(PREBUILT, db)
+    shutil.copytree(str(PREBUILT) + ".gpu", str(db) + ".gpu")
+    r = _measure(db, no_mlir, "--backend", "fake_cuda:FakeMatmulDevice", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads(r.stdout)
+    with sqlite3.connect(db) as con:
+        todo = con.execute("SELECT COUNT(*) FROM records WHERE error_kind = 'not_measured'").fetchone()[0]
+    assert todo >= 2 and summary["measured"] == todo and not summary["skipped"]
+    ((key, task),) = summary["tasks"].items()
+    assert task["errors"] == {} and task["best_s"] == pytest.approx(1e-4)
+
+
+def _gpu_count() -> tuple[int, str]:
+    import importlib.util
+
+    name = "ansor_cuda_runner_gm"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, SCRIPT.with_name("cuda_runner.py"))
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])  # type: ignore[union-attr]
+    mod = sys.modules[name]
+    return mod.device_count()
+
+
+def test_measure_only_on_the_gpu(built, tmp_path):
+    """On a host with a GPU: every candidate runs on the device, is checked
+    against the build host's reference and timed; the staged f32 kernels
+    match (FMAs, no TF32). Needs only numpy, cuda-python and sqlite3."""
+    import sqlite3
+
+    n, why = _gpu_count()
+    if not n:
+        pytest.skip(f"no GPU to measure on: {why}")
+    db = tmp_path / "t.db"
+    shutil.copyfile(built, db)
+    shutil.copytree(str(built) + ".gpu", str(db) + ".gpu")
+    r = _measure(db, dict(os.environ), "--json", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    summary = json.loads(r.stdout)
+    with sqlite3.connect(db) as con:
+        rows = con.execute("SELECT error_kind, error_msg, latency_s, host FROM records WHERE error_kind != 'not_measured'").fetchall()
+    assert len(rows) == summary["measured"] >= 2
+    assert all(kind == "none" and 0 < lat < 1.0 and host == summary["host"] for kind, _, lat, host in rows), rows
+
+
+if __name__ == "__main__":
+    # Write the prebuilt database (needs MLIR and ptxas): python tests/test_gpu_measure.py --regen
+    if sys.argv[1:] != ["--regen"]:
+        sys.exit("usage: python tests/test_gpu_measure.py --regen")
+    shutil.rmtree(str(PREBUILT) + ".gpu", ignore_errors=True)
+    PREBUILT.unlink(missing_ok=True)
+    PREBUILT.parent.mkdir(parents=True, exist_ok=True)
+    build_database(PREBUILT)
+    import sqlite3
+
+    with sqlite3.connect(PREBUILT) as con:
+        con.execute("VACUUM")
+    print(f"wrote {PREBUILT} and {PREBUILT}.gpu")
