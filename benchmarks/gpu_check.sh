@@ -13,7 +13,9 @@
 #   bash benchmarks/gpu_check.sh [ARTIFACTS_DIR]
 #
 # 1. the GPU tests (the runner on the small test artifacts, every sketch
-#    checked against float64 numpy; MLIR-side tests skip there), 2. every
+#    checked against float64 numpy; `gpu_measure` measuring the prebuilt
+#    build-only database tests/inputs/gpu_db on the device; MLIR-side tests
+#    skip there), 2. every
 #    prebuilt candidate of GEMM 4096 f16/f32 and the ResNet conv checked
 #    element-wise against a float64 host reference (numpy) and timed with
 #    CUDA events, against torch (cuBLAS/cuDNN) timed in the same run.
@@ -24,6 +26,6 @@ PY=${PYTHON:-python3}
 ART=${1:-benchmarks/gpu_artifacts}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || true
 echo "== GPU tests"
-timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py -rs 2>&1 | tail -25
+timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_gpu_measure.py -rs 2>&1 | tail -40
 echo "== candidates vs torch ($ART)"
 timeout 420 "$PY" benchmarks/gpu_bench.py "$ART" --budget-s 300 --json "${OUT:-/tmp}/gpu_bench.json"

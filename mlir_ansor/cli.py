@@ -229,6 +229,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if config.build_only:
         print("build only: nothing was measured; run the same command without --build-only on a host with "
               "the target's hardware (same --db) to measure what was built")
+        if target.kind == "cuda":
+            from .measure.gpu_measure import bundle_dir
+
+            print(f"or, on a GPU host without MLIR, with {result.db_path} and {bundle_dir(result.db_path)}/ copied "
+                  f"there: python3 mlir_ansor/measure/gpu_measure.py {result.db_path}")
     return 0
 
 
