@@ -6,9 +6,10 @@ side runs `mlir_ansor/measure/gpu_measure.py` as a script, in a process
 where `mlir` and `mlir_ansor` cannot be imported (as on the GPU host), on
 the fake device of `fake_cuda.py` (computes A @ B itself; 0.1 ms a run).
 
-Without MLIR (a GPU host), the database is the prebuilt copy in
-tests/inputs/gpu_db (`python tests/test_gpu_measure.py --regen` writes it),
-and `test_measure_only_on_the_gpu` measures it on the real device.
+Without MLIR (a GPU host), the database is made from the prebuilt copy in
+tests/inputs/gpu_db: its SQL text (t.sql) and its bundles and reference
+(t.db.gpu); `python tests/test_gpu_measure.py --regen` writes them, and
+`test_measure_only_on_the_gpu` measures them on the real device.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).parent
 SCRIPT = ROOT / "mlir_ansor" / "measure" / "gpu_measure.py"
-PREBUILT = TESTS / "inputs" / "gpu_db" / "t.db"
+PREBUILT = TESTS / "inputs" / "gpu_db" / "t.db"  # its .gpu folder is committed; the database itself as SQL text:
+PREBUILT_SQL = PREBUILT.with_suffix(".sql")
 M, N, K = 64, 128, 64  # the f32 matmul built: 64x64 @ 64x128
 
 _BLOCKER = '''
@@ -97,14 +99,26 @@ def _can_build() -> bool:
     return find_ptxas() is not None
 
 
+def _prebuilt(dest: Path) -> Path:
+    """The prebuilt database, made at `dest` from its SQL text, with its
+    bundle folder next to it."""
+    import sqlite3
+
+    with sqlite3.connect(dest) as con:
+        con.executescript(PREBUILT_SQL.read_text())
+    con.close()
+    shutil.copytree(str(PREBUILT) + ".gpu", str(dest) + ".gpu")
+    return dest
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     """A build-only database of the test matmul: built afresh where MLIR
     and ptxas are, else the prebuilt copy."""
     if not _can_build():
-        if not PREBUILT.exists():
+        if not PREBUILT_SQL.exists():
             pytest.skip("no MLIR and ptxas to build with, and no prebuilt database")
-        return PREBUILT
+        return _prebuilt(tmp_path_factory.mktemp("prebuilt") / "t.db")
     db = tmp_path_factory.mktemp("built") / "t.db"
     build_database(db)
     return db
@@ -266,11 +280,9 @@ def test_prebuilt_database_is_current(no_mlir, tmp_path):
     fake device."""
     import sqlite3
 
-    if not PREBUILT.exists():
+    if not PREBUILT_SQL.exists():
         pytest.skip("no prebuilt database")
-    db = tmp_path / "t.db"
-    shutil.copyfile(PREBUILT, db)
-    shutil.copytree(str(PREBUILT) + ".gpu", str(db) + ".gpu")
+    db = _prebuilt(tmp_path / "t.db")
     r = _measure(db, no_mlir, "--backend", "fake_cuda:FakeMatmulDevice", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     summary = json.loads(r.stdout)
@@ -318,12 +330,16 @@ if __name__ == "__main__":
     # Write the prebuilt database (needs MLIR and ptxas): python tests/test_gpu_measure.py --regen
     if sys.argv[1:] != ["--regen"]:
         sys.exit("usage: python tests/test_gpu_measure.py --regen")
-    shutil.rmtree(str(PREBUILT) + ".gpu", ignore_errors=True)
-    PREBUILT.unlink(missing_ok=True)
-    PREBUILT.parent.mkdir(parents=True, exist_ok=True)
-    build_database(PREBUILT)
     import sqlite3
+    import tempfile
 
-    with sqlite3.connect(PREBUILT) as con:
-        con.execute("VACUUM")
-    print(f"wrote {PREBUILT} and {PREBUILT}.gpu")
+    shutil.rmtree(str(PREBUILT) + ".gpu", ignore_errors=True)
+    PREBUILT.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "t.db"
+        build_database(db)
+        con = sqlite3.connect(db)
+        PREBUILT_SQL.write_text("\n".join(con.iterdump()) + "\n")
+        con.close()
+        shutil.copytree(str(db) + ".gpu", str(PREBUILT) + ".gpu")
+    print(f"wrote {PREBUILT_SQL} and {PREBUILT}.gpu")
