@@ -253,10 +253,13 @@ def test_tasks_are_channel_last(resnet_text, monkeypatch):
     ]
 
 
-def test_switch_keeps_channel_first(resnet_text):
-    # off by default (normalize.CONVERT_LAYOUT says why)
-    tasks = extract_tasks(load(text=resnet_text))
-    assert any(t.anchor_op == "linalg.conv_2d_nchw_fchw" for t in tasks)
+def test_on_by_default_and_the_switch_keeps_channel_first(resnet_text, monkeypatch):
+    # on by default (normalize.CONVERT_LAYOUT)
+    anchors = {t.anchor_op for t in extract_tasks(load(text=resnet_text)) if t.kind == "convolution"}
+    assert anchors == {"linalg.conv_2d_nhwc_hwcf"}
+    monkeypatch.setattr(normalize_mod, "CONVERT_LAYOUT", False)
+    anchors = {t.anchor_op for t in extract_tasks(load(text=resnet_text)) if t.kind == "convolution"}
+    assert anchors == {"linalg.conv_2d_nchw_fchw"}
 
 
 def test_runtime_filters_and_channel_last_modules_are_left_alone():

@@ -55,14 +55,18 @@ def test_import_and_extract_tasks(tiny):
     tasks = mlir_ansor.extract_tasks(mlir_ansor.load(text=text))
     kinds = [t.kind for t in tasks]
     # conv + batch norm + ReLU is one task (the norm's arithmetic fused after
-    # the convolution), the linear layer another (bias fused), then softmax
-    assert kinds[0] == "convolution" and tasks[0].anchor_op == "linalg.conv_2d_nchw_fchw"
-    assert tasks[0].name.endswith("_relu") and tasks[0].inputs[0].shape == (1, 3, 10, 10)  # the padded image
-    assert kinds[1] == "contraction" and tasks[1].name.endswith("_add")
+    # the convolution), channel-last (search.layout), the linear layer
+    # another (bias fused), then softmax
+    (conv,) = [t for t in tasks if t.kind == "convolution"]
+    assert conv.anchor_op == "linalg.conv_2d_nhwc_hwcf"
+    assert conv.name.endswith("_relu") and conv.inputs[0].shape == (1, 10, 10, 3)  # the padded image, NHWC
+    assert kinds.index("convolution") < kinds.index("contraction")
+    assert [t for t in tasks if t.kind == "contraction"][0].name.endswith("_add")
     assert kinds.count("reduction") == 2  # softmax: max and sum
-    # the weight transpose and the batch-norm factors are computed from
-    # constants only: no tasks
-    assert not any("transpose" in t.name for t in tasks)
+    # the weight transposes and the batch-norm factors are computed from
+    # constants only: no tasks; the two layout changes of activations stay
+    # (the input to NHWC, the flattened output back to NCHW order)
+    assert sorted(t.name for t in tasks if "transpose" in t.name) == ["transpose_1x10x10x3_f32", "transpose_1x8x8x8_f32"]
     assert all(s.dtype == "f32" for t in tasks for s in t.inputs + t.outputs)
 
 
