@@ -104,6 +104,20 @@ def test_channel_first_convolution_keeps_one_output_channel_per_tile(tmp_path):
     assert "r_d3" in names and "r_d1" not in names
 
 
+def _knob_options(text: str, tmp_path) -> dict[str, tuple[int, ...]]:
+    path = tmp_path / "k.mlir"
+    path.write_text(text)
+    (task,) = extract_tasks(str(path))
+    return {k.name: tuple(k.options) for k in generate_sketches(task.mlir, AVX2)[0].knobs}
+
+
+def test_whole_window_unroll_for_channel_last_ops_only(tmp_path):
+    # depthwise NHWC (n oh ow c | kh kw): kw may unroll whole, its taps share input loads
+    assert 3 in _knob_options(workloads.depthwise_conv2d_nhwc(1, 10, 10, 16, 3, 3), tmp_path)["u_d5"]
+    # NCHW (n f oh ow | c kh kw): never u = 3 on kw, whose build did not finish
+    assert 3 not in _knob_options(workloads.conv2d_nchw(1, 4, 8, 8, 8, 3, 3), tmp_path)["u_d6"]
+
+
 CASES = {
     "matmul_transposed_b": workloads.matmul_transposed_b(32, 48, 16),
     "batch_matmul": workloads.batch_matmul(2, 16, 32, 8),

@@ -178,8 +178,13 @@ class MultiLevelTiling(Rule):
             # 400 s before it was killed; with k = 3, u = 1 it builds in 0.2 s).
             if transposed or not odd[d] or is_window:
                 opts = tuple(x for x in UNROLLS if ranges[d] % x == 0)
-                if is_window and 2 < ranges[d] <= 7 and ranges[d] not in opts:
-                    opts += (ranges[d],)  # the whole window (kw = 3)
+                # The whole window (kw = 3) of a channel-last op: neighbouring
+                # taps share input loads. Not channel-first ones: a 3x3 NCHW
+                # convolution with u = 3 never finished building (one worker
+                # passed 22 GB).
+                channel_first = any(tag in anchor.name for tag in CHANNEL_FIRST)
+                if is_window and not channel_first and 2 < ranges[d] <= 7 and ranges[d] not in opts:
+                    opts += (ranges[d],)
             else:
                 opts = tuple(x for x in UNROLLS if x <= ranges[d])
             if transposed and len(opts) > 1:
