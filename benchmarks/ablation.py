@@ -15,7 +15,6 @@ with FLAGS one of (docs/extending.md, "Ablations"):
   round-robin tasks  --task-scheduler round-robin
   random tasks       --random-task-scheduler
   no default point   --no-default-candidate   the rule's default knobs not measured first
-  no local refinement --no-local-refinement   no batch share for the incumbent's neighbours
 
 and prints, per workload, the median (over seeds) best GFLOP/s of each
 variant as found in the search, the same best record re-timed in a fresh
@@ -54,7 +53,6 @@ VARIANTS: list[tuple[str, list[str]]] = [
     ("round-robin tasks", ["--task-scheduler", "round-robin"]),
     ("random tasks", ["--random-task-scheduler"]),
     ("no default candidate", ["--no-default-candidate"]),
-    ("no local refinement", ["--no-local-refinement"]),
 ]
 
 

@@ -6,7 +6,7 @@ Subcommands (shared/DESIGN.md, "The command line"):
        [--search NAME] [--cost-model NAME] [--task-scheduler NAME] [--rules a,b]
        [--plugin MODULE_OR_FILE.py]... [--pretrained-model FILE]
        [--no-cost-model] [--no-crossover] [--no-packing] [--random-task-scheduler]
-       [--no-default-candidate] [--no-local-refinement]
+       [--no-default-candidate] [--local-share F]
   compile [INPUT] [--db FILE] [--threads N] [-o OUT.mlir|OUT.so]
   run [INPUT] [--db FILE] [--threads N] [--repeat N] [--json]
   show FILE.db [--json]
@@ -33,7 +33,7 @@ import os
 import sys
 from importlib import resources
 
-from .errors import AnsorError
+from .errors import AnsorError, InputError
 
 EXAMPLE = "matmul_256.mlir"
 
@@ -80,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated sketch rules to run (default: all registered; the default schedule is always added)")
     t.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import a module (or a .py file) that registers rules, models, strategies or schedulers; repeatable")
+    t.add_argument("--local-share", type=float, default=0.0, metavar="F",
+                   help="share of every evolutionary batch given to the incumbent's one-knob neighbours "
+                        "(EvolutionConfig.local_share; default 0)")
     t.add_argument("--pretrained-model", default=None, metavar="FILE",
                    help="a saved cost model to start the evolutionary search from (transfer learning)")
     ab = t.add_argument_group("ablations (one flag each)")
@@ -89,8 +92,6 @@ def _parser() -> argparse.ArgumentParser:
     ab.add_argument("--random-task-scheduler", action="store_true", help="give each batch to a random task")
     ab.add_argument("--no-default-candidate", action="store_true",
                     help="do not measure the rule's default point first (random points only)")
-    ab.add_argument("--no-local-refinement", action="store_true",
-                    help="evolutionary batches without the incumbent's neighbours (EvolutionConfig.local_share=0)")
     t.add_argument("--executor", default="local", metavar="local|auto|ray://ADDR",
                    help="where candidates are built and measured: local worker processes (default), "
                         "auto (Ray: a running cluster, else a local instance), or ray://HOST:PORT (a Ray cluster)")
@@ -244,6 +245,12 @@ def _load_plugins(args: argparse.Namespace) -> None:
         load_plugin(spec)
 
 
+def _share(x: float) -> float:
+    if not 0.0 <= x <= 1.0:
+        raise InputError(f"--local-share must be between 0 and 1, got {x}")
+    return x
+
+
 def config_from_args(args: argparse.Namespace, config_cls):
     """The `TuneConfig` that the `tune` flags describe (plugins imported
     first, so the names they register can be selected). The ablation flags
@@ -265,7 +272,7 @@ def config_from_args(args: argparse.Namespace, config_cls):
         rules=rules,
         packing=not args.no_packing,
         default_candidate=not args.no_default_candidate,
-        evolution=EvolutionConfig(crossover=not args.no_crossover, local_share=0.0 if args.no_local_refinement else EvolutionConfig.local_share),
+        evolution=EvolutionConfig(crossover=not args.no_crossover, local_share=_share(args.local_share)),
         pretrained_model=args.pretrained_model,
         build_only=getattr(args, "build_only", False),
     )

@@ -37,6 +37,7 @@ from mlir_ansor.tuner import TuneConfig
 
 AVX2 = Target("cpu", 256, 2, "test", ("avx2", "fma"))
 SMALL = EvolutionConfig(population=64, generations=3, min_train=16, isolate_probes=False)
+REFINE = replace(SMALL, local_share=0.25)
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +137,8 @@ def test_neighbours_move_one_knob_to_an_adjacent_option(task_and_sketches):
 def test_every_model_batch_refines_the_incumbent(task_and_sketches):
     """With local_share, each batch chosen by the model holds neighbours of
     the best candidate measured so far (the diverse rest alone holds fewer)."""
-    counts = [_neighbours_in_second_batch(task_and_sketches, share) for share in (SMALL.local_share, 0.0)]
-    assert counts[0] >= round(16 * SMALL.local_share) > counts[1], counts
+    counts = [_neighbours_in_second_batch(task_and_sketches, share) for share in (REFINE.local_share, 0.0)]
+    assert counts[0] >= round(16 * REFINE.local_share) > counts[1], counts
 
 
 def _neighbours_in_second_batch(task_and_sketches, share: float) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import INPUTS
 
-from mlir_ansor import AnsorError, TuneConfig, registry
+from mlir_ansor import AnsorError, InputError, TuneConfig, registry
 from mlir_ansor.records import Database
 from mlir_ansor.search.rules import NO_PACKING
 from mlir_ansor.search.sketch import generate_sketches
@@ -142,15 +142,17 @@ def test_cli_flags_make_the_config(tmp_path):
 
     args = _parser().parse_args(
         ["tune", "--search", "evolutionary", "--no-cost-model", "--no-crossover", "--no-packing",
-         "--random-task-scheduler", "--no-local-refinement", "--rules", "cpu-contraction, cpu-default"]
+         "--random-task-scheduler", "--local-share", "0.5", "--rules", "cpu-contraction, cpu-default"]
     )
     c = config_from_args(args, TuneConfig)
     assert (c.strategy, c.cost_model, c.task_scheduler) == ("evolutionary", "random", "random")
-    assert c.packing is False and c.evolution.crossover is False and c.evolution.local_share == 0.0
+    assert c.packing is False and c.evolution.crossover is False and c.evolution.local_share == 0.5
     assert c.rules == ("cpu-contraction", "cpu-default")
     plain = config_from_args(_parser().parse_args(["tune"]), TuneConfig)
     assert (plain.cost_model, plain.task_scheduler, plain.packing, plain.rules) == ("xgb", "gradient", True, None)
-    assert plain.evolution.crossover is True and plain.evolution.local_share > 0
+    assert plain.evolution.crossover is True and plain.evolution.local_share == 0.0
+    with pytest.raises(InputError, match="--local-share"):
+        config_from_args(_parser().parse_args(["tune", "--local-share", "2"]), TuneConfig)
 
 
 PLUGIN = textwrap.dedent(
