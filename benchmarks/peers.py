@@ -299,6 +299,9 @@ def main() -> None:
     bad = [n for n in names if n not in workloads.ANSOR_SET] + [m for m in models if m not in MODELS]
     if bad:
         ap.error(f"unknown workload(s) {', '.join(bad)}; ops: {', '.join(workloads.ANSOR_SET)}; models: {', '.join(MODELS)}")
+    if not args.no_tvm and not os.path.exists(args.tvm_python):
+        # Said now, not after our tuning: the re-timing of TVM's kernels needs it too.
+        ap.error(f"no TVM env at {args.tvm_python}: run `bash benchmarks/setup_peers.sh`, pass --tvm-python, or --no-tvm")
     wd = args.work_dir or tempfile.mkdtemp(prefix="peers-")
     os.makedirs(wd, exist_ok=True)
     config = TuneConfig(trials=args.trials, threads=args.threads, seed=args.seed, strategy=args.search,
