@@ -140,12 +140,12 @@ def prepare_cuda_reference(
 ) -> dict:
     """A CUDA task's reference: fail with :class:`NoGpuError` unless this
     host can run a kernel, then compute the reference outputs with the
-    untuned CPU lowering (`prepare_reference`, timed once). Returns
-    {"costs": [] (a CPU time is no GPU baseline), "build_s", "device"}."""
+    untuned CPU lowering (`prepare_offline_cuda_reference`). Returns
+    {"costs": [] (a CPU time is no GPU baseline), "build_s", "input_range",
+    "device"}."""
     device = _backend().device_name
-    once = TimingPolicy(warmup=0, min_repeat=1, max_repeat=1, min_time_s=0.0)
-    info = prepare_reference(payload, inputs, outputs, seed, so_path, data_path, threads, once)
-    return {"costs": [], "build_s": info["build_s"], "device": device}
+    info = prepare_offline_cuda_reference(payload, inputs, outputs, seed, so_path, data_path, threads, policy)
+    return {**info, "device": device}
 
 
 def prepare_offline_cuda_reference(
