@@ -25,6 +25,7 @@ from pathlib import Path
 
 from mlir import ir, passmanager
 
+from ..search.normalize import NORMALIZED_ATTR
 from .math_approx import expand_math
 
 BUFFERIZE = (
@@ -187,11 +188,6 @@ def _forward_one_copy(entry: ir.Block) -> bool:
 _INVERSE_RESHAPE = ("memref.expand_shape", "memref.collapse_shape")
 
 
-DRIVER_ATTR = "ansor.normalized"
-"""Functions with this attribute are drivers that `compile` wrote: straight-line
-calls of kernels (`search/normalize.py` sets it)."""
-
-
 _VIEW_OPS = frozenset(
     {"memref.subview", "memref.collapse_shape", "memref.expand_shape", "memref.cast", "memref.reinterpret_cast"}
 )
@@ -201,7 +197,8 @@ def static_driver_buffers(module: ir.Module) -> int:
     """Give each driver's intermediate buffers static storage, shared between
     buffers whose lifetimes do not overlap; returns how many allocations went.
 
-    A driver (a function marked :data:`DRIVER_ATTR`) allocates every
+    A driver (a function `normalize` marked with ``NORMALIZED_ATTR``, which
+    `compile` turned into straight-line calls of kernels) allocates every
     intermediate result with ``malloc`` on every call. Large blocks come from
     fresh ``mmap`` pages that fault in on first touch, and the kernels pay
     for it: a 3-D convolution split into three 2-D ones (five buffers of
@@ -220,7 +217,7 @@ def static_driver_buffers(module: ir.Module) -> int:
     count = 0
     for fn in list(module.body.operations):
         op = fn.operation
-        if op.name != "func.func" or DRIVER_ATTR not in op.attributes or not op.regions[0].blocks:
+        if op.name != "func.func" or NORMALIZED_ATTR not in op.attributes or not op.regions[0].blocks:
             continue
         name = ir.StringAttr(op.attributes["sym_name"]).value
         entry = op.regions[0].blocks[0]
