@@ -132,19 +132,15 @@ def fold_transposes(module: ir.Module, fn: ir.Operation) -> int:
             maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(consumer.attributes["indexing_maps"])]
             m = maps[i]
             maps[i] = ir.AffineMap.get(m.n_dims, m.n_symbols, [m.results[s] for s in sigma])
-            edits.append((consumer, i, maps))
-        if any(_strides_the_vector_loop(m, maps[i], maps[-1]) for (c, i, maps), m in zip(edits, _old_maps(edits))):
+            edits.append((consumer, i, maps, m))
+        if any(_strides_the_vector_loop(old, maps[i], maps[-1]) for _, i, maps, old in edits):
             continue
-        for consumer, i, maps in edits:
+        for consumer, i, maps, _ in edits:
             consumer.attributes["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(x) for x in maps])
             consumer.operands[i] = src
         op.erase()
         folded += 1
     return folded
-
-
-def _old_maps(edits: list) -> list[ir.AffineMap]:
-    return [ir.AffineMapAttr(ir.ArrayAttr(c.attributes["indexing_maps"])[i]).value for c, i, _ in edits]
 
 
 def _strides_the_vector_loop(before: ir.AffineMap, after: ir.AffineMap, out: ir.AffineMap) -> bool:
