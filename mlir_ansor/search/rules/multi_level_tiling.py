@@ -86,6 +86,11 @@ ONE_D = frozenset({"linalg.conv_1d_nwc_wcf", "linalg.conv_1d_ncw_fcw", "linalg.d
 CHANNEL_FIRST = ("nchw", "ncw")
 
 
+def channel_first(anchor: OpStructure) -> bool:
+    """Whether the op is a channel-first convolution or pooling (NCHW, NCW)."""
+    return any(tag in anchor.name for tag in CHANNEL_FIRST)
+
+
 def forced_unit_loops(anchor: OpStructure) -> set[int]:
     """Loops tiled to 1 so that a window op decomposes to 1-D: every window
     pair except the innermost one (oh and kh of a 2-D NHWC convolution)."""
@@ -101,7 +106,7 @@ def vector_and_row_dims(anchor: OpStructure) -> tuple[int, int | None]:
     register-row loop (the next output dimension that may be tiled)."""
     out = [d for d in anchor.output_dims if d is not None]
     vec = out[-1]
-    if any(tag in anchor.name for tag in CHANNEL_FIRST):
+    if channel_first(anchor):
         return vec, None
     forced = forced_unit_loops(anchor)
     for d in reversed(out[:-1]):
@@ -182,8 +187,7 @@ class MultiLevelTiling(Rule):
                 # taps share input loads. Not channel-first ones: a 3x3 NCHW
                 # convolution with u = 3 never finished building (one worker
                 # passed 22 GB).
-                channel_first = any(tag in anchor.name for tag in CHANNEL_FIRST)
-                if is_window and not channel_first and 2 < ranges[d] <= 7 and ranges[d] not in opts:
+                if is_window and not channel_first(anchor) and 2 < ranges[d] <= 7 and ranges[d] not in opts:
                     opts += (ranges[d],)
             else:
                 opts = tuple(x for x in UNROLLS if x <= ranges[d])
