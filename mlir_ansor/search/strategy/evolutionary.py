@@ -300,16 +300,21 @@ class EvolutionarySearch(SearchStrategy):
             sk = pool[self.rng.randrange(len(pool))]
             self._take(sk, sk.sample(self.rng), out, taken)
 
+    def _best_measured(self, pool: list[Sketch]) -> list[Candidate]:
+        """This run's (and the database's) valid measured candidates of the
+        sketches in `pool`, fastest first."""
+        by_hash = {sk.hash: sk for sk in pool}
+        valid = sorted((r for r in self.results if r.valid and r.sketch.hash in by_hash), key=lambda r: r.latency_s)
+        return [(by_hash[r.sketch.hash], r.knobs) for r in valid]
+
     def _refine(self, pool: list[Sketch], n: int) -> list[Candidate]:
         """Up to `n` fresh neighbours of the best measured candidate (see
         ``local_share``), best-scored first."""
-        by_hash = {sk.hash: sk for sk in pool}
-        valid = [r for r in self.results if r.valid and r.sketch.hash in by_hash]
-        if n <= 0 or not valid:
+        measured = self._best_measured(pool)
+        if n <= 0 or not measured:
             return []
-        best = min(valid, key=lambda r: r.latency_s)
-        sk = by_hash[best.sketch.hash]
-        near = [(sk, sk.complete(a)) for a in neighbours(sk.knobs, best.knobs)]
+        sk, knobs = measured[0]
+        near = [(sk, sk.complete(a)) for a in neighbours(sk.knobs, knobs)]
         near = [(s, a) for s, a in near if s.violation(a) is None and self._fresh(s, a, set())]
         if not near:
             return []
@@ -321,16 +326,14 @@ class EvolutionarySearch(SearchStrategy):
         """The `n` best-scored fresh candidates found by evolution."""
         cfg = self.config
         rng = self.rng
-        by_hash = {sk.hash: sk for sk in pool}
         # Initial population: the best measured, then random samples.
-        best = sorted((r for r in self.results if r.valid and r.sketch.hash in by_hash), key=lambda r: r.latency_s)
         population: list[Candidate] = []
         seen: set = set()
-        for r in best[: cfg.init_measured]:
-            key = (r.sketch.hash, r.knobs)
+        for sk, knobs in self._best_measured(pool)[: cfg.init_measured]:
+            key = (sk.hash, knobs)
             if key not in seen:
                 seen.add(key)
-                population.append((by_hash[r.sketch.hash], r.knobs))
+                population.append((sk, knobs))
         tries = 0
         while len(population) < cfg.population and tries < 4 * cfg.population:
             tries += 1
