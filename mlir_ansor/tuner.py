@@ -416,8 +416,7 @@ class Measurer:
         and the job's result (``value["costs"]``: the baseline timings).
         `index` is kept for callers that number their tasks."""
         cfg = self.config
-        spec = lambda ts: tuple((tuple(t.shape), t.dtype) for t in ts)  # noqa: E731
-        job = ReferenceJob(payload, spec(task.inputs), spec(task.outputs), seed, cfg.threads, cfg.baseline_timing)
+        job = ReferenceJob(payload, _arg_specs(task.inputs), _arg_specs(task.outputs), seed, cfg.threads, cfg.baseline_timing)
         res = self.executor.prepare_reference(job, max(600.0, cfg.run_timeout_s))
         return res.artifact, res
 
@@ -693,6 +692,11 @@ def _prepare(
     return states
 
 
+def _arg_specs(specs) -> tuple[tuple[tuple[int, ...], str], ...]:
+    """(shape, dtype) of each of a task's `TensorSpec`s, as jobs take them."""
+    return tuple((tuple(t.shape), t.dtype) for t in specs)
+
+
 def _keep_reference(st: _TaskState, payload: str, target: Target, config: TuneConfig, m: Measurer, folder: str, index: int) -> None:
     """A build-only CUDA task: compute its reference here (the untuned CPU
     lowering) and keep it in `folder` with the task's description, where the
@@ -705,10 +709,9 @@ def _keep_reference(st: _TaskState, payload: str, target: Target, config: TuneCo
             last = res.error_msg.strip().splitlines()[-1] if res.error_msg.strip() else f"no local data ({data!r})"
             log.warning("task %s: no reference to keep for gpu_measure, bundles not kept (%s)", task.name, last)
             return
-        spec = lambda ts: [(tuple(t.shape), t.dtype) for t in ts]  # noqa: E731
         gpu_measure.export_task(
             folder, data, workload_key=task.workload_key, name=task.name, target=target.key, seed=config.seed,
-            inputs=spec(task.inputs), outputs=spec(task.outputs), input_range=res.value["input_range"], tol=st.tol,
+            inputs=_arg_specs(task.inputs), outputs=_arg_specs(task.outputs), input_range=res.value["input_range"], tol=st.tol,
             flops=task.flops,
         )
     st.bundle_dir = folder
