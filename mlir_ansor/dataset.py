@@ -103,6 +103,9 @@ def export_dataset(db_path: str | os.PathLike, out_dir: str | os.PathLike, *, is
         if rec.workload_key not in by_key:
             skip("no task in the database")
             continue
+        if rec.retime:
+            skip("a re-timing of a candidate (not a candidate)")
+            continue
         ck = (rec.workload_key, rec.target)
         if ck not in sketch_cache:
             target = _target_for(rec.target, runs)

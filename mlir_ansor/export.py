@@ -90,16 +90,17 @@ def export_best(
     with Database(db_path) as db:
         w = find_workload(db, task)
         recs = [r for r in db.records(w["workload_key"]) if r.valid]
+        # Best first, each schedule timed by all its timings (`Database.best`).
+        mine = db.best(w["workload_key"], target.key, threads=threads, k=10**6, prefer_host=target.model)
     if threads is not None:
         recs = [r for r in recs if r.threads == threads]
-    mine = [r for r in recs if r.target == target.key]
     if not mine:
         others = sorted({r.target for r in recs})
         extra = f" (records exist for {', '.join(others)})" if others else ""
         thr = f" on {threads} thread(s)" if threads is not None else ""
         raise InputError(f"task {w['name']}: no valid record for target {target.key}{thr}{extra}")
     sketches = {sk.hash: sk for sk in generate_sketches(w["task_mlir"], target)}
-    for rec in sorted(mine, key=lambda r: r.latency_s):
+    for rec in mine:
         sk = sketches.get(rec.sketch_hash)
         if sk is None:
             continue  # made by sketch rules that have changed since

@@ -86,10 +86,11 @@ def summarize(db_path: str | os.PathLike, peak: Peak | None = None) -> list[Task
     rows = []
     with _open(db_path) as db:
         for w in db.workloads():
-            recs = db.records(w["workload_key"])
+            recs = [r for r in db.records(w["workload_key"]) if not r.retime]  # candidates, not re-timings
             errors = Counter(r.error_kind for r in recs if r.error_kind != "none")
-            valid = [r for r in recs if r.valid]
-            best = min(valid, key=lambda r: r.latency_s) if valid else None
+            # Each target's best schedule, timed by all its timings (`Database.best`).
+            bests = [b for t in sorted({r.target for r in recs if r.valid}) for b in db.best(w["workload_key"], t)]
+            best = min(bests, key=lambda r: r.latency_s) if bests else None
             s = TaskSummary(
                 name=w["name"],
                 workload_key=w["workload_key"],
@@ -142,7 +143,7 @@ def curves(db_path: str | os.PathLike, weights: dict[str, int] | None = None) ->
     out.weights = {names[k]: weights[k] for k in names}
     for r in recs:
         k = r.workload_key
-        if k not in names:
+        if k not in names or r.retime:  # a curve's steps are the search's trials
             continue
         if r.valid and r.latency_s < best.get(k, math.inf):
             best[k] = r.latency_s

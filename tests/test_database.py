@@ -110,6 +110,28 @@ def test_best_ordering_and_error_filtering(tmp_path):
         assert db.best(WK, "cuda:sm_90") == []
 
 
+def test_best_times_a_schedule_by_all_its_timings(tmp_path):
+    """A schedule timed again (the re-timing at the end of a run) is one
+    schedule whose latency is the median of all its timings: a lucky first
+    timing no longer wins on its own. One failed run disqualifies it."""
+    with Database(tmp_path / "r.db") as db:
+        db.commit_record(rec({"t": 1}, (1.0e-3,), ts=1.0))  # lucky first timing
+        db.commit_record(rec({"t": 2}, (1.2e-3,), ts=2.0))
+        db.commit_record(rec({"t": 3}, (1.1e-3,), ts=3.0))
+        db.commit_record(rec({"t": 2}, (1.3e-3, 1.3e-3), ts=4.0))  # re-timed: 1.3 ms
+        db.commit_record(rec({"t": 1}, (1.5e-3, 1.6e-3), ts=5.0))  # re-timed: slower
+        db.commit_record(rec({"t": 1}, (1.5e-3,), ts=6.0))
+        db.commit_record(rec({"t": 3}, (), err="wrong_answer", ts=7.0))  # one failed run: out
+        db.commit_record(rec({"t": 4}, (1.4e-3,), ts=8.0))
+        db.commit_record(rec({"t": 4}, (), err="not_measured", ts=9.0))  # built only: not a failure
+        best = db.best(WK, TGT, k=10)
+        assert [dict(r.knobs)["t"] for r in best] == [2, 4, 1]
+        one = best[2]
+        assert one.costs == (1.0e-3, 1.5e-3, 1.6e-3, 1.5e-3) and one.latency_s == pytest.approx(1.5e-3)
+        assert one.timestamp == 1.0  # the schedule's first record, carrying every timing
+        assert best[0].latency_s == pytest.approx(1.3e-3)
+
+
 def test_measured_keys(tmp_path):
     with Database(tmp_path / "m.db") as db:
         db.commit_record(rec({"b": 2, "a": 1}, sketch="s1"))

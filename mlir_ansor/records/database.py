@@ -37,6 +37,10 @@ __all__ = ["FORMAT", "SCHEMA_VERSION", "Database", "Record"]
 FORMAT = "mlir-ansor-db"
 SCHEMA_VERSION = 1
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+# Error kinds of a schedule that failed when it ran (not when it was built):
+# a schedule with one of these is never a best (`Database.best`).
+_RETIME_LIKE = '%"retime":%'  # matches a re-timing's ``versions`` JSON (`Record.retime`)
+_FAILED_RUNS = ("wrong_answer", "run_error", "crash", "timeout", "exception")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -143,6 +147,17 @@ class Record:
     def latency_s(self) -> float:
         """Median of ``costs``; ``inf`` when there are none."""
         return statistics.median(self.costs) if self.costs else math.inf
+
+    @property
+    def retime(self) -> bool:
+        """A second timing of a schedule measured before (the end of a tuning
+        run re-times each task's best, `TuneConfig.retime_rounds`), not a new
+        candidate: its ``versions`` JSON holds ``"retime"``."""
+        try:
+            versions = json.loads(self.versions) if self.versions else None
+        except ValueError:
+            return False
+        return isinstance(versions, dict) and "retime" in versions
 
     def to_json(self) -> dict:
         return {
@@ -403,10 +418,12 @@ class Database:
         return [_row_to_record(r) for r in rows]
 
     def count(self, workload_key: str | None = None, target: str | None = None) -> int:
+        """Candidates measured: records that are not re-timings (`Record.retime`)."""
         where, params = self._where(workload_key, target)
+        where = f"{where} AND" if where else " WHERE"
         with self._lock, self._wrap("count"):
             return self._c.execute(
-                f"SELECT COUNT(*) FROM records{where}", params
+                f"SELECT COUNT(*) FROM records{where} versions NOT LIKE ?", (*params, _RETIME_LIKE)
             ).fetchone()[0]
 
     @staticmethod
@@ -429,33 +446,58 @@ class Database:
         host: str | None = None,
         prefer_host: str | None = None,
     ) -> list[Record]:
-        """The ``k`` valid records with the lowest latency (ties: oldest first),
-        all measured on one kind of host (CPU model or GPU name): latencies
-        of different machines are never compared. `host` names it; None
-        takes `prefer_host` when it has valid records (this machine's
-        model: a schedule measured here), else the host with the most valid
-        records (ties: the first seen)."""
+        """The ``k`` best schedules (sketch and knobs) by latency (ties: the
+        one first measured first), all measured on one kind of host (CPU
+        model or GPU name): latencies of different machines are never
+        compared. `host` names it; None takes `prefer_host` when it has
+        valid records (this machine's model: a schedule measured here),
+        else the host with the most valid records (ties: the first seen).
+
+        A schedule measured more than once (re-timed at the end of a tuning
+        run, or measured by two merged runs) counts as one: its first valid
+        record, holding the costs of all its valid records, so its latency is
+        the median over every measurement rather than its luckiest one. A
+        schedule with a failed measurement (wrong answer, crash, timeout) on
+        the same host and thread count is never returned."""
         if host is None and prefer_host is not None:
             mine = self.best(workload_key, target, threads, k, host=prefer_host)
             if mine:
                 return mine
-        sql = "FROM records WHERE workload_key = ? AND target = ? AND latency_s IS NOT NULL"
+        sql = "FROM records WHERE workload_key = ? AND target = ?"
         params: list = [workload_key, target]
         if threads is not None:
             sql += " AND threads = ?"
             params.append(int(threads))
         with self._lock, self._wrap("best"):
             if host is None:
-                row = self._c.execute(
-                    f"SELECT host {sql} GROUP BY host ORDER BY COUNT(*) DESC, MIN(id) LIMIT 1", params
+                row = self._c.execute(  # candidates, not re-timings, are counted
+                    f"SELECT host {sql} AND latency_s IS NOT NULL AND versions NOT LIKE ? "
+                    "GROUP BY host ORDER BY COUNT(*) DESC, MIN(id) LIMIT 1",
+                    [*params, _RETIME_LIKE],
                 ).fetchone()
                 if row is None:
                     return []
                 host = row[0]
+            # Every record of the host that counts: its schedules are grouped below.
+            failed = ", ".join("?" * len(_FAILED_RUNS))
             rows = self._c.execute(
-                f"SELECT * {sql} AND host = ? ORDER BY latency_s, id LIMIT ?", [*params, host, int(k)]
+                f"SELECT * {sql} AND host = ? AND (latency_s IS NOT NULL OR error_kind IN ({failed})) ORDER BY id",
+                [*params, host, *_FAILED_RUNS],
             ).fetchall()
-        return [_row_to_record(r) for r in rows]
+        groups: dict[tuple, list[Record]] = {}
+        for row in rows:
+            rec = _row_to_record(row)
+            groups.setdefault((rec.sketch_hash, rec.knobs, rec.threads), []).append(rec)
+        best: list[Record] = []
+        for recs in groups.values():
+            if not all(r.valid for r in recs):
+                continue  # it failed once: not to be trusted
+            first = recs[0]
+            if len(recs) > 1:
+                first = replace(first, costs=tuple(c for r in recs for c in r.costs))
+            best.append(first)
+        best.sort(key=lambda r: r.latency_s)  # stable: ties stay in order of first measurement
+        return best[: int(k)]
 
     def measured_keys(self, workload_key: str, target: str) -> set[tuple]:
         """``(sketch_hash, knobs)`` of every record, valid or not, so a resumed
