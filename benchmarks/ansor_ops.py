@@ -162,7 +162,7 @@ def main() -> None:
     ap.add_argument("--ops", default=",".join(workloads.ANSOR_SET))
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--trials", type=int, default=200, help="trials per workload")
-    ap.add_argument("--search", default="random")
+    ap.add_argument("--search", default="evolutionary", help="our search strategy")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     rows = []

@@ -6,7 +6,7 @@ Subcommands (shared/DESIGN.md, "The command line"):
        [--search NAME] [--cost-model NAME] [--task-scheduler NAME] [--rules a,b]
        [--plugin MODULE_OR_FILE.py]... [--pretrained-model FILE]
        [--no-cost-model] [--no-crossover] [--no-packing] [--random-task-scheduler]
-       [--no-default-candidate] [--local-share F]
+       [--no-default-candidate] [--local-share F] [--retime-top N] [--retime-rounds R]
   compile [INPUT] [--db FILE] [--threads N] [-o OUT.mlir|OUT.so]
   run [INPUT] [--db FILE] [--threads N] [--repeat N] [--json]
   show FILE.db [--json]
@@ -42,14 +42,14 @@ def _example_path() -> str:
     return str(resources.files("mlir_ansor") / "examples" / EXAMPLE)
 
 
-def _positive(kind):
+def _positive(kind, zero_ok: bool = False):
     def parse(text: str):
         try:
             v = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if v <= 0:
-            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        if v < 0 or (v == 0 and not zero_ok):
+            raise argparse.ArgumentTypeError(f"expected a {'non-negative' if zero_ok else 'positive'} number, got {text!r}")
         return v
 
     return parse
@@ -71,8 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--timeout", type=_positive(float), default=60.0, help="seconds per build and per run")
     t.add_argument("--batch-size", type=_positive(int), default=16, help="candidates built before measuring")
     t.add_argument("--func", default=None, help="tune only this function")
-    t.add_argument("--search", default="random",
-                   help="search strategy: random, evolutionary, or a registered one (default random)")
+    t.add_argument("--search", default="evolutionary",
+                   help="search strategy: evolutionary, random, or a registered one (default evolutionary)")
     t.add_argument("--cost-model", default="xgb", help="cost model of the evolutionary search: xgb, random, or registered")
     t.add_argument("--task-scheduler", default="gradient",
                    help="which task gets the next batch: gradient, round-robin, random, or registered")
@@ -83,6 +83,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--local-share", type=float, default=0.0, metavar="F",
                    help="share of every evolutionary batch given to the incumbent's one-knob neighbours "
                         "(EvolutionConfig.local_share; default 0)")
+    t.add_argument("--retime-top", type=_positive(int), default=4, metavar="N",
+                   help="when the search ends, time each task's N best schedules again (default 4)")
+    t.add_argument("--retime-rounds", type=_positive(int, zero_ok=True), default=3, metavar="R",
+                   help="timings of each re-timed schedule, taking turns; the pick is made on all of a "
+                        "schedule's timings (default 3; 0: no re-timing)")
     t.add_argument("--pretrained-model", default=None, metavar="FILE",
                    help="a saved cost model to start the evolutionary search from (transfer learning)")
     ab = t.add_argument_group("ablations (one flag each)")
@@ -275,6 +280,8 @@ def config_from_args(args: argparse.Namespace, config_cls):
         evolution=EvolutionConfig(crossover=not args.no_crossover, local_share=_share(args.local_share)),
         pretrained_model=args.pretrained_model,
         build_only=getattr(args, "build_only", False),
+        retime_top=args.retime_top,
+        retime_rounds=args.retime_rounds,
     )
 
 

@@ -57,12 +57,12 @@ def test_extending_examples_run(tmp_path, monkeypatch, capsys):
     licm = next(s for s in generate_sketches(task.mlir, Target.host()) if s.name == "tiled-licm")
     assert "transform.apply_licm" in licm.script
     with Database(tmp_path / "extending.db") as db:
-        recs = db.records()
+        recs = [r for r in db.records() if not r.retime]  # candidates (each run re-times its best)
         runs = db.runs()
     assert len(recs) == 4 + 4 + 4 + 2
     assert sum(r.sketch_hash == licm.hash for r in recs[:4]) == 4  # the rule's sketch comes first
     assert all(r.valid for r in recs[:4])
-    assert [r["config"]["strategy"] for r in runs] == ["random", "evolutionary", "hill-climb", "random"]
+    assert [r["config"]["strategy"] for r in runs] == ["evolutionary", "evolutionary", "hill-climb", "evolutionary"]
     assert runs[1]["config"]["cost_model"] == "ridge"
     assert runs[3]["config"]["task_scheduler"] == "heaviest-first"
 
@@ -142,15 +142,20 @@ def test_cli_flags_make_the_config(tmp_path):
 
     args = _parser().parse_args(
         ["tune", "--search", "evolutionary", "--no-cost-model", "--no-crossover", "--no-packing",
-         "--random-task-scheduler", "--local-share", "0.5", "--rules", "cpu-contraction, cpu-default"]
+         "--random-task-scheduler", "--local-share", "0.5", "--rules", "cpu-contraction, cpu-default",
+         "--retime-top", "2", "--retime-rounds", "0"]
     )
     c = config_from_args(args, TuneConfig)
+    assert (c.retime_top, c.retime_rounds) == (2, 0)
     assert (c.strategy, c.cost_model, c.task_scheduler) == ("evolutionary", "random", "random")
     assert c.packing is False and c.evolution.crossover is False and c.evolution.local_share == 0.5
     assert c.rules == ("cpu-contraction", "cpu-default")
     plain = config_from_args(_parser().parse_args(["tune"]), TuneConfig)
     assert (plain.cost_model, plain.task_scheduler, plain.packing, plain.rules) == ("xgb", "gradient", True, None)
     assert plain.evolution.crossover is True and plain.evolution.local_share == 0.0
+    assert (plain.retime_top, plain.retime_rounds) == (TuneConfig.retime_top, TuneConfig.retime_rounds)
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["tune", "--retime-rounds", "-1"])
     with pytest.raises(InputError, match="--local-share"):
         config_from_args(_parser().parse_args(["tune", "--local-share", "2"]), TuneConfig)
 

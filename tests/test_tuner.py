@@ -49,11 +49,50 @@ def test_tune_small_matmul_and_check_against_numpy(tmp_path):
     np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
     # Every trial is in the database, valid ones with their timings.
     with Database(db) as d:
-        recs = d.records(r.task.workload_key)
+        recs = [x for x in d.records(r.task.workload_key) if not x.retime]
         assert len(recs) == 6
         best = d.best(r.task.workload_key, Target.host().key)[0]
         assert best.latency_s == pytest.approx(r.best_latency_s)
         assert best.threads == 1 and best.host
+
+
+class _CountingMeasurer(Measurer):
+    built = 0
+
+    def build(self, cands):
+        self.built += len(cands)
+        return super().build(cands)
+
+
+def test_the_best_schedules_are_re_timed_in_turns(tmp_path):
+    """When the search ends, each task's best schedules are timed again,
+    `retime_rounds` times each, from the libraries the search kept (nothing
+    is built again), and the pick is made on all their timings."""
+    db = tmp_path / "rt.db"
+    config = _config(trials=6, retime_top=3, retime_rounds=2)
+    with _CountingMeasurer(config) as m:
+        result = tune(str(INPUTS / "matmul.mlir"), config=config, db=db, measurer=m)
+        assert m.built == 6
+    (r,) = result.tasks
+    with Database(db) as d:
+        recs = d.records()
+        retimes = [x for x in recs if x.retime]
+        searched = {(x.sketch_hash, x.knobs): x for x in recs if not x.retime}
+        assert len(searched) == 6
+        valid = sorted((x for x in searched.values() if x.valid), key=lambda x: x.latency_s)
+        top = {(x.sketch_hash, x.knobs) for x in valid[:3]}
+        # every re-timing is of one of the search's 3 best, each timed twice more
+        assert {(x.sketch_hash, x.knobs) for x in retimes} == top and len(retimes) == 2 * len(top)
+        assert all(x.valid and x.build_s == 0.0 for x in retimes)
+        best = d.best(r.task.workload_key, Target.host().key)[0]
+        assert len(best.costs) > len(searched[(best.sketch_hash, best.knobs)].costs)
+        assert r.best_latency_s == pytest.approx(best.latency_s) and dict(r.best_knobs) == dict(best.knobs)
+    assert r.retimed == len(top) and r.search_latency_s == pytest.approx(valid[0].latency_s)
+    assert result.measured == 6  # re-timings are not trials
+    # Off: no re-timing.
+    off = tune(str(INPUTS / "matmul.mlir"), config=_config(trials=3, retime_rounds=0), db=tmp_path / "off.db")
+    with Database(tmp_path / "off.db") as d:
+        assert not any(x.retime for x in d.records()) and off.tasks[0].retimed == 0
 
 
 def test_same_seed_same_candidates(tmp_path):
@@ -70,7 +109,7 @@ def test_resume_measures_nothing_twice(tmp_path):
     tune(str(INPUTS / "matmul.mlir"), config=_config(trials=3), db=db)
     tune(str(INPUTS / "matmul.mlir"), config=_config(trials=3), db=db)
     with Database(db) as d:
-        recs = d.records()
+        recs = [r for r in d.records() if not r.retime]  # re-timings are not candidates
     keys = [(r.sketch_hash, r.knobs) for r in recs]
     assert len(recs) == 6 and len(set(keys)) == 6
 
@@ -84,7 +123,7 @@ def test_crashes_hangs_and_wrong_answers_become_records(tmp_path):
         result = tune(str(INPUTS / "matmul.mlir"), config=config, db=db, measurer=m)
     (r,) = result.tasks
     with Database(db) as d:
-        recs = d.records()
+        recs = [r for r in d.records() if not r.retime]
     kinds = {}
     for rec in recs:
         kinds.setdefault(rec.error_kind, []).append(rec)
@@ -149,7 +188,7 @@ def test_cli_tune_json_from_stdin_and_show(tmp_path):
 
 def test_random_search_warns_that_a_cost_model_is_unused(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="mlir_ansor"):
-        tune(str(INPUTS / "matmul.mlir"), config=_config(trials=1, cost_model="random"), db=tmp_path / "w.db")
+        tune(str(INPUTS / "matmul.mlir"), config=_config(trials=1, strategy="random", cost_model="random"), db=tmp_path / "w.db")
     assert any("only take effect with --search evolutionary" in r.getMessage() for r in caplog.records)
 
 
