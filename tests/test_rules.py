@@ -181,6 +181,27 @@ def test_odd_shapes_sample_tiles_that_do_not_divide(tmp_path):
     assert knobs["p_d1"].options == (1, 367) and knobs["p_d1"].at_least == "r_d1"
 
 
+@pytest.mark.parametrize("p_rows", [8, 64])
+@pytest.mark.parametrize("pack", [0, 1])
+def test_six_row_tiles_on_even_rows_match_numpy(tmp_path, p_rows, pack):
+    """6 register rows in a loop of 64 (offered although they do not divide
+    it): the thread tile leaves a remainder of 2 or 4 rows, peeled."""
+    path = tmp_path / "m.mlir"
+    path.write_text(workloads.matmul(64, 48, 32))
+    (task,) = extract_tasks(str(path))
+    sk = generate_sketches(task.mlir, AVX2)[0]
+    assert 6 in {k.name: k for k in sk.knobs}["r_d0"].options
+    values = {"r_d0": 6, "r_d1": 16, "u_d2": 4, "p_d0": p_rows, "p_d1": 48, "k_d2": 16, "pack": pack}
+    so = str(tmp_path / "k.so")
+    jobs.build_candidate(sk.payload, select_knobs(sk.script, values), 1, so)
+    rng = np.random.default_rng(pack)
+    a = rng.standard_normal((64, 32)).astype(np.float32)
+    b = rng.standard_normal((32, 48)).astype(np.float32)
+    out = np.zeros((64, 48), np.float32)
+    Kernel(so).bind([a, b, out])()
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("name", sorted(ODD))
 def test_odd_shapes_tune_and_match_numpy(tmp_path, name):
     text, ref_name = ODD[name]

@@ -47,15 +47,19 @@ def test_matmul_sketch_golden(tmp_path):
     # Register tile first, then the outer tiles as its multiples.
     assert [k.name for k in sk.knobs] == ["r_d0", "r_d1", "u_d2", "p_d0", "p_d1", "k_d2", "pack"]
     assert knobs["r_d1"].options == (8, 16, 32)  # AVX2: 8 f32 lanes
-    assert knobs["r_d0"].options == (1, 2, 4, 8)
+    # 6 rows do not divide 128: offered anyway, the remainder peeled, and
+    # the thread tile of the rows is then any divisor of at least 6.
+    assert knobs["r_d0"].options == (1, 2, 4, 6, 8)
     assert knobs["p_d0"].multiple_of == "r_d0"
+    assert knobs["p_d0"].allowed({"r_d0": 4}) == (4, 8, 16, 32, 64, 128)
+    assert knobs["p_d0"].allowed({"r_d0": 6}) == (8, 16, 32, 64, 128)
     assert knobs["k_d2"].options == (1, 2, 4, 8, 16, 32, 64)
     assert knobs["pack"].alternatives
     filecheck(
         sk.script,
         """
 CHECK: transform.named_sequence @__transform_main
-CHECK-DAG: transform.tune.knob<"r_d0"> options = [1, 2, 4, 8]
+CHECK-DAG: transform.tune.knob<"r_d0"> options = [1, 2, 4, 6, 8]
 CHECK-DAG: transform.tune.knob<"r_d1"> options = [8, 16, 32]
 CHECK-DAG: transform.tune.knob<"p_d0"> options = [1, 2, 4, 8, 16, 32, 64, 128]
 CHECK: transform.structured.tile_using_forall {{.*}} tile_sizes [%{{.*}}, %{{.*}}, 0]
@@ -108,7 +112,9 @@ def test_samples_are_valid_and_deterministic():
     for _ in range(200):
         s = dict(sample(sk.knobs, rng))
         assert is_valid(sk.knobs, tuple(sorted(s.items())))
-        assert s["p_d0"] % s["r_d0"] == 0 and 128 % s["p_d0"] == 0
+        # rows: a multiple of the register rows, except 6 rows (which no
+        # divisor of 128 is a multiple of: the rest is peeled), then larger
+        assert (s["p_d0"] % s["r_d0"] == 0 or (s["r_d0"] == 6 and s["p_d0"] > 6)) and 128 % s["p_d0"] == 0
         assert s["p_d1"] % s["r_d1"] == 0 and s["k_d2"] % s["u_d2"] == 0
 
 

@@ -36,7 +36,9 @@ target of 200).
 The structural key of an assignment is the value of every knob that changes
 the shape rather than a number: ``transform.tune.alternatives`` (packing or
 not) and knobs with at most two options (e.g. a convolution window tile of
-1 or 3, which moves a loop between tiling levels). Degenerate values (a tile
+1 or 3, which moves a loop between tiling levels), and the remainder of a
+tile that is not a multiple of its parent tile (6 register rows in a thread
+tile of 64 peel 4 rows: `remainder_name`). Degenerate values (a tile
 equal to its loop, giving one iteration) are evaluated with the fitted
 formulas, which give the right numbers (a trip count of 1, a replication of
 1); the features never count loops of one iteration, so a folded loop and a
@@ -880,6 +882,14 @@ def structural_knobs(knobs: Sequence[KnobSpec]) -> tuple[str, ...]:
     return tuple(k.name for k in knobs if k.alternatives or len(k.options) <= 2)
 
 
+def remainder_name(knob: KnobSpec) -> str:
+    """The structural-key entry of a knob whose value need not be a multiple
+    of its ``multiple_of`` parent (6 register rows in a thread tile of 64:
+    the rest, 4 rows, is peeled): the remainder, which changes the shape of
+    the scheduled IR (a peeled loop, with that many rows)."""
+    return f"{knob.name}%{knob.multiple_of}"
+
+
 def probe_assignments(knobs: Sequence[KnobSpec], key: dict[str, int], rng: random.Random, n: int) -> list[Assignment]:
     """Distinct assignments for fitting, in which no loop has one iteration
     (canonicalization would fold it away and change the shape): structural
@@ -900,6 +910,12 @@ def probe_assignments(knobs: Sequence[KnobSpec], key: dict[str, int], rng: rando
                 continue
             allowed = list(k.allowed(chosen))
             cands = allowed
+            if k.multiple_of is not None and k.multiple_of in chosen:
+                # The remainder the key names (none when it names none).
+                base, rem = chosen[k.multiple_of], key.get(remainder_name(k), 0)
+                cands = [v for v in cands if base and v % base == rem]
+                if strict and rem:
+                    cands = [v for v in cands if v >= 2 * base]  # two full tiles before the peeled rest
             if strict:
                 if k.multiple_of is not None and k.multiple_of in chosen:
                     cands = [v for v in cands if v != chosen[k.multiple_of]]
@@ -1011,10 +1027,18 @@ class FeatureExtractor:
 
     def __post_init__(self) -> None:
         self.struct = structural_knobs(self.sketch.knobs)
+        self.multiples = tuple((k.name, k.multiple_of, remainder_name(k)) for k in self.sketch.knobs if k.multiple_of)
 
     def key_of(self, assignment: Assignment) -> tuple[tuple[str, int], ...]:
+        """The structural knobs' values, then the remainder of each tile
+        that is not a multiple of its parent (none in most sketches)."""
         d = dict(assignment)
-        return tuple((k, d[k]) for k in self.struct)
+        rests = tuple(
+            (name, d[child] % d[parent])
+            for child, parent, name in self.multiples
+            if child in d and d.get(parent) and d[child] % d[parent]
+        )
+        return tuple((k, d[k]) for k in self.struct) + rests
 
     def template(self, key: tuple[tuple[str, int], ...]) -> Template:
         if key not in self.templates:

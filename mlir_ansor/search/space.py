@@ -7,7 +7,8 @@ sorted by name, so it can be stored in the database and replayed.
 Every sample is valid by construction: a knob takes one of its options, and
 the options and relations say which sizes the sketch can build. A knob with
 a ``divides`` parent takes a value that divides the parent's value; with a
-``multiple_of`` parent, a multiple of it; with an ``at_least`` parent, a
+``multiple_of`` parent, a multiple of it (or, when no option is one, a
+value no smaller); with an ``at_least`` parent, a
 value no smaller (or the largest option). Tile sizes that do not divide the
 extent they tile are options only where the sketch handles the partial tile
 (peeled remainders, masked vectors): see `search/rules/multi_level_tiling.py`.
@@ -31,7 +32,8 @@ class KnobSpec:
     `transform.tune.alternatives`) op carries the same name.
     options: every value the knob may take.
     divides: name of an earlier knob whose value this one must divide.
-    multiple_of: name of an earlier knob whose value must divide this one.
+    multiple_of: name of an earlier knob whose value must divide this one
+    (when it divides none of the options: this one must not be smaller).
     at_least: name of an earlier knob whose value this one must not be
     smaller than (the largest option is always allowed: the whole extent).
     alternatives: True for a `transform.tune.alternatives` choice (options are
@@ -55,7 +57,11 @@ class KnobSpec:
             ok = tuple(o for o in ok if o != 0 and parent % o == 0)
         if self.multiple_of is not None and self.multiple_of in chosen:
             base = chosen[self.multiple_of]
-            ok = tuple(o for o in ok if base != 0 and o % base == 0)
+            multiples = tuple(o for o in ok if base != 0 and o % base == 0)
+            # A parent that divides none of the options (6 register rows in
+            # a loop of 1024, whose remainder the schedule peels): then any
+            # option at least as large.
+            ok = multiples or tuple(o for o in ok if o >= base)
         if self.at_least is not None and self.at_least in chosen:
             floor, top = chosen[self.at_least], max(self.options)
             ok = tuple(o for o in ok if o >= floor or o == top)
