@@ -943,6 +943,7 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
             b = builds.get(id(c))
             if b is not None and not b.ok:
                 log.warning("task %s: re-timing: %s no longer builds (%s)", states[i].task.name, c.sketch.name, b.error_kind.value)
+                retimed[i].add((c.sketch.hash, c.knobs))  # not tried again
                 continue
             by_task.setdefault(i, []).append(c)
         for i, cands in by_task.items():
@@ -959,7 +960,7 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
             _best_from_db(st, database, target, config, m)
             st.result.retimed = len(retimed[i])
             log.info(
-                "%s: re-timed %d schedule(s) %d times each: best %.3g s (the search's best timing: %.3g s)",
+                "%s: re-timed %d schedule(s) %d times each: best %.3g s (before: %.3g s)",
                 st.task.name,
                 len(retimed[i]),
                 config.retime_rounds,
