@@ -74,7 +74,9 @@ class TuneConfig:
     trials: candidates measured for the whole module (split over its tasks).
     threads: threads the kernels run on (OpenMP), also when measured.
     seed: the same seed gives the same candidates.
-    batch_size: candidates built (in parallel) before measuring them.
+    batch_size: candidates built (in parallel) before measuring them; at
+      most an equal share of `trials` per task, so that the warm-up reaches
+      every task of a model.
     build_workers: builder processes; None = one per core (with `overlap`,
       one per core the kernels leave free).
     build_timeout_s / run_timeout_s: a candidate past these is a recorded
@@ -757,6 +759,10 @@ class _Batches:
         self.config = config
         self.m = m
         self.left = config.trials
+        # A batch never takes more than an equal share of the budget: with 160
+        # trials, 23 tasks and batches of 16, the warm-up (a batch per task)
+        # would reach 10 tasks and leave 13 at the default schedule.
+        self.batch = max(1, min(config.batch_size, config.trials // max(1, len(states))))
         self.exhausted: set[int] = set()
         self.counter = 0
         from .registry import make_task_scheduler
@@ -787,7 +793,7 @@ class _Batches:
                 return None
             ti = choice.task
             st = self.states[ti]
-            drawn = st.strategy.generate_candidates(min(self.config.batch_size, self.left))
+            drawn = st.strategy.generate_candidates(min(self.batch, self.left))
             if not drawn:
                 self.exhausted.add(ti)
                 continue

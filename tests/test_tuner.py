@@ -218,3 +218,13 @@ def test_a_strategy_that_is_learning_sees_results_before_its_next_batch(tmp_path
     finally:
         del STRATEGIES["_learning"]
     assert calls[:6] == ["generate", "notify", "generate", "notify", "generate", "notify"]
+
+
+def test_a_small_budget_still_reaches_every_task(tmp_path):
+    """Batches are capped at an equal share of the budget, so the warm-up
+    gives every task of a model a batch: 4 trials over 2 tasks with batches
+    of 16 tune both, 2 trials each (not 4 for the first and none for the
+    second)."""
+    result = tune(str(INPUTS / "two_matmuls.mlir"), config=_config(trials=4, batch_size=16), db=tmp_path / "s.db")
+    assert sorted(r.trials for r in result.tasks) == [2, 2]
+    assert all(np.isfinite(r.best_latency_s) for r in result.tasks)
