@@ -908,17 +908,16 @@ def probe_assignments(knobs: Sequence[KnobSpec], key: dict[str, int], rng: rando
             if k.name in key:
                 chosen[k.name] = key[k.name]
                 continue
-            allowed = list(k.allowed(chosen))
-            cands = allowed
+            cands = list(k.allowed(chosen))
             if k.multiple_of is not None and k.multiple_of in chosen:
                 # The remainder the key names (none when it names none).
                 base, rem = chosen[k.multiple_of], key.get(remainder_name(k), 0)
                 cands = [v for v in cands if base and v % base == rem]
-                if strict and rem:
-                    cands = [v for v in cands if v >= 2 * base]  # two full tiles before the peeled rest
+                if strict:
+                    # Not one tile (a loop of one iteration); with a peeled
+                    # rest, two full tiles before it.
+                    cands = [v for v in cands if v != base and (not rem or v >= 2 * base)]
             if strict:
-                if k.multiple_of is not None and k.multiple_of in chosen:
-                    cands = [v for v in cands if v != chosen[k.multiple_of]]
                 top = max(k.options)
                 if len(k.options) > 2 and all(top % o == 0 for o in k.options) and 1 in k.options:
                     cands = [v for v in cands if v != top]
