@@ -55,7 +55,7 @@ from .measure import gpu_measure, jobs
 from .measure.executor import BuildJob, Executor, LocalExecutor, Outcome, ReferenceJob, RunJob, make_executor
 from .measure.pool import ErrorKind, JobResult
 from .measure.runner import TimingPolicy, tolerance
-from .records import Database, Record
+from .records.database import RETIME_KEY, Database, Record
 from .search.rules import NO_PACKING
 from .search.sketch import Sketch, default_assignment, generate_sketches
 from .search.space import Assignment
@@ -326,7 +326,7 @@ def _versions(seed: int = 0, run_id: int | None = None, retime: int | None = Non
     """The ``versions`` JSON stored with every record: package versions,
     the run's seed and its id in the ``runs`` table; for a re-timing
     (`_retime`), its round (`Record.retime`)."""
-    extra = {} if retime is None else {"retime": retime}
+    extra = {} if retime is None else {RETIME_KEY: retime}
     return json.dumps({**package_versions(), "seed": seed, "run": run_id, **extra})
 
 

@@ -32,14 +32,16 @@ from typing import Any, Self
 
 from mlir_ansor.errors import DatabaseError, InputError
 
-__all__ = ["FORMAT", "SCHEMA_VERSION", "Database", "Record"]
+__all__ = ["FORMAT", "RETIME_KEY", "SCHEMA_VERSION", "Database", "Record"]
 
 FORMAT = "mlir-ansor-db"
 SCHEMA_VERSION = 1
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+RETIME_KEY = "retime"
+"""The key of a re-timing's ``versions`` JSON (`Record.retime`); the tuner writes it."""
+_RETIME_LIKE = f'%"{RETIME_KEY}":%'  # the same test in SQL
 # Error kinds of a schedule that failed when it ran (not when it was built):
 # a schedule with one of these is never a best (`Database.best`).
-_RETIME_LIKE = '%"retime":%'  # matches a re-timing's ``versions`` JSON (`Record.retime`)
 _FAILED_RUNS = ("wrong_answer", "run_error", "crash", "timeout", "exception")
 
 _SCHEMA = """
@@ -157,7 +159,7 @@ class Record:
             versions = json.loads(self.versions) if self.versions else None
         except ValueError:
             return False
-        return isinstance(versions, dict) and "retime" in versions
+        return isinstance(versions, dict) and RETIME_KEY in versions
 
     def to_json(self) -> dict:
         return {
