@@ -130,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import a module that registers the sketch rules the records were made with")
 
-    s = sub.add_parser("show", help="summarize a records database (per task: best, GFLOP/s, % of peak, errors)")
+    s = sub.add_parser("show", help="summarize a records database (per task: best, GFLOP/s, %% of peak, errors)")
     s.add_argument("db")
     s.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 

@@ -182,3 +182,19 @@ def test_tune_compile_run_cli_on_small_example(tmp_path, capsys):
     assert "func.func @ansor_matmul_128x256x64_f32" in out.read_text()
     assert main(["run", MATMUL, "--db", str(db), "--repeat", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"]
+
+
+def test_every_help_page_renders(capsys):
+    """`mlir-ansor --help` and each command's `--help` print (argparse
+    expands `%` in help strings, so a stray one crashes the page)."""
+    import argparse
+
+    from mlir_ansor.cli import _parser
+
+    parser = _parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for argv in [["--help"]] + [[name, "--help"] for name in subs.choices]:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 0, argv
+        assert "usage: mlir-ansor" in capsys.readouterr().out, argv
