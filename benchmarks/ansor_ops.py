@@ -7,8 +7,10 @@ has no Linalg named op) and thread count: tune with `--trials` candidates,
 compile the module with the best records (`mlir_ansor.compile`), check it
 against the untuned module, and time it; time the same computation in numpy
 (where it has one) and in PyTorch (channels-last convolutions,
-`torch.set_num_threads`), each in the same process right after, and print
-one table of latencies, GFLOP/s and ratios (>1 means mlir-ansor is faster).
+`torch.set_num_threads`) in the same process, in turns with our kernel
+(`timing.interleaved_medians`: seven rounds, each system's median of its
+round medians, so a load that drifts over seconds moves all of them), and
+print one table of latencies, GFLOP/s and ratios (>1 means mlir-ansor is faster).
 
 Usage:
   python benchmarks/ansor_ops.py [--ops GMM,C2D] [--threads 1,2] [--trials 200]
@@ -18,12 +20,14 @@ PyTorch is optional (`pip install torch==2.13.0`); without it that column is "-"
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,21 +37,17 @@ from mlir_ansor.compile import compile_untuned
 from mlir_ansor.search.task import extract_tasks
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing import median_time  # noqa: E402
+from timing import interleaved_medians, median_time  # noqa: E402
 
 _time = median_time
 
 
-def peer_latencies(name: str, arrays: list[np.ndarray], threads: int) -> dict[str, float]:
-    """Latency (s) of numpy ("numpy") and PyTorch CPU ("torch") doing the
-    computation of `workloads.ANSOR_SET[name]` on `arrays` (its inputs) with
-    `threads` threads; a system with no such computation, or not installed,
-    is left out."""
-    out: dict[str, float] = {}
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - optional
-        threadpool_limits = None
+def peer_kernels(name: str, arrays: list[np.ndarray], threads: int) -> dict[str, Callable[[], object]]:
+    """Callables running the computation of `workloads.ANSOR_SET[name]` on
+    `arrays` (its inputs) in numpy ("numpy") and PyTorch CPU ("torch"), set
+    up for `threads` threads (time them inside `thread_limits(threads)`); a
+    system with no such computation, or not installed, is left out."""
+    out: dict[str, Callable[[], object]] = {}
     np_fn = {
         "GMM": lambda a, b: a @ b,
         "NRM": lambda x: x.sum(axis=1),
@@ -55,11 +55,7 @@ def peer_latencies(name: str, arrays: list[np.ndarray], threads: int) -> dict[st
         "TBG": lambda q, k: np.matmul(q.transpose(1, 0, 2), k.transpose(1, 2, 0)),
     }.get(name)
     if np_fn is not None:
-        if threadpool_limits is not None:
-            with threadpool_limits(limits=threads):
-                out["numpy"] = _time(lambda: np_fn(*arrays))
-        else:
-            out["numpy"] = _time(lambda: np_fn(*arrays))
+        out["numpy"] = lambda: np_fn(*arrays)
     try:
         import torch
         import torch.nn.functional as F  # noqa: N812
@@ -77,43 +73,75 @@ def peer_latencies(name: str, arrays: list[np.ndarray], threads: int) -> dict[st
             return F.relu(y) if relu else y
         return run
 
-    with torch.no_grad():
-        fn = None
-        if name == "GMM":
-            fn = lambda: torch.mm(t[0], t[1])  # noqa: E731
-        elif name == "C2D":
-            fn = nhwc_conv(t[0], t[1])
-        elif name == "DIL":
-            fn = nhwc_conv(t[0], t[1], dilation=2)
-        elif name == "CBR":
-            fn = nhwc_conv(t[0], t[1], bias=t[2], relu=True)
-        elif name == "DEP":
-            x = t[0].permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
-            w = t[1].permute(2, 0, 1).unsqueeze(1).contiguous()
-            fn = lambda: F.conv2d(x, w, groups=w.shape[0])  # noqa: E731
-        elif name == "C1D":
-            x = t[0].permute(0, 2, 1).contiguous()
-            w = t[1].permute(2, 1, 0).contiguous()
-            fn = lambda: F.conv1d(x, w)  # noqa: E731
-        elif name == "C3D":
-            x = t[0].permute(0, 4, 1, 2, 3).contiguous(memory_format=torch.channels_last_3d)
-            w = t[1].permute(4, 3, 0, 1, 2).contiguous()
-            fn = lambda: F.conv3d(x, w)  # noqa: E731
-        elif name == "GRP":
-            n, h, w_, g, c = t[0].shape
-            x = t[0].reshape(n, h, w_, g * c).permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
-            g_, f, kh, kw, c_ = t[1].shape
-            wt = t[1].permute(0, 1, 4, 2, 3).reshape(g_ * f, c_, kh, kw).contiguous()
-            fn = lambda: F.conv2d(x, wt, groups=g_)  # noqa: E731
-        elif name == "NRM":
-            fn = lambda: t[0].sum(dim=1)  # noqa: E731
-        elif name == "SFM":
-            fn = lambda: torch.softmax(t[0], dim=1)  # noqa: E731
-        elif name == "TBG":
-            fn = lambda: torch.bmm(t[0].permute(1, 0, 2), t[1].permute(1, 2, 0))  # noqa: E731
-        if fn is not None:
-            out["torch"] = _time(fn)
+    def no_grad(fn: Callable[[], object]) -> Callable[[], object]:
+        def run() -> object:
+            with torch.no_grad():
+                return fn()
+        return run
+
+    fn = None
+    if name == "GMM":
+        fn = lambda: torch.mm(t[0], t[1])  # noqa: E731
+    elif name == "C2D":
+        fn = nhwc_conv(t[0], t[1])
+    elif name == "DIL":
+        fn = nhwc_conv(t[0], t[1], dilation=2)
+    elif name == "CBR":
+        fn = nhwc_conv(t[0], t[1], bias=t[2], relu=True)
+    elif name == "DEP":
+        x = t[0].permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
+        w = t[1].permute(2, 0, 1).unsqueeze(1).contiguous()
+        fn = lambda: F.conv2d(x, w, groups=w.shape[0])  # noqa: E731
+    elif name == "C1D":
+        x = t[0].permute(0, 2, 1).contiguous()
+        w = t[1].permute(2, 1, 0).contiguous()
+        fn = lambda: F.conv1d(x, w)  # noqa: E731
+    elif name == "C3D":
+        x = t[0].permute(0, 4, 1, 2, 3).contiguous(memory_format=torch.channels_last_3d)
+        w = t[1].permute(4, 3, 0, 1, 2).contiguous()
+        fn = lambda: F.conv3d(x, w)  # noqa: E731
+    elif name == "GRP":
+        n, h, w_, g, c = t[0].shape
+        x = t[0].reshape(n, h, w_, g * c).permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
+        g_, f, kh, kw, c_ = t[1].shape
+        wt = t[1].permute(0, 1, 4, 2, 3).reshape(g_ * f, c_, kh, kw).contiguous()
+        fn = lambda: F.conv2d(x, wt, groups=g_)  # noqa: E731
+    elif name == "NRM":
+        fn = lambda: t[0].sum(dim=1)  # noqa: E731
+    elif name == "SFM":
+        fn = lambda: torch.softmax(t[0], dim=1)  # noqa: E731
+    elif name == "TBG":
+        fn = lambda: torch.bmm(t[0].permute(1, 0, 2), t[1].permute(1, 2, 0))  # noqa: E731
+    if fn is not None:
+        out["torch"] = no_grad(fn)
     return out
+
+
+@contextlib.contextmanager
+def thread_limits(threads: int) -> Iterator[None]:
+    """numpy's BLAS (and every OpenMP runtime threadpoolctl finds) limited
+    to `threads` threads, where threadpoolctl is installed."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - optional
+        yield
+        return
+    with threadpool_limits(limits=threads):
+        yield
+
+
+def peer_latencies(name: str, arrays: list[np.ndarray], threads: int) -> dict[str, float]:
+    """Latency (s) of each of `peer_kernels`, one after the other."""
+    with thread_limits(threads):
+        return {system: _time(fn) for system, fn in peer_kernels(name, arrays, threads).items()}
+
+
+def time_in_turns(ours: Callable[[], object], peers: dict[str, Callable[[], object]], threads: int) -> dict[str, float]:
+    """Median latency (s) of our kernel ("ours") and each peer, timed in
+    turns (`timing.interleaved_medians`) so that all of them see the same
+    machine."""
+    with thread_limits(threads):
+        return interleaved_medians({"ours": ours, **peers})
 
 
 @dataclass
@@ -164,6 +192,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=200, help="trials per workload")
     ap.add_argument("--search", default="evolutionary", help="our search strategy")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep", metavar="DIR", help="copy each tuning database (<op>_<threads>.db) into DIR")
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="ansor-ops-") as wd:
@@ -177,10 +206,14 @@ def main() -> None:
                 db = os.path.join(wd, f"{name}_{threads}.db")
                 config = TuneConfig(trials=args.trials, threads=threads, seed=args.seed, strategy=args.search)
                 o = tune_and_time(path, arrays, config, db)
-                peers = peer_latencies(name, arrays, threads)
-                rows.append((name, threads, o.latency_s, o.untuned_s, peers, flops, o.tune_s, o.rel_err, o.trials))
+                peers = time_in_turns(o.kernel, peer_kernels(name, arrays, threads), threads)
+                ours = peers.pop("ours")
+                rows.append((name, threads, ours, o.untuned_s, peers, flops, o.tune_s, o.rel_err, o.trials))
+                if args.keep:
+                    os.makedirs(args.keep, exist_ok=True)
+                    shutil.copy(db, args.keep)
                 print(
-                    f"{name} x{threads}: {o.latency_s * 1e3:.3f} ms ({flops / o.latency_s / 1e9:.1f} GFLOP/s), "
+                    f"{name} x{threads}: {ours * 1e3:.3f} ms ({flops / ours / 1e9:.1f} GFLOP/s), "
                     f"tuned in {o.tune_s:.0f} s",
                     file=sys.stderr,
                     flush=True,

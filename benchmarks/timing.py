@@ -31,3 +31,21 @@ def median_time(fn: Callable[[], object], min_time: float = 0.5, min_repeat: int
         if len(ts) >= max_repeat:
             break
     return statistics.median(ts)
+
+
+def interleaved_medians(
+    fns: dict[str, Callable[[], object]], rounds: int = 7, min_time: float = 0.1, min_repeat: int = 3
+) -> dict[str, float]:
+    """Median wall time (s) of each of `fns`, timed in turns.
+
+    Each round times every function with :func:`median_time` (`min_time`
+    seconds, at least `min_repeat` runs), one after the other; the result is
+    the median of a function's round medians. On a shared machine the load
+    drifts over seconds, so systems timed one after the other see different
+    machines; timed in turns, they share the drift and their ratios hold.
+    """
+    per: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            per[name].append(median_time(fn, min_time=min_time, min_repeat=min_repeat))
+    return {name: statistics.median(ts) for name, ts in per.items()}
