@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 from mlir import ir, passmanager
 
@@ -138,3 +140,109 @@ def test_static_buffers_give_the_same_results_call_after_call(tmp_path):
         a = rng.standard_normal((8, 8)).astype(np.float32)
         s = a @ a @ a
         np.testing.assert_allclose(cm(a), ((s @ a) @ s)[None], rtol=1e-4)
+
+
+# A driver that feeds the two column halves of its input (strided slices) to
+# @k, and puts @k's results into the two halves of its output.
+HALVES = """
+  func.func @main(%a: tensor<4x16xf32>) -> tensor<4x16xf32> attributes {ansor.normalized} {
+    %s0 = tensor.extract_slice %a[0, 0] [4, 8] [1, 1] : tensor<4x16xf32> to tensor<4x8xf32>
+    %s1 = tensor.extract_slice %a[0, 8] [4, 8] [1, 1] : tensor<4x16xf32> to tensor<4x8xf32>
+    %r0 = call @KERNEL(%s0) : (tensor<4x8xf32>) -> tensor<4x8xf32>
+    %r1 = call @KERNEL(%s1) : (tensor<4x8xf32>) -> tensor<4x8xf32>
+    %e = tensor.empty() : tensor<4x16xf32>
+    %o0 = tensor.insert_slice %r0 into %e[0, 0] [4, 8] [1, 1] : tensor<4x8xf32> into tensor<4x16xf32>
+    %o1 = tensor.insert_slice %r1 into %o0[0, 8] [4, 8] [1, 1] : tensor<4x8xf32> into tensor<4x16xf32>
+    return %o1 : tensor<4x16xf32>
+  }"""
+
+# The same kernel, reading its argument and writing its result through
+# reshapes (which a strided view cannot take).
+RESHAPING = """
+  func.func private @r(%a: tensor<4x8xf32>) -> tensor<4x8xf32> {
+    %c = tensor.collapse_shape %a [[0, 1]] : tensor<4x8xf32> into tensor<32xf32>
+    %e = tensor.empty() : tensor<32xf32>
+    %d = linalg.add ins(%c, %c : tensor<32xf32>, tensor<32xf32>) outs(%e : tensor<32xf32>) -> tensor<32xf32>
+    %x = tensor.expand_shape %d [[0, 1]] output_shape [4, 8] : tensor<32xf32> into tensor<4x8xf32>
+    return %x : tensor<4x8xf32>
+  }
+"""
+
+
+def test_kernels_read_and_write_slices_in_place():
+    from mlir_ansor.passes.lowering import views_into_kernels
+
+    with ir.Context(), ir.Location.unknown():
+        m = _front_ir(HALVES.replace("KERNEL", "k"))
+        forward_output_copies(m)
+        before = _func(m, "main")
+        assert before.count("memref.copy") == 4  # two slices in, two results out
+        assert views_into_kernels(m) == 4
+        m.operation.verify()
+        after = _func(m, "main")
+        text = str(m)
+    assert "memref.copy" not in after and "memref.alloc" not in after
+    # both calls share one copy of @k taking strided views at any offset
+    strided = "memref<4x8xf32, strided<[16, 1], offset: ?>>"
+    assert after.count("call @k__view") == 2 and len(set(re.findall(r"call @(k__view\d+)", after))) == 1
+    assert f"(%arg0: {strided}, %arg1: {strided})" in text
+    assert "call @k(" not in after
+
+
+def test_a_kernel_that_reshapes_its_arguments_keeps_the_copies():
+    from mlir_ansor.passes.lowering import views_into_kernels
+
+    with ir.Context(), ir.Location.unknown():
+        m = ir.Module.parse("module {" + RESHAPING + HALVES.replace("KERNEL", "r") + "}")
+        passmanager.PassManager.parse(f"builtin.module({_front()})").run(m.operation)
+        forward_output_copies(m)
+        n = views_into_kernels(m)
+        m.operation.verify()
+        after = _func(m, "main")
+    assert n == 0 and after.count("memref.copy") == 4 and "r__view" not in str(m)
+
+
+def test_compiled_slices_in_place_match_numpy(tmp_path):
+    path = tmp_path / "halves.mlir"
+    path.write_text("""
+func.func @main(%a: tensor<4x16xf32>) -> tensor<4x16xf32> {
+  %s0 = tensor.extract_slice %a[0, 0] [4, 8] [1, 1] : tensor<4x16xf32> to tensor<4x8xf32>
+  %s1 = tensor.extract_slice %a[0, 8] [4, 8] [1, 1] : tensor<4x16xf32> to tensor<4x8xf32>
+  %e = tensor.empty() : tensor<4x8xf32>
+  %r0 = linalg.mul ins(%s0, %s0 : tensor<4x8xf32>, tensor<4x8xf32>) outs(%e : tensor<4x8xf32>) -> tensor<4x8xf32>
+  %r1 = linalg.mul ins(%s1, %s1 : tensor<4x8xf32>, tensor<4x8xf32>) outs(%e : tensor<4x8xf32>) -> tensor<4x8xf32>
+  %f = tensor.empty() : tensor<4x16xf32>
+  %o0 = tensor.insert_slice %r1 into %f[0, 0] [4, 8] [1, 1] : tensor<4x8xf32> into tensor<4x16xf32>
+  %o1 = tensor.insert_slice %r0 into %o0[0, 8] [4, 8] [1, 1] : tensor<4x8xf32> into tensor<4x16xf32>
+  return %o1 : tensor<4x16xf32>
+}
+""")
+    cm = mlir_ansor.compile(str(path), db=None)
+    x = np.random.default_rng(2).standard_normal((4, 16)).astype(np.float32)
+    want = np.concatenate([x[:, 8:] ** 2, x[:, :8] ** 2], axis=1)
+    for _ in range(2):
+        np.testing.assert_allclose(cm(x), want, rtol=1e-6)
+
+
+def test_a_copy_the_kernel_writes_stays():
+    # @w fills the buffer it is given: the driver's copy of the slice is
+    # @w's to change, and the slice itself must not be
+    from mlir_ansor.passes.lowering import views_into_kernels
+
+    with ir.Context(), ir.Location.unknown():
+        m = ir.Module.parse("""
+  func.func private @w(%b: memref<4x8xf32>) {
+    %z = arith.constant 0.0 : f32
+    linalg.fill ins(%z : f32) outs(%b : memref<4x8xf32>)
+    return
+  }
+  func.func @main(%a: memref<4x16xf32>) attributes {ansor.normalized} {
+    %s = memref.subview %a[0, 8] [4, 8] [1, 1] : memref<4x16xf32> to memref<4x8xf32, strided<[16, 1], offset: 8>>
+    %t = memref.alloc() : memref<4x8xf32>
+    memref.copy %s, %t : memref<4x8xf32, strided<[16, 1], offset: 8>> to memref<4x8xf32>
+    call @w(%t) : (memref<4x8xf32>) -> ()
+    memref.dealloc %t : memref<4x8xf32>
+    return
+  }""")
+        assert views_into_kernels(m) == 0
+        assert "memref.copy" in _func(m, "main")

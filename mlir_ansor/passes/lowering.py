@@ -89,6 +89,7 @@ def lower_to_llvm(module: ir.Module, threads: int = 1) -> None:
     expand_math(module)  # exp/erf/tanh as SIMD arith ops, not one libm call per lane
     passmanager.PassManager.parse(f"builtin.module({_front()})").run(module.operation)
     forward_output_copies(module)
+    views_into_kernels(module)
     static_driver_buffers(module)
     strided_copies_to_linalg(module)
     passmanager.PassManager.parse(f"builtin.module({_back(threads)})").run(module.operation)
@@ -191,6 +192,316 @@ _INVERSE_RESHAPE = ("memref.expand_shape", "memref.collapse_shape")
 _VIEW_OPS = frozenset(
     {"memref.subview", "memref.collapse_shape", "memref.expand_shape", "memref.cast", "memref.reinterpret_cast"}
 )
+
+
+def views_into_kernels(module: ir.Module) -> int:
+    """Let kernels read and write views of a driver's buffers in place;
+    returns how many copies went away.
+
+    A kernel takes identity-layout memrefs, so a driver that feeds it a slice
+    (one group of a grouped convolution, one depth window of a 3-D one,
+    `search/split_conv.py`) copies the slice into a fresh buffer first, and a
+    kernel whose result lands in a slice of a larger buffer writes a fresh
+    buffer that is copied there after. Ansor's GRP spent a third of its call
+    in those copies at 2 threads (0.61 against 0.42 ms without them). Here,
+    in each driver (``NORMALIZED_ATTR``): when a call's operand is a fresh
+    ``memref.alloc`` whose only other uses are one ``memref.copy`` from a view
+    just before the call (nothing between writes the view's buffer) or one
+    copy into a view just after it, and deallocs, the call takes the view
+    itself, and calls a copy of the kernel whose argument has the view's
+    strides (and a dynamic offset, so that the slices of one buffer share
+    it). The kernel's body is retyped along its argument's subviews; where it
+    uses the argument some other way (a cast, a reshape, a call) or the view's
+    innermost stride is not 1, the copy stays."""
+    count = 0
+    clones: dict[tuple[str, tuple[str, ...]], str] = {}
+    for fn in list(module.body.operations):
+        op = fn.operation
+        if op.name != "func.func" or NORMALIZED_ATTR not in op.attributes or not op.regions[0].blocks:
+            continue
+        entry = op.regions[0].blocks[0]
+        # One rewrite at a time, the block read afresh after each (as in
+        # `forward_output_copies`).
+        while _view_into_one_call(module, entry, clones):
+            count += 1
+    if count:
+        _erase_unused_clones(module, set(clones.values()))
+    return count
+
+
+def _root(v: ir.Value) -> ir.Value:
+    """The buffer `v` is a view of (through subviews, reshapes and casts)."""
+    while isinstance(v, ir.OpResult) and v.owner.operation.name in _VIEW_OPS:
+        v = v.owner.operation.operands[0]
+    return v
+
+
+def _touches(op: ir.Operation, root: ir.Value) -> bool:
+    """Whether `op` (not a view op) may use the buffer `root` or a view of it."""
+    if op.name in _VIEW_OPS or op.name in ("memref.alloc", "memref.get_global", "memref.dealloc", "arith.constant"):
+        return False
+    found = False
+
+    def visit(inner: ir.Operation) -> ir.WalkResult:
+        nonlocal found
+        if any(isinstance(v.type, ir.MemRefType) and _root(v) == root for v in inner.operands):
+            found = True
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+    return found
+
+
+def _view_into_one_call(module: ir.Module, entry: ir.Block, clones: dict) -> bool:
+    ops = _block_ops(entry)
+    position = {o: i for i, o in enumerate(ops)}
+    funcs = {ir.StringAttr(f.operation.attributes["sym_name"]).value: f.operation
+             for f in module.body.operations if f.operation.name == "func.func"}
+    for call in ops:
+        if call.name != "func.call":
+            continue
+        callee = funcs.get(ir.FlatSymbolRefAttr(call.attributes["callee"]).value)
+        if callee is None or not callee.regions[0].blocks:
+            continue
+        operands = list(call.operands)
+        for i, buf in enumerate(operands):
+            if not isinstance(buf, ir.OpResult) or buf.owner.operation.name != "memref.alloc":
+                continue
+            alloc = buf.owner.operation
+            if alloc not in position or alloc.operands or not _identity_layout(buf.type):
+                continue
+            if sum(1 for v in operands if v == buf) != 1:
+                continue
+            users = [u.owner.operation for u in buf.uses]
+            copies = [u for u in users if u.name == "memref.copy"]
+            if len(copies) != 1 or any(u not in (call, copies[0]) and u.name != "memref.dealloc" for u in users):
+                continue
+            copy = copies[0]
+            if copy not in position:
+                continue
+            if copy.operands[1] == buf and position[copy] < position[call]:
+                if not _only_reads(callee.regions[0].blocks[0].arguments[i]):
+                    continue  # the copy is the kernel's to write
+                view, between = copy.operands[0], ops[position[copy] + 1 : position[call]]
+            elif copy.operands[0] == buf and position[copy] > position[call]:
+                view, between = copy.operands[1], ops[position[call] + 1 : position[copy]]
+                if any(_root(v) == _root(view) for j, v in enumerate(operands) if j != i):
+                    continue
+            else:
+                continue
+            root = _root(view)
+            if any(_touches(o, root) for o in between):
+                continue
+            target = _strided_arg_type(ir.MemRefType(view.type))
+            if target is None:
+                continue
+            kernel = _kernel_taking(module, callee, i, target, clones)
+            if kernel is None:
+                continue
+            from mlir.dialects import memref
+
+            if not _hoist_view(view, call, position):
+                continue
+            with ir.InsertionPoint(call), call.location:
+                arg = view if view.type == target else memref.cast(target, view)
+            call.operands[i] = arg
+            call.attributes["callee"] = ir.FlatSymbolRefAttr.get(kernel)
+            for u in users:
+                if u != call:
+                    u.erase()
+            alloc.erase()
+            return True
+    return False
+
+
+def _only_reads(v: ir.Value) -> bool:
+    """Whether every use of the buffer `v` (and of its views) reads it."""
+    for use in v.uses:
+        user = use.owner.operation
+        if user.name in _VIEW_OPS and user.operands[0] == v:
+            if not all(_only_reads(r) for r in user.results):
+                return False
+        elif user.name in ("vector.load", "vector.transfer_read", "memref.load", "memref.dim"):
+            continue
+        elif user.name == "memref.copy" and user.operands[1] != v:
+            continue
+        elif user.name.startswith("linalg."):
+            if any(w == v for w in _linalg_inits(user)):
+                return False
+        else:
+            return False
+    return True
+
+
+def _linalg_inits(op: ir.Operation) -> list[ir.Value]:
+    """The operands a Linalg op writes (its ``outs``); all of them where
+    the op's Python class does not say."""
+    view = op.opview
+    for attr in ("outputs", "inits", "init"):
+        if hasattr(view, attr):
+            inits = getattr(view, attr)
+            return [inits] if isinstance(inits, ir.Value) else list(inits)
+    return list(op.operands)
+
+
+def _hoist_view(view: ir.Value, call: ir.Operation, position: dict) -> bool:
+    """Move the view ops that make `view` and sit after `call` to just before
+    it (an output's slice is often taken after the call that fills it);
+    False if one of them needs a value made after `call`."""
+    chain: list[ir.Operation] = []
+    v = view
+    while isinstance(v, ir.OpResult) and position.get(v.owner.operation, -1) > position[call]:
+        o = v.owner.operation
+        if o.name not in _VIEW_OPS:
+            return False
+        chain.append(o)
+        v = o.operands[0]
+    made = set(chain)
+    for o in chain:
+        for w in list(o.operands)[1:]:
+            if isinstance(w, ir.OpResult) and (w.owner.operation in made or position.get(w.owner.operation, -1) > position[call]):
+                return False
+    for o in reversed(chain):
+        o.move_before(call)
+    return True
+
+
+def _strided_arg_type(t: ir.MemRefType) -> ir.MemRefType | None:
+    """The type a kernel's argument takes to read or write views like `t`
+    in place: `t`'s static strides with a dynamic offset (or `t`'s identity
+    type when `t` is contiguous at offset 0); None where `t` has a dynamic
+    stride or shape, or an innermost stride other than 1."""
+    dyn = ir.ShapedType.get_dynamic_stride_or_offset()
+    if not t.has_static_shape:
+        return None
+    strides, offset = t.get_strides_and_offset()
+    if any(s == dyn for s in strides) or (strides and strides[-1] != 1):
+        return None
+    identity = ir.MemRefType.get(t.shape, t.element_type, memory_space=t.memory_space)
+    if offset == 0 and list(strides) == list(identity.get_strides_and_offset()[0]):
+        return identity
+    layout = ir.StridedLayoutAttr.get(dyn, list(strides))
+    return ir.MemRefType.get(t.shape, t.element_type, layout, memory_space=t.memory_space)
+
+
+def _kernel_taking(module: ir.Module, callee: ir.Operation, index: int, t: ir.MemRefType, clones: dict) -> str | None:
+    """The symbol of a copy of `callee` whose argument `index` has type `t`
+    (`callee` itself when it already does); None when the body cannot be
+    retyped."""
+    name = ir.StringAttr(callee.attributes["sym_name"]).value
+    fn_type = ir.FunctionType(ir.TypeAttr(callee.attributes["function_type"]).value)
+    inputs = list(fn_type.inputs)
+    if inputs[index] == t:
+        return name
+    inputs[index] = t
+    base = name.split(_VIEW_SUFFIX)[0]
+    key = (base, tuple(str(x) for x in inputs))
+    if key in clones:
+        return clones[key]
+    with ir.InsertionPoint(callee):
+        clone = callee.clone()
+    clone_name = f"{base}{_VIEW_SUFFIX}{len(clones)}"
+    clone.attributes["sym_name"] = ir.StringAttr.get(clone_name)
+    clone.attributes["sym_visibility"] = ir.StringAttr.get("private")
+    if "llvm.emit_c_interface" in clone.attributes:
+        del clone.attributes["llvm.emit_c_interface"]
+    clone.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(inputs, list(fn_type.results)))
+    ok = _retype(clone.regions[0].blocks[0].arguments[index], t)
+    if ok:
+        try:
+            clone.verify()
+        except ir.MLIRError:
+            ok = False
+    if not ok:
+        clone.erase()
+        return None
+    clones[key] = clone_name
+    return clone_name
+
+
+_VIEW_SUFFIX = "__view"
+
+# Ops that take a memref of any strided layout and whose results do not
+# depend on it.
+_LAYOUT_FREE = frozenset({"memref.load", "memref.store", "memref.copy", "memref.dim", "memref.prefetch"})
+
+
+def _retype(v: ir.Value, t: ir.MemRefType) -> bool:
+    """Give `v` type `t` (another layout of the same shape) and its subviews
+    the layouts that follow; False if some use cannot take it."""
+    old = ir.MemRefType(v.type)
+    v.set_type(t)
+    for use in list(v.uses):
+        user = use.owner.operation
+        if user.name == "memref.subview" and user.operands[0] == v:
+            nt = _subview_type(user, old, t)
+            if nt is None or not _retype(user.results[0], nt):
+                return False
+        elif user.name in _LAYOUT_FREE or user.name.startswith("linalg."):
+            continue
+        elif user.name == "memref.cast":
+            # A cast to a layout at least as dynamic stays right; one that
+            # pins the offset (or a stride) would now be a wrong promise.
+            if not _at_least_as_dynamic(ir.MemRefType(user.results[0].type), t):
+                return False
+        elif user.name.startswith("vector.") and user.name != "vector.type_cast":
+            continue
+        else:
+            return False
+    return True
+
+
+def _at_least_as_dynamic(a: ir.MemRefType, b: ir.MemRefType) -> bool:
+    """Whether layout `a` holds every memref of layout `b` (each of its
+    strides and its offset dynamic or equal to `b`'s)."""
+    dyn = ir.ShapedType.get_dynamic_stride_or_offset()
+    (sa, oa), (sb, ob) = a.get_strides_and_offset(), b.get_strides_and_offset()
+    return len(sa) == len(sb) and all(x in (dyn, y) for x, y in zip([*sa, oa], [*sb, ob]))
+
+
+def _subview_type(op: ir.Operation, old_src: ir.MemRefType, new_src: ir.MemRefType) -> ir.MemRefType | None:
+    """The result type of subview `op` once its source has type `new_src`
+    (it had `old_src`), keeping the dims the old result kept."""
+    dyn = ir.ShapedType.get_dynamic_stride_or_offset()
+    sizes = list(ir.DenseI64ArrayAttr(op.attributes["static_sizes"]))
+    steps = list(ir.DenseI64ArrayAttr(op.attributes["static_strides"]))
+    old_res = ir.MemRefType(op.results[0].type)
+    old_res_strides, _ = old_res.get_strides_and_offset()
+
+    def full(src: ir.MemRefType) -> list[int]:
+        strides, _ = src.get_strides_and_offset()
+        return [s * k if dyn not in (s, k) else dyn for s, k in zip(strides, steps)]
+
+    old_full, new_full = full(old_src), full(new_src)
+    kept: list[int] = []
+    j = 0
+    for d, size in enumerate(sizes):
+        if j < old_res.rank and size == old_res.shape[j] and old_full[d] == old_res_strides[j]:
+            kept.append(new_full[d])
+            j += 1
+        elif size != 1:
+            return None
+    if j != old_res.rank:
+        return None
+    layout = ir.StridedLayoutAttr.get(dyn, kept)
+    return ir.MemRefType.get(old_res.shape, old_res.element_type, layout, memory_space=old_res.memory_space)
+
+
+def _erase_unused_clones(module: ir.Module, names: set[str]) -> None:
+    """Erase the kernel copies no call uses any more (a copy retyped again
+    for a second argument leaves the first one behind)."""
+    called: set[str] = set()
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "func.call":
+            called.add(ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    for f in list(module.body.operations):
+        if f.operation.name == "func.func" and ir.StringAttr(f.operation.attributes["sym_name"]).value in names - called:
+            f.operation.erase()
 
 
 def static_driver_buffers(module: ir.Module) -> int:
