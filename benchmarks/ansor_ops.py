@@ -214,7 +214,8 @@ def main() -> None:
                     shutil.copy(db, args.keep)
                 print(
                     f"{name} x{threads}: {ours * 1e3:.3f} ms ({flops / ours / 1e9:.1f} GFLOP/s), "
-                    f"tuned in {o.tune_s:.0f} s",
+                    f"tuned in {o.tune_s:.0f} s; "
+                    + ", ".join(f"{system} {t * 1e3:.3f} ms" for system, t in peers.items()),
                     file=sys.stderr,
                     flush=True,
                 )

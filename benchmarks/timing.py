@@ -34,7 +34,11 @@ def median_time(fn: Callable[[], object], min_time: float = 0.5, min_repeat: int
 
 
 def interleaved_medians(
-    fns: dict[str, Callable[[], object]], rounds: int = 7, min_time: float = 0.1, min_repeat: int = 3
+    fns: dict[str, Callable[[], object]],
+    rounds: int = 7,
+    min_time: float = 0.1,
+    min_repeat: int = 3,
+    settle_s: float = 0.3,
 ) -> dict[str, float]:
     """Median wall time (s) of each of `fns`, timed in turns.
 
@@ -43,9 +47,16 @@ def interleaved_medians(
     the median of a function's round medians. On a shared machine the load
     drifts over seconds, so systems timed one after the other see different
     machines; timed in turns, they share the drift and their ratios hold.
+
+    Before each turn the process sleeps `settle_s` seconds: the thread pools
+    of the previous system (an OpenMP runtime spins 200 ms after its last
+    parallel region by default, OpenBLAS's threads spin too) would otherwise
+    take cores from the next. Measured at 2 threads: PyTorch's GEMM 1024 took
+    25.2 ms right after numpy's, 16.5 ms alone.
     """
     per: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            time.sleep(settle_s)
             per[name].append(median_time(fn, min_time=min_time, min_repeat=min_repeat))
     return {name: statistics.median(ts) for name, ts in per.items()}
