@@ -246,3 +246,27 @@ def test_a_copy_the_kernel_writes_stays():
   }""")
         assert views_into_kernels(m) == 0
         assert "memref.copy" in _func(m, "main")
+
+
+def test_a_slice_of_the_buffer_the_kernel_writes_stays_copied():
+    # @u reads a slice of %a and writes all of %a: reading the slice in place
+    # would read what @u already overwrote
+    from mlir_ansor.passes.lowering import views_into_kernels
+
+    with ir.Context(), ir.Location.unknown():
+        m = ir.Module.parse("""
+  func.func private @u(%x: memref<4x8xf32>, %y: memref<4x16xf32>) {
+    %z = arith.constant 0.0 : f32
+    linalg.fill ins(%z : f32) outs(%y : memref<4x16xf32>)
+    return
+  }
+  func.func @main(%a: memref<4x16xf32>) attributes {ansor.normalized} {
+    %s = memref.subview %a[0, 8] [4, 8] [1, 1] : memref<4x16xf32> to memref<4x8xf32, strided<[16, 1], offset: 8>>
+    %t = memref.alloc() : memref<4x8xf32>
+    memref.copy %s, %t : memref<4x8xf32, strided<[16, 1], offset: 8>> to memref<4x8xf32>
+    call @u(%t, %a) : (memref<4x8xf32>, memref<4x16xf32>) -> ()
+    memref.dealloc %t : memref<4x8xf32>
+    return
+  }""")
+        assert views_into_kernels(m) == 0
+        assert "memref.copy" in _func(m, "main")

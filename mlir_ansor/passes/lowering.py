@@ -211,8 +211,9 @@ def views_into_kernels(module: ir.Module) -> int:
     itself, and calls a copy of the kernel whose argument has the view's
     strides (and a dynamic offset, so that the slices of one buffer share
     it). The kernel's body is retyped along its argument's subviews; where it
-    uses the argument some other way (a cast, a reshape, a call) or the view's
-    innermost stride is not 1, the copy stays."""
+    uses the argument some other way (a reshape, a call, a cast that pins the
+    layout), where the view's innermost stride is not 1, or where the call
+    also writes the view's buffer through another argument, the copy stays."""
     count = 0
     clones: dict[tuple[str, tuple[str, ...]], str] = {}
     for fn in list(module.body.operations):
@@ -280,12 +281,17 @@ def _view_into_one_call(module: ir.Module, entry: ir.Block, clones: dict) -> boo
             copy = copies[0]
             if copy not in position:
                 continue
+            params = list(callee.regions[0].blocks[0].arguments)
             if copy.operands[1] == buf and position[copy] < position[call]:
-                if not _only_reads(callee.regions[0].blocks[0].arguments[i]):
+                if not _only_reads(params[i]):
                     continue  # the copy is the kernel's to write
                 view, between = copy.operands[0], ops[position[copy] + 1 : position[call]]
+                # the kernel must not write the buffer it reads the view of
+                if any(_root(v) == _root(view) and not _only_reads(params[j]) for j, v in enumerate(operands) if j != i):
+                    continue
             elif copy.operands[0] == buf and position[copy] > position[call]:
                 view, between = copy.operands[1], ops[position[call] + 1 : position[copy]]
+                # nor read the buffer it writes the view of
                 if any(_root(v) == _root(view) for j, v in enumerate(operands) if j != i):
                     continue
             else:
