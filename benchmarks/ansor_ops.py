@@ -8,8 +8,9 @@ compile the module with the best records (`mlir_ansor.compile`), check it
 against the untuned module, and time it; time the same computation in numpy
 (where it has one) and in PyTorch (channels-last convolutions,
 `torch.set_num_threads`) in the same process, in turns with our kernel
-(`timing.interleaved_medians`: seven rounds, each system's median of its
-round medians, so a load that drifts over seconds moves all of them), and
+(`timing.interleaved_medians`: five rounds, each turn 0.3 s of warm-up then
+0.5 s timed; each system's median of its round medians, so a load that
+drifts over seconds moves all of them), and
 print one table of latencies, GFLOP/s and ratios (>1 means mlir-ansor is faster).
 
 Usage:

@@ -12,14 +12,24 @@ import time
 from collections.abc import Callable
 
 
-def median_time(fn: Callable[[], object], min_time: float = 0.5, min_repeat: int = 5, max_repeat: int = 1000) -> float:
-    """Median wall time of `fn()` in seconds, after one untimed warm-up call.
+def median_time(
+    fn: Callable[[], object],
+    min_time: float = 0.5,
+    min_repeat: int = 5,
+    max_repeat: int = 1000,
+    warmup_s: float = 0.0,
+) -> float:
+    """Median wall time of `fn()` in seconds, after one untimed warm-up call
+    (and more, untimed, for `warmup_s` seconds).
 
     Runs at least `min_repeat` times and until `min_time` seconds are spent
     (at most `max_repeat` runs); the median resists the outliers that other
     processes on a shared machine cause.
     """
     fn()
+    start = time.perf_counter()
+    while time.perf_counter() - start < warmup_s:
+        fn()
     ts: list[float] = []
     total = 0.0
     while len(ts) < min_repeat or total < min_time:
@@ -35,10 +45,10 @@ def median_time(fn: Callable[[], object], min_time: float = 0.5, min_repeat: int
 
 def interleaved_medians(
     fns: dict[str, Callable[[], object]],
-    rounds: int = 7,
-    min_time: float = 0.1,
+    rounds: int = 5,
+    min_time: float = 0.5,
     min_repeat: int = 3,
-    settle_s: float = 0.3,
+    warmup_s: float = 0.3,
 ) -> dict[str, float]:
     """Median wall time (s) of each of `fns`, timed in turns.
 
@@ -48,15 +58,17 @@ def interleaved_medians(
     drifts over seconds, so systems timed one after the other see different
     machines; timed in turns, they share the drift and their ratios hold.
 
-    Before each turn the process sleeps `settle_s` seconds: the thread pools
-    of the previous system (an OpenMP runtime spins 200 ms after its last
-    parallel region by default, OpenBLAS's threads spin too) would otherwise
-    take cores from the next. Measured at 2 threads: PyTorch's GEMM 1024 took
-    25.2 ms right after numpy's, 16.5 ms alone.
+    Each turn first runs its function, untimed, for `warmup_s` seconds:
+    the previous system's thread pools may still spin then (an OpenMP
+    runtime spins 200 ms after its last parallel region by default, and
+    OpenBLAS's threads spin too), taking cores from this one. At 2 threads,
+    PyTorch's GEMM 1024 took 25.2 ms right after numpy's and 16.5 ms alone.
+    Sleeping between turns instead is worse: on these VMs a kernel timed
+    right after a 0.3 s sleep ran 3.5-6.9 ms where it ran 2.9 ms back to
+    back (DIL, one thread).
     """
     per: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            time.sleep(settle_s)
-            per[name].append(median_time(fn, min_time=min_time, min_repeat=min_repeat))
+            per[name].append(median_time(fn, min_time=min_time, min_repeat=min_repeat, warmup_s=warmup_s))
     return {name: statistics.median(ts) for name, ts in per.items()}
