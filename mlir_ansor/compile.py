@@ -51,7 +51,7 @@ from mlir import ir, passmanager
 from .errors import AnsorError
 from .frontend import Program, load
 from .measure.pool import WorkerPool
-from .measure.runner import Kernel, np_dtype
+from .measure.runner import Kernel, aligned_copy, aligned_empty, np_dtype
 from .passes.lowering import BUFFERIZE, emit_shared_library, lower_to_llvm
 from .search.normalize import backward_slice, clone_remapped
 from .search.task import Occurrence, Task, partition
@@ -145,7 +145,9 @@ class CompiledModule:
 
     def bind(self, *arrays: np.ndarray, name: str | None = None):
         """(run, outputs): a no-argument callable that runs the function on
-        copies of `arrays`, and the arrays it writes its outputs to (timing)."""
+        copies of `arrays`, and the arrays it writes its outputs to (timing).
+        The copies and outputs are cache-line aligned (`runner.ALIGNMENT`), as
+        the tuner's were when it timed the kernels."""
         name = name or self.entry
         ins_spec, outs_spec, written = self.functions[name]
         if len(arrays) != len(ins_spec):
@@ -155,8 +157,8 @@ class CompiledModule:
             a = np.asarray(a)
             if tuple(a.shape) != tuple(shape):
                 raise AnsorError(f"@{name}: argument {i} has shape {a.shape}, expected {tuple(shape)}")
-            ins.append(np.array(a, dtype=np_dtype(dtype), order="C", copy=True))
-        outs = [np.empty(shape, dtype=np_dtype(dtype)) for shape, dtype in outs_spec]
+            ins.append(aligned_copy(a, np_dtype(dtype)))
+        outs = [aligned_empty(shape, np_dtype(dtype)) for shape, dtype in outs_spec]
         run = self._kernel(name).bind(ins + outs)
         results = outs if outs_spec else [ins[i] for i in written]
         return run, results

@@ -14,7 +14,7 @@ import mlir_ansor
 from mlir_ansor import TuneConfig, tune
 from mlir_ansor.cli import main
 from mlir_ansor.frontend import load
-from mlir_ansor.measure.runner import TimingPolicy, descriptor
+from mlir_ansor.measure.runner import ALIGNMENT, TimingPolicy, aligned_copy, aligned_empty, descriptor
 from mlir_ansor.search.task import extract_tasks, partition
 
 compile_mod = sys.modules["mlir_ansor.compile"]
@@ -56,6 +56,30 @@ def test_compile_untuned_defaults_match_reference_and_numpy():
     descs = [descriptor(a) for a in (x, w1, w2, w3, c)]
     lib._mlir_ciface_mlp(*[ctypes.byref(d) for d in descs])
     np.testing.assert_allclose(c, out, rtol=1e-6)
+    # bind's copies and outputs start on cache lines, whatever numpy gave
+    unaligned = []
+    for a in (x, w1, w2, w3):
+        raw = np.zeros(a.nbytes + 80, np.uint8)
+        start = (16 - raw.ctypes.data) % 64 or 64  # 16 bytes past a cache line
+        u = raw[start : start + a.nbytes].view(a.dtype).reshape(a.shape)
+        u[...] = a
+        assert u.ctypes.data % ALIGNMENT == 16
+        unaligned.append(u)
+    run, (o,) = cm.bind(*unaligned)
+    run()
+    assert o.ctypes.data % ALIGNMENT == 0
+    np.testing.assert_allclose(o, out, rtol=1e-6)
+
+
+def test_aligned_buffers():
+    for shape, dtype in [((3, 5), np.float32), ((7,), np.float64), ((), np.int32), ((0, 4), np.float32)]:
+        e = aligned_empty(shape, dtype)
+        assert e.shape == shape and e.dtype == dtype and e.flags["C_CONTIGUOUS"]
+        assert e.ctypes.data % ALIGNMENT == 0 or e.size == 0
+    a = np.arange(12, dtype=np.float64).reshape(3, 4)[:, ::2]  # not contiguous
+    c = aligned_copy(a, np.float32)
+    assert c.ctypes.data % ALIGNMENT == 0 and c.dtype == np.float32 and c.flags["C_CONTIGUOUS"]
+    np.testing.assert_array_equal(c, a)
 
 
 def test_weights_reshape_reduction_and_two_results():

@@ -36,7 +36,7 @@ import numpy as np
 from ..target import Target
 from . import cuda_runner
 from .builder import build
-from .runner import Kernel, TimingPolicy, load_data, np_dtype, run, time_callable
+from .runner import Kernel, TimingPolicy, aligned_copy, aligned_empty, load_data, np_dtype, run, time_callable
 
 
 def random_inputs(
@@ -78,8 +78,8 @@ def prepare_reference(
         # (the rsqrt of a layer norm's variance, a log) gets [0.5, 1.5).
         for low, high in ((-1.0, 1.0), (0.5, 1.5)):
             arrays = random_inputs(inputs, seed, low, high)
-            outs = [np.zeros(shape, dtype=np_dtype(dt)) for shape, dt in outputs]
-            ins = [a.copy() for a in arrays]
+            outs = [aligned_copy(np.zeros(shape, dtype=np_dtype(dt))) for shape, dt in outputs]
+            ins = [aligned_copy(a) for a in arrays]
             t0 = time.perf_counter()
             kernel.bind(ins + outs)()
             first = time.perf_counter() - t0
@@ -90,7 +90,7 @@ def prepare_reference(
         if first >= policy.min_time_s:
             costs = [first]
         else:
-            costs = time_callable(kernel.bind(ins + [np.empty_like(o) for o in outs]), policy)
+            costs = time_callable(kernel.bind(ins + [aligned_empty(o.shape, o.dtype) for o in outs]), policy)
     finally:
         kernel.close()
     payload_arrays = {f"in{i}": a for i, a in enumerate(arrays)}
