@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 from mlir import ir, passmanager
 
 import mlir_ansor
@@ -224,49 +225,37 @@ func.func @main(%a: tensor<4x16xf32>) -> tensor<4x16xf32> {
         np.testing.assert_allclose(cm(x), want, rtol=1e-6)
 
 
-def test_a_copy_the_kernel_writes_stays():
-    # @w fills the buffer it is given: the driver's copy of the slice is
-    # @w's to change, and the slice itself must not be
-    from mlir_ansor.passes.lowering import views_into_kernels
-
-    with ir.Context(), ir.Location.unknown():
-        m = ir.Module.parse("""
+# Kernels that must not take the driver's slice in place. @w fills the
+# buffer it is given: the driver's copy of the slice is @w's to change, and
+# the slice itself must not be. @u reads a slice of %a and writes all of %a:
+# reading the slice in place would read what @u already overwrote.
+WRITES_ITS_COPY = ("""
   func.func private @w(%b: memref<4x8xf32>) {
     %z = arith.constant 0.0 : f32
     linalg.fill ins(%z : f32) outs(%b : memref<4x8xf32>)
     return
-  }
-  func.func @main(%a: memref<4x16xf32>) attributes {ansor.normalized} {
-    %s = memref.subview %a[0, 8] [4, 8] [1, 1] : memref<4x16xf32> to memref<4x8xf32, strided<[16, 1], offset: 8>>
-    %t = memref.alloc() : memref<4x8xf32>
-    memref.copy %s, %t : memref<4x8xf32, strided<[16, 1], offset: 8>> to memref<4x8xf32>
-    call @w(%t) : (memref<4x8xf32>) -> ()
-    memref.dealloc %t : memref<4x8xf32>
-    return
-  }""")
-        assert views_into_kernels(m) == 0
-        assert "memref.copy" in _func(m, "main")
-
-
-def test_a_slice_of_the_buffer_the_kernel_writes_stays_copied():
-    # @u reads a slice of %a and writes all of %a: reading the slice in place
-    # would read what @u already overwrote
-    from mlir_ansor.passes.lowering import views_into_kernels
-
-    with ir.Context(), ir.Location.unknown():
-        m = ir.Module.parse("""
+  }""", "call @w(%t) : (memref<4x8xf32>) -> ()")
+WRITES_THE_SLICED_BUFFER = ("""
   func.func private @u(%x: memref<4x8xf32>, %y: memref<4x16xf32>) {
     %z = arith.constant 0.0 : f32
     linalg.fill ins(%z : f32) outs(%y : memref<4x16xf32>)
     return
-  }
+  }""", "call @u(%t, %a) : (memref<4x8xf32>, memref<4x16xf32>) -> ()")
+
+
+@pytest.mark.parametrize("kernel, call", [WRITES_ITS_COPY, WRITES_THE_SLICED_BUFFER], ids=["writes-its-copy", "writes-the-sliced-buffer"])
+def test_the_copy_stays_when_the_kernel_writes(kernel, call):
+    from mlir_ansor.passes.lowering import views_into_kernels
+
+    with ir.Context(), ir.Location.unknown():
+        m = ir.Module.parse(kernel + """
   func.func @main(%a: memref<4x16xf32>) attributes {ansor.normalized} {
     %s = memref.subview %a[0, 8] [4, 8] [1, 1] : memref<4x16xf32> to memref<4x8xf32, strided<[16, 1], offset: 8>>
     %t = memref.alloc() : memref<4x8xf32>
     memref.copy %s, %t : memref<4x8xf32, strided<[16, 1], offset: 8>> to memref<4x8xf32>
-    call @u(%t, %a) : (memref<4x8xf32>, memref<4x16xf32>) -> ()
+    CALL
     memref.dealloc %t : memref<4x8xf32>
     return
-  }""")
+  }""".replace("CALL", call))
         assert views_into_kernels(m) == 0
         assert "memref.copy" in _func(m, "main")
