@@ -46,7 +46,7 @@ _time = median_time
 def peer_kernels(name: str, arrays: list[np.ndarray], threads: int) -> dict[str, Callable[[], object]]:
     """Callables running the computation of `workloads.ANSOR_SET[name]` on
     `arrays` (its inputs) in numpy ("numpy") and PyTorch CPU ("torch"), set
-    up for `threads` threads (time them inside `thread_limits(threads)`); a
+    up for `threads` threads (time them inside `peer_settings(threads)`); a
     system with no such computation, or not installed, is left out."""
     out: dict[str, Callable[[], object]] = {}
     np_fn = {
@@ -72,12 +72,6 @@ def peer_kernels(name: str, arrays: list[np.ndarray], threads: int) -> dict[str,
         def run():
             y = F.conv2d(xin, w, bias=bias, stride=stride, dilation=dilation, groups=groups)
             return F.relu(y) if relu else y
-        return run
-
-    def no_grad(fn: Callable[[], object]) -> Callable[[], object]:
-        def run() -> object:
-            with torch.no_grad():
-                return fn()
         return run
 
     fn = None
@@ -114,26 +108,35 @@ def peer_kernels(name: str, arrays: list[np.ndarray], threads: int) -> dict[str,
     elif name == "TBG":
         fn = lambda: torch.bmm(t[0].permute(1, 0, 2), t[1].permute(1, 2, 0))  # noqa: E731
     if fn is not None:
-        out["torch"] = no_grad(fn)
+        out["torch"] = fn
     return out
 
 
 @contextlib.contextmanager
-def thread_limits(threads: int) -> Iterator[None]:
-    """numpy's BLAS (and every OpenMP runtime threadpoolctl finds) limited
-    to `threads` threads, where threadpoolctl is installed."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - optional
-        yield
-        return
-    with threadpool_limits(limits=threads):
+def peer_settings(threads: int) -> Iterator[None]:
+    """What the peers are timed under: numpy's BLAS (and every OpenMP
+    runtime threadpoolctl finds) limited to `threads` threads, where
+    threadpoolctl is installed, and PyTorch's autograd off, where PyTorch is
+    (entered once here, not on every timed call)."""
+    with contextlib.ExitStack() as stack:
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:  # pragma: no cover - optional
+            pass
+        else:
+            stack.enter_context(threadpool_limits(limits=threads))
+        try:
+            import torch
+        except ImportError:  # pragma: no cover - optional
+            pass
+        else:
+            stack.enter_context(torch.no_grad())
         yield
 
 
 def peer_latencies(name: str, arrays: list[np.ndarray], threads: int) -> dict[str, float]:
     """Latency (s) of each of `peer_kernels`, one after the other."""
-    with thread_limits(threads):
+    with peer_settings(threads):
         return {system: _time(fn) for system, fn in peer_kernels(name, arrays, threads).items()}
 
 
@@ -141,7 +144,7 @@ def time_in_turns(ours: Callable[[], object], peers: dict[str, Callable[[], obje
     """Median latency (s) of our kernel ("ours") and each peer, timed in
     turns (`timing.interleaved_medians`) so that all of them see the same
     machine."""
-    with thread_limits(threads):
+    with peer_settings(threads):
         return interleaved_medians({"ours": ours, **peers})
 
 

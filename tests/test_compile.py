@@ -14,7 +14,14 @@ import mlir_ansor
 from mlir_ansor import TuneConfig, tune
 from mlir_ansor.cli import main
 from mlir_ansor.frontend import load
-from mlir_ansor.measure.runner import ALIGNMENT, TimingPolicy, aligned_copy, aligned_empty, descriptor
+from mlir_ansor.measure.runner import (
+    ALIGNMENT,
+    TimingPolicy,
+    aligned_copy,
+    aligned_empty,
+    aligned_full,
+    descriptor,
+)
 from mlir_ansor.search.task import extract_tasks, partition
 
 compile_mod = sys.modules["mlir_ansor.compile"]
@@ -80,6 +87,8 @@ def test_aligned_buffers():
     c = aligned_copy(a, np.float32)
     assert c.ctypes.data % ALIGNMENT == 0 and c.dtype == np.float32 and c.flags["C_CONTIGUOUS"]
     np.testing.assert_array_equal(c, a)
+    f = aligned_full((2, 3), np.float32, np.nan)
+    assert f.ctypes.data % ALIGNMENT == 0 and f.dtype == np.float32 and np.isnan(f).all()
 
 
 def test_weights_reshape_reduction_and_two_results():

@@ -36,7 +36,17 @@ import numpy as np
 from ..target import Target
 from . import cuda_runner
 from .builder import build
-from .runner import Kernel, TimingPolicy, aligned_copy, aligned_empty, load_data, np_dtype, run, time_callable
+from .runner import (
+    Kernel,
+    TimingPolicy,
+    aligned_copy,
+    aligned_empty,
+    aligned_full,
+    load_data,
+    np_dtype,
+    run,
+    time_callable,
+)
 
 
 def random_inputs(
@@ -78,7 +88,7 @@ def prepare_reference(
         # (the rsqrt of a layer norm's variance, a log) gets [0.5, 1.5).
         for low, high in ((-1.0, 1.0), (0.5, 1.5)):
             arrays = random_inputs(inputs, seed, low, high)
-            outs = [aligned_copy(np.zeros(shape, dtype=np_dtype(dt))) for shape, dt in outputs]
+            outs = [aligned_full(shape, np_dtype(dt), 0) for shape, dt in outputs]
             ins = [aligned_copy(a) for a in arrays]
             t0 = time.perf_counter()
             kernel.bind(ins + outs)()

@@ -43,6 +43,13 @@ def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
+def aligned_full(shape: tuple[int, ...], dtype, value) -> np.ndarray:
+    """An `ALIGNMENT`-aligned array of `shape` filled with `value`."""
+    out = aligned_empty(shape, dtype)
+    out.fill(value)
+    return out
+
+
 def aligned_copy(a: np.ndarray, dtype=None) -> np.ndarray:
     """A C-contiguous, `ALIGNMENT`-aligned copy of `a` (cast to `dtype`)."""
     out = aligned_empty(np.shape(a), dtype if dtype is not None else np.asarray(a).dtype)
@@ -196,7 +203,7 @@ def run(
         if check:
             # Fresh copies: a kernel may write its inputs (destination style).
             ins = [aligned_copy(a) for a in inputs]
-            outs = [aligned_copy(np.full(r.shape, np.nan, dtype=r.dtype)) for r in refs]
+            outs = [aligned_full(r.shape, r.dtype, np.nan) for r in refs]
             call = kernel.bind(ins + outs)
             t0 = time.perf_counter()
             call()
