@@ -52,7 +52,7 @@ from .errors import AnsorError
 from .frontend import Program, load
 from .measure.pool import WorkerPool
 from .measure.runner import Kernel, aligned_copy, aligned_empty, np_dtype
-from .passes.lowering import BUFFERIZE, emit_shared_library, lower_to_llvm
+from .passes.lowering import BUFFERIZE, emit_shared_library, linalg_inits, lower_to_llvm
 from .search.normalize import backward_slice, clone_remapped
 from .search.task import Occurrence, Task, partition
 from .target import Target, usable_cores
@@ -586,9 +586,9 @@ def _written_args(fn: ir.Operation) -> list[int]:
                 written.add(i)
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name.startswith("linalg.") and "operandSegmentSizes" in op.attributes:
-            n_ins = int(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"])[0])
-            for v in list(op.operands)[n_ins:]:
+        if op.name.startswith("linalg.") and op.name != "linalg.yield" and op.name != "linalg.index":
+            # Named outputs too: transpose, broadcast and map have no operand segments.
+            for v in linalg_inits(op):
                 mark(v)
         elif op.name == "memref.copy":
             mark(op.operands[1])

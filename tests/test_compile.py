@@ -117,6 +117,26 @@ def test_memref_function_returns_written_arguments():
     np.testing.assert_array_equal(c, c_before)  # the caller's array is untouched
 
 
+@pytest.mark.parametrize(
+    "op, out_shape, want",
+    [
+        ("linalg.transpose ins(%a : memref<4x6xf32>) outs(%out : memref<6x4xf32>) permutation = [1, 0]", (6, 4), np.transpose),
+        ("linalg.map { math.exp } ins(%a : memref<4x6xf32>) outs(%out : memref<4x6xf32>)", (4, 6), np.exp),
+    ],
+)
+def test_memref_function_returns_named_outputs(tmp_path, op, out_shape, want):
+    # transpose and map name their output (no operand segments); the compiled
+    # function and the untuned reference must still return the argument they
+    # write.
+    out_type = "memref<{}xf32>".format("x".join(map(str, out_shape)))
+    src = tmp_path / "named.mlir"
+    src.write_text(f"func.func @f(%a: memref<4x6xf32>, %out: {out_type}) {{\n  {op}\n  return\n}}\n")
+    a = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    for cm in (mlir_ansor.compile(str(src)), compile_mod.compile_untuned(str(src))):
+        assert cm.functions["f"][2] == [1]
+        np.testing.assert_allclose(cm(a, np.zeros(out_shape, np.float32)), want(a), rtol=1e-5)
+
+
 def test_best_record_is_applied(tmp_path):
     db = tmp_path / "t.db"
     cfg = TuneConfig(trials=3, batch_size=3, build_workers=2, timing=FAST)

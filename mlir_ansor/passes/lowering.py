@@ -333,14 +333,14 @@ def _only_reads(v: ir.Value) -> bool:
         elif user.name == "memref.copy" and user.operands[1] != v:
             continue
         elif user.name.startswith("linalg."):
-            if any(w == v for w in _linalg_inits(user)):
+            if any(w == v for w in linalg_inits(user)):
                 return False
         else:
             return False
     return True
 
 
-def _linalg_inits(op: ir.Operation) -> list[ir.Value]:
+def linalg_inits(op: ir.Operation) -> list[ir.Value]:
     """The operands a Linalg op writes (its ``outs``); all of them where
     the op's Python class does not say."""
     view = op.opview
