@@ -112,6 +112,12 @@ class TuneConfig:
       preferred knobs, `sketch.default_assignment`: what `compile` gives an
       untuned task) in its first batch; False is an ablation (random points
       only).
+    share_best: a task's next batch starts with the best schedule found so
+      far for each other task whose sketch has the same knobs (`_siblings`:
+      the same anchor loops, so every assignment means the same tiling):
+      one shape of convolution with different fused consumers, or the
+      fill-initialized first depth slice of a split 3-D convolution and the
+      accumulating ones. False is an ablation.
     evolution: settings of the evolutionary strategy (its `max_tries` is
       taken from `max_sample_tries`); `crossover=False` is an ablation.
     pretrained_model: a saved cost model (`CostModel.save`, e.g. trained on
@@ -165,6 +171,7 @@ class TuneConfig:
     rules: tuple[str, ...] | None = None
     packing: bool = True
     default_candidate: bool = True
+    share_best: bool = True
     evolution: EvolutionConfig = field(default_factory=EvolutionConfig)
     pretrained_model: str | None = None
     executor: str = "local"
@@ -751,6 +758,27 @@ def _keep_reference(st: _TaskState, payload: str, target: Target, config: TuneCo
     st.bundle_dir = folder
 
 
+def _knob_space(sk: Sketch) -> tuple:
+    return tuple((k.name, k.options, k.divides, k.multiple_of, k.at_least, k.alternatives) for k in sk.knobs)
+
+
+def _siblings(states: list[_TaskState]) -> dict[int, list[tuple[int, Sketch, Sketch]]]:
+    """task index -> [(other task, its sketch, this task's sketch)] for
+    sketches made by the same rule with the same knobs (names, options and
+    constraints): the same anchor loops, tiled the same way by the same
+    assignment, whatever the tasks fuse around the anchor."""
+    spaces = [{(sk.name, _knob_space(sk)): sk for sk in st.sketches if sk.knobs} for st in states]
+    out: dict[int, list[tuple[int, Sketch, Sketch]]] = {}
+    for i, mine in enumerate(spaces):
+        for j, theirs in enumerate(spaces):
+            if i == j:
+                continue
+            for key, sk in theirs.items():
+                if key in mine:
+                    out.setdefault(i, []).append((j, sk, mine[key]))
+    return out
+
+
 class _Batches:
     """Hands out batches of new candidates, to the task the task scheduler
     picks, until the budget is drawn or every task's space is exhausted."""
@@ -773,6 +801,28 @@ class _Batches:
         except ValueError as e:
             raise AnsorError(str(e)) from None
 
+        # For each task: (index of another task, its sketch, the sketch of
+        # this task with the same knobs) -- see `_siblings`.
+        self.siblings = _siblings(states) if config.share_best else {}
+
+    def _share_best(self, ti: int) -> None:
+        """Queue, as seeds of task `ti`, the best schedule of each sibling
+        task (measured first in the next batch, unless already measured)."""
+        ctx = getattr(self.states[ti].strategy, "ctx", None)
+        if ctx is None:  # a strategy that keeps no TaskContext takes no seeds
+            return
+        for tj, their_sketch, my_sketch in self.siblings.get(ti, ()):
+            r = self.states[tj].result
+            if not r.best_knobs or not math.isfinite(r.best_latency_s) or r.best_sketch != their_sketch.name:
+                continue
+            if not set(dict(r.best_knobs)) == {k.name for k in their_sketch.knobs}:
+                continue
+            seed = (my_sketch, tuple(r.best_knobs))
+            if (my_sketch.hash, seed[1]) in ctx.measured or seed in ctx.seeds:
+                continue
+            log.debug("task %s: seeded with the best schedule of task %s", self.states[ti].task.name, r.task.name)
+            ctx.seeds.append(seed)
+
     def _stats(self) -> list[TaskStats]:
         return [
             TaskStats(
@@ -794,6 +844,8 @@ class _Batches:
                 return None
             ti = choice.task
             st = self.states[ti]
+            if ti in self.siblings:
+                self._share_best(ti)
             drawn = st.strategy.generate_candidates(min(self.batch, self.left))
             if not drawn:
                 self.exhausted.add(ti)

@@ -228,3 +228,44 @@ def test_a_small_budget_still_reaches_every_task(tmp_path):
     result = tune(str(INPUTS / "two_matmuls.mlir"), config=_config(trials=4, batch_size=16), db=tmp_path / "s.db")
     assert sorted(r.trials for r in result.tasks) == [2, 2]
     assert all(np.isfinite(r.best_latency_s) for r in result.tasks)
+
+
+SIBLINGS = """
+func.func @f(%a: tensor<32x40xf32>, %b: tensor<40x48xf32>, %c: tensor<32x40xf32>) -> (tensor<32x48xf32>, tensor<32x48xf32>) {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<32x48xf32>
+  %z = linalg.fill ins(%zero : f32) outs(%e : tensor<32x48xf32>) -> tensor<32x48xf32>
+  %m1 = linalg.matmul ins(%a, %b : tensor<32x40xf32>, tensor<40x48xf32>) outs(%z : tensor<32x48xf32>) -> tensor<32x48xf32>
+  %m2 = linalg.matmul ins(%c, %b : tensor<32x40xf32>, tensor<40x48xf32>) outs(%z : tensor<32x48xf32>) -> tensor<32x48xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i, j)>],
+                       iterator_types = ["parallel", "parallel"]}
+      ins(%m2 : tensor<32x48xf32>) outs(%e : tensor<32x48xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %y = arith.maximumf %x, %zero : f32
+    linalg.yield %y : f32
+  } -> tensor<32x48xf32>
+  return %m1, %r : tensor<32x48xf32>, tensor<32x48xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_tasks_with_the_same_knobs_share_their_best(tmp_path, share):
+    """A matmul and the same matmul with a fused ReLU are two tasks whose
+    sketches have the same knobs: the second one's later batch measures the
+    first one's best schedule (random points would not hit it). Its first
+    batch is drawn before the first task's results are in."""
+    path = tmp_path / "siblings.mlir"
+    path.write_text(SIBLINGS)
+    config = _config(
+        trials=8, batch_size=2, strategy="random", task_scheduler="round-robin", default_candidate=False,
+        share_best=share,
+    )
+    first, second = tune(str(path), config=config, db=tmp_path / "s.db").tasks
+    assert "relu" not in first.task.name and "relu" in second.task.name
+    with Database(tmp_path / "s.db") as d:
+        def knobs(task):
+            return {tuple(r.knobs) for r in d.records(task.task.workload_key) if not r.retime}
+
+        shared = knobs(first) & knobs(second)
+    assert bool(shared) == share
