@@ -259,3 +259,41 @@ def test_the_copy_stays_when_the_kernel_writes(kernel, call):
   }""".replace("CALL", call))
         assert views_into_kernels(m) == 0
         assert "memref.copy" in _func(m, "main")
+
+
+@pytest.mark.parametrize(
+    "size, threads, dynamic",
+    [(512, 2, True), (512, 1, False), (64, 2, False)],
+)
+def test_large_kernels_schedule_their_parallel_loop_dynamically(size, threads, dynamic):
+    """A kernel of at least DYNAMIC_MIN_FLOPS (512^3 GEMM: 268 MFLOP) on two
+    threads gets ``schedule(dynamic)``; one thread, or a small kernel (64^3),
+    keeps the static split."""
+    from mlir_ansor import workloads
+    from mlir_ansor.frontend import load
+    from mlir_ansor.measure.builder import apply_schedule
+    from mlir_ansor.passes.lowering import DYNAMIC_MIN_FLOPS, FLOPS_ATTR, lower_to_llvm
+    from mlir_ansor.search.sketch import default_assignment, generate_sketches
+    from mlir_ansor.search.task import extract_tasks
+    from mlir_ansor.target import Target
+
+    (task,) = extract_tasks(load(text=workloads.matmul(size, size, size)))
+    assert (task.flops >= DYNAMIC_MIN_FLOPS) == (size == 512)
+    sk = generate_sketches(task.mlir, Target.host())[0]
+    with ir.Context(), ir.Location.unknown():
+        module = apply_schedule(sk.payload, sk.concrete(default_assignment(sk, threads)))
+        (fn,) = [o.operation for o in module.body.operations if o.operation.name == "func.func"]
+        assert ir.IntegerAttr(fn.attributes[FLOPS_ATTR]).value == task.flops
+        lower_to_llvm(module, threads)
+        loops = re.findall(r"omp\.wsloop[^{]*", str(module))
+    assert len(loops) == 1 and ("schedule(dynamic)" in loops[0]) == dynamic
+
+
+def test_compiled_kernels_keep_their_operation_count():
+    """`compile` schedules kernels through the same `apply_schedule`, so the
+    kernels of the scheduled module carry their count into the lowering."""
+    from mlir_ansor import workloads
+    from mlir_ansor.frontend import load
+
+    cm = mlir_ansor.compile(load(text=workloads.matmul(512, 512, 512)), threads=2)
+    assert re.search(r"func\.func @ansor_\w+\(.* attributes \{[^}]*ansor\.flops = 268435456", cm.mlir)

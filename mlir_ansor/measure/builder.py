@@ -15,7 +15,8 @@ from pathlib import Path
 from mlir import ir
 from mlir.dialects.transform import interpreter
 
-from ..passes.lowering import emit_shared_library, lower_to_llvm
+from ..passes.lowering import FLOPS_ATTR, emit_shared_library, lower_to_llvm
+from ..search.task import linalg_flops
 
 
 class BuildError(RuntimeError):
@@ -25,8 +26,15 @@ class BuildError(RuntimeError):
 def apply_schedule(payload: str, script: str | None) -> ir.Module:
     """Parse `payload` and apply the transform `script` (None: no schedule).
 
-    The current MLIR context is used; returns the transformed module."""
+    The current MLIR context is used; returns the transformed module. Each
+    function of it carries the payload's Linalg operation count
+    (`lowering.FLOPS_ATTR`, from which the lowering picks the OpenMP
+    schedule)."""
     module = ir.Module.parse(payload)
+    flops = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), linalg_flops(module))
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and op.operation.regions[0].blocks:
+            op.operation.attributes[FLOPS_ATTR] = flops
     if script is not None:
         sched = ir.Module.parse(script)
         entry = None

@@ -46,6 +46,7 @@ __all__ = [
     "TensorSpec",
     "constant_linalg_ops",
     "extract_tasks",
+    "linalg_flops",
     "partition",
     "workload_key",
 ]
@@ -254,6 +255,28 @@ def _generalized_copy(module: ir.Module) -> ir.Module:
     )
     PassManager.parse(_GENERALIZE, module.context).run(copy.operation)
     return copy
+
+
+def linalg_flops(module: ir.Module) -> int:
+    """The arithmetic operations of the Linalg ops of `module`, counted as
+    `Task.flops` counts them: each op's iteration space times the arith ops
+    of its generalized body (fills and copies count 0, and so does an op
+    whose loop ranges are not static)."""
+    total = 0
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        nonlocal total
+        if op.name == "linalg.generic":
+            maps = [ir.AffineMapAttr(a).value for a in op.attributes["indexing_maps"]]
+            ranges = _loop_ranges(op, maps)
+            body = [o.name for o in op.regions[0].blocks[0].operations]
+            if ranges is not None:
+                total += math.prod(ranges) * sum(1 for n in body if _is_arith(n))
+            return ir.WalkResult.SKIP
+        return ir.WalkResult.ADVANCE
+
+    _generalized_copy(module).operation.walk(visit)
+    return total
 
 
 # --------------------------------------------------------------------------
