@@ -15,7 +15,7 @@ with FLAGS one of (docs/extending.md, "Ablations"):
   round-robin tasks  --task-scheduler round-robin
   random tasks       --random-task-scheduler
   no default point   --no-default-candidate   the rule's default knobs not measured first
-  no shared best     --no-share-best            tasks with the same knobs do not seed each other
+  shared best        --share-best               tasks with the same knobs seed each other (an addition, off by default)
 
 and prints, per workload, the median (over seeds) best GFLOP/s of each
 variant as found in the search, the same best record re-timed in a fresh
@@ -24,7 +24,7 @@ untuned GFLOP/s and the tuning time. Run it on an otherwise idle machine:
 variants that measure the same candidates (the first `min_train` trials of
 the evolutionary search are random) differ only by timing noise. Each run is its own process with its own database, so no variant
 profits from another's records. Both workloads are single tasks, so the two
-task-scheduler rows and "no shared best" equal the full search up to timing
+task-scheduler rows and "shared best" equal the full search up to timing
 noise: they are there so the same loop serves multi-task models (`--input`).
 
 Usage:
@@ -54,7 +54,7 @@ VARIANTS: list[tuple[str, list[str]]] = [
     ("round-robin tasks", ["--task-scheduler", "round-robin"]),
     ("random tasks", ["--random-task-scheduler"]),
     ("no default candidate", ["--no-default-candidate"]),
-    ("no shared best", ["--no-share-best"]),
+    ("shared best", ["--share-best"]),
 ]
 
 

@@ -6,7 +6,7 @@ Subcommands (shared/DESIGN.md, "The command line"):
        [--search NAME] [--cost-model NAME] [--task-scheduler NAME] [--rules a,b]
        [--plugin MODULE_OR_FILE.py]... [--pretrained-model FILE]
        [--no-cost-model] [--no-crossover] [--no-packing] [--random-task-scheduler]
-       [--no-default-candidate] [--no-share-best] [--local-share F] [--retime-top N] [--retime-rounds R]
+       [--no-default-candidate] [--share-best] [--local-share F] [--retime-top N] [--retime-rounds R]
   compile [INPUT] [--db FILE] [--threads N] [-o OUT.mlir|OUT.so]
   run [INPUT] [--db FILE] [--threads N] [--repeat N] [--json]
   show FILE.db [--json]
@@ -88,6 +88,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--retime-rounds", type=_positive(int, zero_ok=True), default=3, metavar="R",
                    help="timings of each re-timed schedule, taking turns; the pick is made on all of a "
                         "schedule's timings (default 3; 0: no re-timing)")
+    t.add_argument("--share-best", action="store_true",
+                   help="seed each batch with the best schedule of a task whose sketch has the same knobs "
+                        "(one per batch; off by default, see TuneConfig.share_best)")
     t.add_argument("--pretrained-model", default=None, metavar="FILE",
                    help="a saved cost model to start the evolutionary search from (transfer learning)")
     ab = t.add_argument_group("ablations (one flag each)")
@@ -97,8 +100,6 @@ def _parser() -> argparse.ArgumentParser:
     ab.add_argument("--random-task-scheduler", action="store_true", help="give each batch to a random task")
     ab.add_argument("--no-default-candidate", action="store_true",
                     help="do not measure the rule's default point first (random points only)")
-    ab.add_argument("--no-share-best", action="store_true",
-                    help="do not seed a task with the best schedules of tasks whose sketch has the same knobs")
     t.add_argument("--executor", default="local", metavar="local|auto|ray://ADDR",
                    help="where candidates are built and measured: local worker processes (default), "
                         "auto (Ray: a running cluster, else a local instance), or ray://HOST:PORT (a Ray cluster)")
@@ -279,7 +280,7 @@ def config_from_args(args: argparse.Namespace, config_cls):
         rules=rules,
         packing=not args.no_packing,
         default_candidate=not args.no_default_candidate,
-        share_best=not args.no_share_best,
+        share_best=args.share_best,
         evolution=EvolutionConfig(crossover=not args.no_crossover, local_share=_share(args.local_share)),
         pretrained_model=args.pretrained_model,
         build_only=getattr(args, "build_only", False),

@@ -113,11 +113,14 @@ class TuneConfig:
       untuned task) in its first batch; False is an ablation (random points
       only).
     share_best: a task's next batch starts with the best schedule found so
-      far for each other task whose sketch has the same knobs (`_siblings`:
-      the same anchor loops, so every assignment means the same tiling):
-      one shape of convolution with different fused consumers, or the
+      far by another task whose sketch has the same knobs (`_siblings`: the
+      same anchor loops, so every assignment means the same tiling): one
+      shape of convolution with different fused consumers, or the
       fill-initialized first depth slice of a split 3-D convolution and the
-      accumulating ones. False is an ablation.
+      accumulating ones. At most one such seed per batch. Off by default:
+      on a BERT layer with 160 trials (batches of 2, elementwise tasks with
+      up to a dozen siblings each) it gave 28.9 and 33.4 ms against 25.2
+      without it (torch 25.5-27.3), and on C3D no gain beyond noise.
     evolution: settings of the evolutionary strategy (its `max_tries` is
       taken from `max_sample_tries`); `crossover=False` is an ablation.
     pretrained_model: a saved cost model (`CostModel.save`, e.g. trained on
@@ -171,7 +174,7 @@ class TuneConfig:
     rules: tuple[str, ...] | None = None
     packing: bool = True
     default_candidate: bool = True
-    share_best: bool = True
+    share_best: bool = False
     evolution: EvolutionConfig = field(default_factory=EvolutionConfig)
     pretrained_model: str | None = None
     executor: str = "local"
@@ -806,12 +809,14 @@ class _Batches:
         self.siblings = _siblings(states) if config.share_best else {}
 
     def _share_best(self, ti: int) -> None:
-        """Queue, as seeds of task `ti`, the best schedule of each sibling
-        task (measured first in the next batch, unless already measured)."""
+        """Queue, as a seed of task `ti`, the fastest best schedule of its
+        sibling tasks that `ti` has not measured (one per batch, so that
+        siblings never crowd out the search)."""
         ctx = getattr(self.states[ti].strategy, "ctx", None)
         if ctx is None:  # a strategy that keeps no TaskContext takes no seeds
             return
-        for tj, their_sketch, my_sketch in self.siblings.get(ti, ()):
+        siblings = sorted(self.siblings.get(ti, ()), key=lambda s: self.states[s[0]].result.best_latency_s)
+        for tj, their_sketch, my_sketch in siblings:
             r = self.states[tj].result
             if not r.best_knobs or not math.isfinite(r.best_latency_s) or r.best_sketch != their_sketch.name:
                 continue
@@ -822,6 +827,7 @@ class _Batches:
                 continue
             log.debug("task %s: seeded with the best schedule of task %s", self.states[ti].task.name, r.task.name)
             ctx.seeds.append(seed)
+            return
 
     def _stats(self) -> list[TaskStats]:
         return [
