@@ -586,7 +586,7 @@ def _written_args(fn: ir.Operation) -> list[int]:
                 written.add(i)
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name.startswith("linalg.") and op.name != "linalg.yield" and op.name != "linalg.index":
+        if op.name.startswith("linalg."):
             # Named outputs too: transpose, broadcast and map have no operand segments.
             for v in linalg_inits(op):
                 mark(v)

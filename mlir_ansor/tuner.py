@@ -820,7 +820,7 @@ class _Batches:
             r = self.states[tj].result
             if not r.best_knobs or not math.isfinite(r.best_latency_s) or r.best_sketch != their_sketch.name:
                 continue
-            if not set(dict(r.best_knobs)) == {k.name for k in their_sketch.knobs}:
+            if set(dict(r.best_knobs)) != {k.name for k in their_sketch.knobs}:
                 continue
             seed = (my_sketch, tuple(r.best_knobs))
             if (my_sketch.hash, seed[1]) in ctx.measured or seed in ctx.seeds:

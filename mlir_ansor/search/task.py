@@ -267,11 +267,10 @@ def linalg_flops(module: ir.Module) -> int:
     def visit(op: ir.Operation) -> ir.WalkResult:
         nonlocal total
         if op.name == "linalg.generic":
-            maps = [ir.AffineMapAttr(a).value for a in op.attributes["indexing_maps"]]
-            ranges = _loop_ranges(op, maps)
-            body = [o.name for o in op.regions[0].blocks[0].operations]
-            if ranges is not None:
-                total += math.prod(ranges) * sum(1 for n in body if _is_arith(n))
+            try:
+                total += _generic_info(op, op).flops
+            except UnsupportedError:  # loop ranges that are not static
+                pass
             return ir.WalkResult.SKIP
         return ir.WalkResult.ADVANCE
 
