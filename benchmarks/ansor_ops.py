@@ -2,8 +2,8 @@
 PyTorch CPU, measured in the same run, at each thread count.
 
 For every workload of `mlir_ansor.workloads.ANSOR_SET` (C1D, C2D, C3D, GMM,
-GRP, DIL, DEP, NRM, SFM, conv + bias + ReLU, transpose + batch matmul; T2D
-has no Linalg named op) and thread count: tune with `--trials` candidates,
+GRP, DIL, DEP, NRM, SFM, conv + bias + ReLU, transpose + batch matmul, and
+T2D, which Linalg writes as phases of 1x1 convolutions) and thread count: tune with `--trials` candidates,
 compile the module with the best records (`mlir_ansor.compile`), check it
 against the untuned module, and time it; time the same computation in numpy
 (where it has one) and in PyTorch (channels-last convolutions,
@@ -95,6 +95,12 @@ def peer_kernels(name: str, arrays: list[np.ndarray], threads: int) -> dict[str,
         x = t[0].permute(0, 4, 1, 2, 3).contiguous(memory_format=torch.channels_last_3d)
         w = t[1].permute(4, 3, 0, 1, 2).contiguous()
         fn = lambda: F.conv3d(x, w)  # noqa: E731
+    elif name == "T2D":
+        # Transposed convolution, stride 2, padding 1 (ANSOR_SET's T2D);
+        # torch's filter is (c_in, c_out, kh, kw).
+        x = t[0].permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)
+        w = t[1].permute(2, 3, 0, 1).contiguous()
+        fn = lambda: F.conv_transpose2d(x, w, stride=2, padding=1)  # noqa: E731
     elif name == "GRP":
         n, h, w_, g, c = t[0].shape
         x = t[0].reshape(n, h, w_, g * c).permute(0, 3, 1, 2).contiguous(memory_format=torch.channels_last)

@@ -59,6 +59,32 @@ def _conv(te, inp, ker, *, dims: int, dilation: int = 1, out_name: str = "conv")
     return te.compute((int(n), *outs, int(f)), body, name=out_name)
 
 
+def _t2d(te, inp, ker, *, stride: int = 2, pad: int = 1):
+    """Transposed conv (our workloads.conv2d_transpose_nhwc), as TVM's topi
+    writes it: the input with zeros inserted between pixels and padded, then
+    a convolution with the flipped (kh, kw, c, f) kernel."""
+    import tvm
+
+    n, h, w, c = (int(x) for x in inp.shape)
+    kh, kw, _, f = (int(x) for x in ker.shape)
+    bh, bw = kh - 1 - pad, kw - 1 - pad
+    dh, dw = (h - 1) * stride + 1 + 2 * bh, (w - 1) * stride + 1 + 2 * bw
+    zero = tvm.tirx.const(0.0, "float32")
+
+    def dilated(b, y, x, cc):
+        yy, xx = y - bh, x - bw
+        inside = tvm.tirx.all(yy >= 0, yy < (h - 1) * stride + 1, yy % stride == 0, xx >= 0, xx < (w - 1) * stride + 1, xx % stride == 0)
+        return tvm.tirx.if_then_else(inside, inp[b, yy // stride, xx // stride, cc], zero)
+
+    data = te.compute((n, dh, dw, c), dilated, name="dilated")
+    ry, rx, rc = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx"), te.reduce_axis((0, c), "rc")
+    return te.compute(
+        (n, dh - kh + 1, dw - kw + 1, f),
+        lambda b, y, x, ff: te.sum(data[b, y + ry, x + rx, rc] * ker[kh - 1 - ry, kw - 1 - rx, rc, ff], axis=[ry, rx, rc]),
+        name="t2d",
+    )
+
+
 def _gmm(te, a, b):
     m, k = a.shape
     _, n = b.shape
@@ -130,6 +156,7 @@ WORKLOADS = {
     "DIL": lambda te, i, k: _conv(te, i, k, dims=2, dilation=2),
     "GRP": _grp,
     "DEP": _dep,
+    "T2D": _t2d,
     "NRM": _nrm,
     "SFM": _sfm,
     "CBR": _cbr,

@@ -132,6 +132,62 @@ def conv3d_ndhwc(n: int, d: int, h: int, w: int, c: int, f: int, k: int) -> str:
     return _func("conv3d", [("I", (n, d, h, w, c)), ("K", (k, k, k, c, f))], out, body)
 
 
+def conv2d_transpose_nhwc(n: int, h: int, w: int, c: int, f: int, k: int, stride: int, pad: int) -> str:
+    """Transposed 2-D convolution (DCGAN's up-sampling layer, Ansor's T2D),
+    NHWC input, filter (kh, kw, c, f), output (n, stride*h, stride*w, f).
+
+    Linalg has no named op for it; written here as what it is, without the
+    zeros a dilated input would multiply: output row ``o = stride*m + p``
+    (phase ``p``) gathers the taps ``kh = r + stride*u`` with
+    ``r = (p + pad) % stride``, from input row ``m + (p + pad) // stride - u``.
+    So each (phase, tap) pair is a 1x1 convolution (a GEMM over the channels)
+    of a shifted window of the zero-padded input with one ``[c, f]`` slab of
+    the filter; every phase accumulates its ``(k/stride)^2`` taps, and its
+    result is inserted with stride ``stride`` into the output. Slices and the
+    pad are views and copies outside the tasks; the 1x1 convolutions are two
+    tasks (the first tap of a phase starts from zero, the others accumulate).
+    Requires ``k % stride == 0`` and ``k - 2*pad == stride`` (output
+    ``stride*h``), the shape of every DCGAN generator layer.
+    """
+    if k % stride or k - 2 * pad != stride:
+        raise ValueError(f"conv2d_transpose_nhwc: needs k % stride == 0 and k - 2*pad == stride (k={k}, stride={stride}, pad={pad})")
+    t = k // stride
+    taps = {p: [((p + pad) % stride + stride * u, (p + pad) // stride - u) for u in range(t)] for p in range(stride)}
+    offs = [off for p in taps for _, off in taps[p]]
+    lo, hi = -min(offs), max(offs)
+    xp = (n, h + lo + hi, w + lo + hi, c)
+    out = (n, stride * h, stride * w, f)
+    y = (n, h, w, f)
+    x_t, k_t, y_t = _t((n, h, w, c)), _t((1, 1, c, f)), _t(y)
+    conv = "linalg.conv_2d_nhwc_hwcf {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}"
+    body = (
+        "  %zero = arith.constant 0.0 : f32\n"
+        f"  %xp = tensor.pad %I low[0, {lo}, {lo}, 0] high[0, {hi}, {hi}, 0] {{\n"
+        "  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):\n    tensor.yield %zero : f32\n"
+        f"  }} : {_t((n, h, w, c))} to {_t(xp)}\n"
+        f"  %ye = tensor.empty() : {y_t}\n"
+        f"  %y0 = linalg.fill ins(%zero : f32) outs(%ye : {y_t}) -> {y_t}\n"
+        f"  %o0 = tensor.empty() : {_t(out)}\n"
+    )
+    last = "%o0"
+    for p in range(stride):
+        for q in range(stride):
+            acc = "%y0"
+            for i, (kh, dh) in enumerate(taps[p]):
+                for j, (kw, dw) in enumerate(taps[q]):
+                    v = f"p{p}q{q}_{i}{j}"
+                    body += (
+                        f"  %x_{v} = tensor.extract_slice %xp[0, {dh + lo}, {dw + lo}, 0] [{n}, {h}, {w}, {c}] [1, 1, 1, 1] : {_t(xp)} to {x_t}\n"
+                        f"  %k_{v} = tensor.extract_slice %K[{kh}, {kw}, 0, 0] [1, 1, {c}, {f}] [1, 1, 1, 1] : {_t((k, k, c, f))} to {k_t}\n"
+                        f"  %y_{v} = {conv}\n      ins(%x_{v}, %k_{v} : {x_t}, {k_t}) outs({acc} : {y_t}) -> {y_t}\n"
+                    )
+                    acc = f"%y_{v}"
+            body += f"  %o_p{p}q{q} = tensor.insert_slice {acc} into {last}[0, {p}, {q}, 0] [{n}, {h}, {w}, {f}] [1, {stride}, {stride}, 1] : {y_t} into {_t(out)}\n"
+            last = f"%o_p{p}q{q}"
+    body += f"  return {last} : {_t(out)}\n"
+    return _func("conv2d_transpose", [("I", (n, h, w, c)), ("K", (k, k, c, f))], out, body)
+
+
 def pool2d_nhwc(n: int, h: int, w: int, c: int, k: int, stride: int, kind: str = "max") -> str:
     oh, ow = (h - k) // stride + 1, (w - k) // stride + 1
     out = (n, oh, ow, c)
@@ -253,6 +309,18 @@ def _conv_nhwc_ref(x: np.ndarray, k: np.ndarray, stride: int = 1, dilation: int 
     return out
 
 
+def _conv_transpose_nhwc_ref(x: np.ndarray, k: np.ndarray, stride: int = 2, pad: int = 1) -> np.ndarray:
+    """By definition: input pixel i and tap kh add to output row stride*i + kh - pad."""
+    n, h, w, _ = x.shape
+    kh, kw, _, f = k.shape
+    oh, ow = (h - 1) * stride - 2 * pad + kh, (w - 1) * stride - 2 * pad + kw
+    full = np.zeros((n, (h - 1) * stride + kh, (w - 1) * stride + kw, f), dtype=np.float64)
+    for i in range(kh):
+        for j in range(kw):
+            full[:, i : i + stride * h : stride, j : j + stride * w : stride, :] += np.einsum("nhwc,cf->nhwf", x.astype(np.float64), k[i, j])
+    return full[:, pad : pad + oh, pad : pad + ow, :]
+
+
 def numpy_reference(name: str) -> Callable[..., np.ndarray]:
     """A numpy implementation of the workload called `name` (see ANSOR_SET)."""
     return {
@@ -260,6 +328,7 @@ def numpy_reference(name: str) -> Callable[..., np.ndarray]:
         "matmul_transposed_b": lambda a, b: a.astype(np.float64) @ b.T,
         "batch_matmul": lambda a, b: np.matmul(a.astype(np.float64), b),
         "conv2d": _conv_nhwc_ref,
+        "conv2d_transpose": _conv_transpose_nhwc_ref,
         "add_relu": lambda x, y: np.maximum(x + y, 0),
         "reduce_sum": lambda x: x.astype(np.float64).sum(axis=1),
         "softmax": lambda x: np.exp(x - x.max(1, keepdims=True)) / np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True),
@@ -268,12 +337,14 @@ def numpy_reference(name: str) -> Callable[..., np.ndarray]:
     }[name]
 
 
-# Ansor's single-operator set (batch 1), as our workloads. T2D (transposed
-# convolution) has no Linalg named op; it is left out.
+# Ansor's single-operator set (batch 1), as our workloads. T2D, which has no
+# Linalg named op, is DCGAN's first up-sampling layer written as phases of
+# 1x1 convolutions (`conv2d_transpose_nhwc`).
 ANSOR_SET: dict[str, Callable[[], str]] = {
     "C1D": lambda: conv1d_nwc(1, 258, 64, 128, 3),
     "C2D": lambda: conv2d_nhwc(1, 58, 58, 64, 64, 3, 3),
     "C3D": lambda: conv3d_ndhwc(1, 18, 58, 58, 64, 64, 3),
+    "T2D": lambda: conv2d_transpose_nhwc(1, 4, 4, 512, 256, 4, 2, 1),
     "GMM": lambda: matmul(1024, 1024, 1024),
     "GRP": lambda: grouped_conv2d_nhwgc(1, 58, 58, 4, 16, 16, 3, 3),
     "DIL": lambda: conv2d_nhwc(1, 60, 60, 64, 64, 3, 3, dilation=2),

@@ -223,3 +223,38 @@ def test_odd_shapes_tune_and_match_numpy(tmp_path, name):
     got = compiled(*args)
     want = workloads.numpy_reference(ref_name)(*args)
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 3, 8, 16, 4, 2, 1), (2, 3, 4, 4, 8, 6, 2, 2), (1, 2, 3, 4, 8, 3, 3, 0)])
+def test_transposed_conv_tunes_and_matches_numpy(tmp_path, shape):
+    """T2D, which Linalg has no named op for: phases of 1x1 convolutions on
+    shifted windows of the padded input (`workloads.conv2d_transpose_nhwc`),
+    two tasks (a phase's first tap from zero, the others accumulating)."""
+    n, h, w, c, f, k, stride, pad = shape
+    path = tmp_path / "t2d.mlir"
+    path.write_text(workloads.conv2d_transpose_nhwc(*shape))
+    tasks = extract_tasks(str(path))
+    taps = (k // stride) ** 2
+    assert sorted(t.weight for t in tasks) == sorted([stride**2, stride**2 * (taps - 1)] if taps > 1 else [stride**2])
+    assert sum(t.flops * t.weight for t in tasks) == 2 * n * h * w * c * f * k * k
+    db = tmp_path / "t.db"
+    result = tune(
+        str(path),
+        config=TuneConfig(trials=3 * len(tasks), batch_size=3, timing=FAST, build_workers=2, task_scheduler="round-robin", build_timeout_s=30),
+        db=db,
+    )
+    for r in result.tasks:
+        assert np.isfinite(r.best_latency_s), (r.task.name, dict(r.errors))
+        assert "wrong_answer" not in r.errors, (r.task.name, dict(r.errors))
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((n, h, w, c)).astype(np.float32)
+    kernel = rng.standard_normal((k, k, c, f)).astype(np.float32)
+    got = mlir_ansor.compile(str(path), db=db)(x, kernel)
+    want = workloads.numpy_reference("conv2d_transpose")(x, kernel, stride, pad)
+    assert got.shape == (n, stride * h, stride * w, f)
+    np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * float(np.abs(want).max()))
+
+
+def test_transposed_conv_shapes_it_cannot_write_are_refused():
+    with pytest.raises(ValueError, match="k % stride == 0"):
+        workloads.conv2d_transpose_nhwc(1, 4, 4, 8, 8, 3, 2, 1)
