@@ -309,11 +309,13 @@ def _conv_nhwc_ref(x: np.ndarray, k: np.ndarray, stride: int = 1, dilation: int 
     return out
 
 
-def _conv_transpose_nhwc_ref(x: np.ndarray, k: np.ndarray, stride: int = 2, pad: int = 1) -> np.ndarray:
-    """By definition: input pixel i and tap kh add to output row stride*i + kh - pad."""
+def _conv_transpose_nhwc_ref(x: np.ndarray, k: np.ndarray, stride: int = 2, pad: int = 1, out_pad: int = 0) -> np.ndarray:
+    """By definition: input pixel i and tap kh add to output row stride*i +
+    kh - pad; `out_pad` (at most `pad`) more rows at the end, as PyTorch's
+    ``output_padding``."""
     n, h, w, _ = x.shape
     kh, kw, _, f = k.shape
-    oh, ow = (h - 1) * stride - 2 * pad + kh, (w - 1) * stride - 2 * pad + kw
+    oh, ow = (h - 1) * stride - 2 * pad + kh + out_pad, (w - 1) * stride - 2 * pad + kw + out_pad
     full = np.zeros((n, (h - 1) * stride + kh, (w - 1) * stride + kw, f), dtype=np.float64)
     for i in range(kh):
         for j in range(kw):

@@ -1,17 +1,19 @@
-"""Grouped and 3-D convolutions rewritten as plain 2-D ones
-(`search/split_conv.py`), and strided copies lowered to loops, not to the C
+"""Grouped and 3-D convolutions rewritten as plain 2-D ones, and convolutions
+of inputs with zeros between their pixels (transposed convolutions) as
+phases of 1x1 ones (`search/split_conv.py`), and strided copies lowered to loops, not to the C
 runner's element-by-element `memrefCopy` (`passes/lowering.py`)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from mlir import ir
 
 import mlir_ansor
 from mlir_ansor import workloads
 from mlir_ansor.compile import compile_untuned
 from mlir_ansor.passes.lowering import strided_copies_to_linalg
-from mlir_ansor.search.split_conv import split_conv3d, split_groups
+from mlir_ansor.search.split_conv import split_conv3d, split_dilated_input, split_groups
 from mlir_ansor.search.task import extract_tasks
 
 
@@ -113,3 +115,77 @@ def test_conv3d_becomes_2d_convs_over_the_depth_window(tmp_path):
                 want += np.einsum("ndhwc,cf->ndhwf", x[:, a : a + 4, b : b + 6, c : c + 5].astype(np.float64), k[a, b, c])
     np.testing.assert_allclose(cm(x, k), want, rtol=1e-4, atol=1e-4)
     assert _driver_copies(cm.mlir) == 0  # the depth windows are read in place
+
+
+def _dilated_conv(n, h, w, c, f, k, stride, pad, out_pad=0, bias=False, channel_first=False) -> str:
+    """A transposed convolution as torch-mlir writes one: the input with
+    stride-1 zeros between its pixels (``insert_slice`` into a zero fill;
+    channel-first then transposed, as the layout pass leaves it, when
+    `channel_first`), a plain convolution with the (already flipped) filter
+    %K, optionally from a broadcast bias."""
+    e = k - 1 - pad
+    dh, dw = (h - 1) * stride + 1 + 2 * e + out_pad, (w - 1) * stride + 1 + 2 * e + out_pad
+    oh, ow = dh - k + 1, dw - k + 1
+    t = lambda *s: "tensor<" + "x".join(map(str, s)) + "xf32>"  # noqa: E731
+    if channel_first:
+        x_arg, dil = t(n, c, h, w), t(n, c, dh, dw)
+        ins = (
+            f"  %d0 = tensor.empty() : {dil}\n  %d1 = linalg.fill ins(%zero : f32) outs(%d0 : {dil}) -> {dil}\n"
+            f"  %d2 = tensor.insert_slice %I into %d1[0, 0, {e}, {e}] [{n}, {c}, {h}, {w}] [1, 1, {stride}, {stride}] : {x_arg} into {dil}\n"
+            f"  %d3 = tensor.empty() : {t(n, dh, dw, c)}\n"
+            f"  %x = linalg.transpose ins(%d2 : {dil}) outs(%d3 : {t(n, dh, dw, c)}) permutation = [0, 2, 3, 1]\n"
+        )
+    else:
+        x_arg, dil = t(n, h, w, c), t(n, dh, dw, c)
+        ins = (
+            f"  %d0 = tensor.empty() : {dil}\n  %d1 = linalg.fill ins(%zero : f32) outs(%d0 : {dil}) -> {dil}\n"
+            f"  %x = tensor.insert_slice %I into %d1[0, {e}, {e}, 0] [{n}, {h}, {w}, {c}] [1, {stride}, {stride}, 1] : {x_arg} into {dil}\n"
+        )
+    out = t(n, oh, ow, f)
+    if bias:
+        init = f"  %o0 = tensor.empty() : {out}\n  %init = linalg.broadcast ins(%B : {t(f)}) outs(%o0 : {out}) dimensions = [0, 1, 2]\n"
+    else:
+        init = f"  %o0 = tensor.empty() : {out}\n  %init = linalg.fill ins(%zero : f32) outs(%o0 : {out}) -> {out}\n"
+    args = f"%I: {x_arg}, %K: {t(k, k, c, f)}" + (f", %B: {t(f)}" if bias else "")
+    return (
+        f"func.func @t2d({args}) -> {out} {{\n  %zero = arith.constant 0.0 : f32\n" + ins + init
+        + "  %r = linalg.conv_2d_nhwc_hwcf {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}\n"
+        f"      ins(%x, %K : {t(n, dh, dw, c)}, {t(k, k, c, f)}) outs(%init : {out}) -> {out}\n  return %r : {out}\n}}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "shape, opts",
+    [
+        ((1, 4, 4, 8, 16, 4, 2, 1), {}),  # DCGAN's layer: output 2x the input
+        ((2, 3, 5, 4, 8, 3, 2, 1), {"out_pad": 1, "bias": True}),  # taps per phase 2 and 1, a bias
+        ((1, 3, 4, 4, 8, 5, 3, 2), {"channel_first": True}),  # stride 3, transposed from NCHW
+        ((1, 4, 4, 8, 8, 2, 2, 0), {"bias": True, "channel_first": True}),  # U-Net's 2x2 up-sampling
+    ],
+)
+def test_transposed_conv_skips_the_zeros_and_matches_numpy(tmp_path, shape, opts):
+    n, h, w, c, f, k, stride, pad = shape
+    text = _dilated_conv(*shape, **opts)
+    with ir.Context(), ir.Location.unknown():
+        m = ir.Module.parse(text)
+        assert split_dilated_input(m.body.operations[0].operation) == 1
+        m.operation.verify()
+    path = tmp_path / "t2d.mlir"
+    path.write_text(text)
+    tasks = extract_tasks(str(path))
+    convs = [t for t in tasks if t.kind == "convolution"]
+    # Only the products with input pixels are left: each pixel meets each tap once.
+    assert sum(t.flops * t.weight for t in convs) <= 2 * n * h * w * c * f * k * k
+    assert all("1x1" in t.name for t in convs)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((n, c, h, w) if opts.get("channel_first") else (n, h, w, c)).astype(np.float32)
+    kf = rng.standard_normal((k, k, c, f)).astype(np.float32)
+    args = [x, kf] + ([rng.standard_normal(f).astype(np.float32)] if opts.get("bias") else [])
+    got = mlir_ansor.compile(str(path), db=None)(*args)
+    xn = x.transpose(0, 2, 3, 1) if opts.get("channel_first") else x
+    want = workloads.numpy_reference("conv2d_transpose")(xn, kf[::-1, ::-1], stride, pad, opts.get("out_pad", 0))
+    if opts.get("bias"):
+        want = want + args[2]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(compile_untuned(str(path))(*args), got, rtol=1e-4, atol=1e-4)

@@ -85,3 +85,32 @@ def test_tune_compile_and_compare_with_torch(tiny, tmp_path):
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(out.sum(), 1.0, rtol=1e-5)  # a softmax
     np.testing.assert_allclose(out, compile_untuned(mlir_ansor.load(text=text))(x), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("kernel, stride, padding, output_padding", [(4, 2, 1, 0), (3, 2, 1, 1), (2, 2, 0, 0)])
+def test_transposed_conv_from_torch_skips_the_zeros(tmp_path, kernel, stride, padding, output_padding):
+    """torch-mlir writes ConvTranspose2d as a convolution of the input with
+    zeros inserted between its pixels; normalization turns it into phases of
+    1x1 convolutions that skip them (search/split_conv.py)."""
+    pytest.importorskip("torch", reason="the PyTorch path needs the 'torch' extra (pip install -e '.[torch]')")
+    if importlib.util.find_spec("torch_mlir") is None:
+        pytest.skip("the PyTorch path needs torch-mlir (pip install -e '.[torch]')")
+    import torch
+
+    from mlir_ansor.torch_import import import_module
+
+    torch.manual_seed(0)
+    model = torch.nn.ConvTranspose2d(8, 16, kernel, stride=stride, padding=padding, output_padding=output_padding).eval()
+    x = torch.randn(1, 8, 5, 6)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    program = mlir_ansor.load(text=import_module(model, (x,)))
+    convs = [t for t in mlir_ansor.extract_tasks(program) if t.kind == "convolution"]
+    assert convs and all("x1x1x8_f32" in t.name for t in convs)  # 1x1 convolutions over 8 channels
+    # Each input pixel meets each tap at most once: no product with a zero.
+    assert sum(t.flops * t.weight for t in convs) <= 2 * 5 * 6 * 8 * 16 * kernel * kernel
+    db = tmp_path / "t.db"
+    mlir_ansor.tune(program, config=TuneConfig(trials=4, batch_size=2, build_workers=2, timing=TINY, seed=1, build_timeout_s=20), db=db)
+    out = mlir_ansor.compile(program, db=db)(x.numpy())
+    assert out.shape == expected.shape
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)

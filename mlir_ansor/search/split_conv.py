@@ -19,6 +19,19 @@ same image ran at 68.
   2-D with the filter's slice kd (already HWCF), each accumulating into the
   same output (``outs`` chains them); the output is reshaped back.
 
+* A ``conv_2d_nhwc_hwcf`` (unit strides and dilations) whose input has
+  zeros inserted between its pixels -- ``tensor.insert_slice`` with strides
+  ``s`` into a zero-filled tensor, perhaps then transposed to channel-last:
+  torch-mlir's transposed convolution (``ConvTranspose2d``: a flipped filter,
+  the dilated input, a plain convolution) -- multiplies zeros for all but
+  ``1/s^2`` of its work. Output row ``o = s*m + p`` (phase ``p``) only meets
+  the filter rows ``k = r_p + s*u`` and input rows ``m + u + delta_p``, so it
+  becomes, per phase and per such tap, a 1x1 convolution of a shifted window
+  of the (undilated, zero-padded) input with one ``[c, f]`` slab of the
+  filter, accumulated over the phase's taps and inserted with stride ``s``
+  into the output (:func:`split_dilated_input`; the hand-written form of
+  ``workloads.conv2d_transpose_nhwc``).
+
 Slices and reshapes stay outside the tasks (``tensor.extract_slice`` /
 ``insert_slice`` are glue, like reshapes): the tasks read and write whole
 tensors. Only static shapes with unit strides and dilations along the split
@@ -29,7 +42,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from .layout import _ints, _static_tensor, fill_value
+from .layout import _ints, _static_tensor, _transpose, fill_value
 
 __all__ = ["split_conv3d", "split_convolutions", "split_groups"]
 
@@ -56,6 +69,44 @@ def _insert(src: ir.Value, dest: ir.Value, offsets: list[int], sizes: list[int])
         src, dest, [], [], [], ir.DenseI64ArrayAttr.get(offsets), ir.DenseI64ArrayAttr.get(sizes),
         ir.DenseI64ArrayAttr.get([1] * len(sizes)),
     ).result
+
+
+def _strided_slice(src: ir.Value, offsets: list[int], sizes: list[int], strides: list[int]) -> ir.Value:
+    from mlir.dialects import tensor
+
+    t = ir.RankedTensorType(src.type)
+    return tensor.ExtractSliceOp(
+        ir.RankedTensorType.get(sizes, t.element_type), src, [], [], [], ir.DenseI64ArrayAttr.get(offsets),
+        ir.DenseI64ArrayAttr.get(sizes), ir.DenseI64ArrayAttr.get(strides),
+    ).result
+
+
+def _strided_insert(src: ir.Value, dest: ir.Value, offsets: list[int], sizes: list[int], strides: list[int]) -> ir.Value:
+    from mlir.dialects import tensor
+
+    return tensor.InsertSliceOp(
+        src, dest, [], [], [], ir.DenseI64ArrayAttr.get(offsets), ir.DenseI64ArrayAttr.get(sizes),
+        ir.DenseI64ArrayAttr.get(strides),
+    ).result
+
+
+def arith_zero(elem: ir.Type) -> ir.Value:
+    from mlir.dialects import arith
+
+    return arith.ConstantOp(elem, ir.FloatAttr.get(elem, 0.0)).result
+
+
+def tensor_pad(v: ir.Value, low: list[int], high: list[int], value: ir.Value) -> ir.Value:
+    """``tensor.pad`` of `v` with the scalar `value`, static amounts."""
+    from mlir.dialects import tensor
+
+    t = ir.RankedTensorType(v.type)
+    shape = [d + lo + hi for d, lo, hi in zip(t.shape, low, high)]
+    pad = tensor.PadOp(ir.RankedTensorType.get(shape, t.element_type), v, [], [], ir.DenseI64ArrayAttr.get(low), ir.DenseI64ArrayAttr.get(high))
+    block = pad.regions[0].blocks.append(*([ir.IndexType.get()] * len(shape)))
+    with ir.InsertionPoint(block):
+        tensor.YieldOp(value)
+    return pad.result
 
 
 def _split(op: ir.Operation) -> bool:
@@ -160,7 +211,121 @@ def split_conv3d(fn: ir.Operation) -> int:
     return _rewrite_all(fn, _CONV3D, _split_3d)
 
 
+def _float_zero(v: ir.Value) -> bool:
+    if isinstance(v, ir.BlockArgument) or v.owner.name != "arith.constant":
+        return False
+    attr = v.owner.attributes["value"]
+    return isinstance(attr, ir.FloatAttr) and ir.FloatAttr(attr).value == 0.0
+
+
+def _dilated_source(x: ir.Value) -> tuple[ir.Value, list[int], list[int], list[int], list[int]] | None:
+    """If `x` (NHWC) is an input with zeros inserted between its pixels --
+    ``tensor.insert_slice %src into zeros[offsets][sizes][strides]``, perhaps
+    transposed by ``linalg.transpose`` -- return (src, the transpose's
+    permutation or the identity, offsets, strides and src's shape, these three
+    in `x`'s dimension order); else None."""
+    perm = [0, 1, 2, 3]
+    v = x
+    if not isinstance(v, ir.BlockArgument) and v.owner.name == "linalg.transpose":
+        perm = _ints_array(v.owner.attributes["permutation"])
+        v = v.owner.operands[0]
+    if isinstance(v, ir.BlockArgument) or v.owner.name != "tensor.insert_slice" or len(v.owner.operands) != 2:
+        return None
+    ins = v.owner
+    src, dest = ins.operands
+    fill = fill_value(dest)
+    if fill is None or not _float_zero(fill) or not _static_tensor(src):
+        return None
+    offsets = _ints_array(ins.attributes["static_offsets"])
+    sizes = _ints_array(ins.attributes["static_sizes"])
+    strides = _ints_array(ins.attributes["static_strides"])
+    src_shape = list(ir.RankedTensorType(src.type).shape)
+    if len(src_shape) != 4 or sizes != src_shape:
+        return None
+    off, st, shape = [offsets[p] for p in perm], [strides[p] for p in perm], [src_shape[p] for p in perm]
+    # Batch and channels untouched; zeros between pixels in H and W only.
+    if off[0] or off[3] or st[0] != 1 or st[3] != 1 or (st[1] == 1 and st[2] == 1):
+        return None
+    return src, perm, off, st, shape
+
+
+def _ints_array(attr: ir.Attribute) -> list[int]:
+    return [int(x) for x in ir.DenseI64ArrayAttr(attr)]
+
+
+def _phase_taps(length: int, offset: int, stride: int, out: int, k: int) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """Along one dimension of a convolution over `src` dilated by `stride`
+    (``x[offset + stride*i] = src[i]``, zeros elsewhere): per output phase
+    ``p`` (rows ``o = stride*m + p``), (p, rows, [(filter row, input shift)])
+    such that ``y[stride*m + p] = sum src[m + shift] * w[row]`` over the
+    listed taps (shifts may leave ``[0, length)``: there src is zero)."""
+    phases = []
+    for p in range(min(stride, out)):
+        rows = (out - p + stride - 1) // stride
+        r = (offset - p) % stride
+        taps = [(kk, (p + kk - offset) // stride) for kk in range(r, k, stride)]
+        phases.append((p, rows, taps))
+    return phases
+
+
+def _split_dilated(op: ir.Operation) -> bool:
+    from mlir.dialects import linalg, tensor
+
+    x, w, init = op.operands
+    if not all(_static_tensor(v) for v in (x, w, init)):
+        return False
+    if _ints(op.attributes["strides"]) != [1, 1] or _ints(op.attributes["dilations"]) != [1, 1]:
+        return False
+    found = _dilated_source(x)
+    if found is None:
+        return False
+    src, perm, off, st, shape = found
+    n, sh, sw, c = shape
+    kh, kw, _, f = ir.RankedTensorType(w.type).shape
+    _, oh, ow, _ = ir.RankedTensorType(init.type).shape
+    elem = ir.RankedTensorType(init.type).element_type
+    rows_h = _phase_taps(sh, off[1], st[1], oh, kh)
+    rows_w = _phase_taps(sw, off[2], st[2], ow, kw)
+    # One zero padding of src covers every shifted window.
+    lo_h = max([0] + [-d for _, _, t in rows_h for _, d in t])
+    hi_h = max([0] + [m - 1 + d - (sh - 1) for _, m, t in rows_h for _, d in t])
+    lo_w = max([0] + [-d for _, _, t in rows_w for _, d in t])
+    hi_w = max([0] + [m - 1 + d - (sw - 1) for _, m, t in rows_w for _, d in t])
+    fill = fill_value(init)
+    with ir.InsertionPoint(op), op.location:
+        xs = src if perm == [0, 1, 2, 3] else _transpose(src, perm)
+        if lo_h or hi_h or lo_w or hi_w:
+            zero = arith_zero(elem)
+            xs = tensor_pad(xs, [0, lo_h, lo_w, 0], [0, hi_h, hi_w, 0], zero)
+        acc = tensor.EmptyOp([n, oh, ow, f], elem).result
+        for p, mh, taps_h in rows_h:
+            for q, mw, taps_w in rows_w:
+                phase = [n, mh, mw, f]
+                if fill is not None:
+                    y = linalg.fill(fill, outs=[tensor.EmptyOp(phase, elem).result])
+                else:
+                    y = _strided_slice(init, [0, p, q, 0], phase, [1, st[1], st[2], 1])
+                for rh, dh in taps_h:
+                    for rw, dw in taps_w:
+                        xk = _slice(xs, [0, lo_h + dh, lo_w + dw, 0], [n, mh, mw, c], [n, mh, mw, c])
+                        wk = _slice(w, [rh, rw, 0, 0], [1, 1, c, f], [1, 1, c, f])
+                        y = linalg.conv_2d_nhwc_hwcf(xk, wk, outs=[y], strides=[1, 1], dilations=[1, 1])
+                acc = _strided_insert(y, acc, [0, p, q, 0], phase, [1, st[1], st[2], 1])
+    op.results[0].replace_all_uses_with(acc)
+    op.erase()
+    return True
+
+
+def split_dilated_input(fn: ir.Operation) -> int:
+    """Rewrite every static ``linalg.conv_2d_nhwc_hwcf`` directly in `fn`'s
+    body whose input has zeros inserted between its pixels (a transposed
+    convolution, as torch-mlir writes it) as phases of 1x1 convolutions that
+    skip the zeros (module docstring); returns how many were rewritten."""
+    return _rewrite_all(fn, "linalg.conv_2d_nhwc_hwcf", _split_dilated)
+
+
 def split_convolutions(fn: ir.Operation) -> int:
-    """:func:`split_groups` and :func:`split_conv3d` on `fn`; returns how many
-    convolutions were rewritten."""
-    return split_groups(fn) + split_conv3d(fn)
+    """:func:`split_groups`, :func:`split_conv3d` and
+    :func:`split_dilated_input` on `fn`; returns how many convolutions were
+    rewritten."""
+    return split_groups(fn) + split_conv3d(fn) + split_dilated_input(fn)
