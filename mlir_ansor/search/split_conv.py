@@ -44,7 +44,7 @@ from mlir import ir
 
 from .layout import _ints, _static_tensor, _transpose, fill_value
 
-__all__ = ["split_conv3d", "split_convolutions", "split_groups"]
+__all__ = ["split_conv3d", "split_convolutions", "split_dilated_input", "split_groups"]
 
 _GROUPED = "linalg.conv_2d_nhwgc_gfhwc"
 _CONV3D = "linalg.conv_3d_ndhwc_dhwcf"
@@ -90,13 +90,13 @@ def _strided_insert(src: ir.Value, dest: ir.Value, offsets: list[int], sizes: li
     ).result
 
 
-def arith_zero(elem: ir.Type) -> ir.Value:
+def _arith_zero(elem: ir.Type) -> ir.Value:
     from mlir.dialects import arith
 
     return arith.ConstantOp(elem, ir.FloatAttr.get(elem, 0.0)).result
 
 
-def tensor_pad(v: ir.Value, low: list[int], high: list[int], value: ir.Value) -> ir.Value:
+def _tensor_pad(v: ir.Value, low: list[int], high: list[int], value: ir.Value) -> ir.Value:
     """``tensor.pad`` of `v` with the scalar `value`, static amounts."""
     from mlir.dialects import tensor
 
@@ -253,12 +253,12 @@ def _ints_array(attr: ir.Attribute) -> list[int]:
     return [int(x) for x in ir.DenseI64ArrayAttr(attr)]
 
 
-def _phase_taps(length: int, offset: int, stride: int, out: int, k: int) -> list[tuple[int, int, list[tuple[int, int]]]]:
+def _phase_taps(offset: int, stride: int, out: int, k: int) -> list[tuple[int, int, list[tuple[int, int]]]]:
     """Along one dimension of a convolution over `src` dilated by `stride`
     (``x[offset + stride*i] = src[i]``, zeros elsewhere): per output phase
     ``p`` (rows ``o = stride*m + p``), (p, rows, [(filter row, input shift)])
     such that ``y[stride*m + p] = sum src[m + shift] * w[row]`` over the
-    listed taps (shifts may leave ``[0, length)``: there src is zero)."""
+    listed taps (a shift may take ``m + shift`` outside src: zeros there)."""
     phases = []
     for p in range(min(stride, out)):
         rows = (out - p + stride - 1) // stride
@@ -284,8 +284,8 @@ def _split_dilated(op: ir.Operation) -> bool:
     kh, kw, _, f = ir.RankedTensorType(w.type).shape
     _, oh, ow, _ = ir.RankedTensorType(init.type).shape
     elem = ir.RankedTensorType(init.type).element_type
-    rows_h = _phase_taps(sh, off[1], st[1], oh, kh)
-    rows_w = _phase_taps(sw, off[2], st[2], ow, kw)
+    rows_h = _phase_taps(off[1], st[1], oh, kh)
+    rows_w = _phase_taps(off[2], st[2], ow, kw)
     # One zero padding of src covers every shifted window.
     lo_h = max([0] + [-d for _, _, t in rows_h for _, d in t])
     hi_h = max([0] + [m - 1 + d - (sh - 1) for _, m, t in rows_h for _, d in t])
@@ -295,8 +295,8 @@ def _split_dilated(op: ir.Operation) -> bool:
     with ir.InsertionPoint(op), op.location:
         xs = src if perm == [0, 1, 2, 3] else _transpose(src, perm)
         if lo_h or hi_h or lo_w or hi_w:
-            zero = arith_zero(elem)
-            xs = tensor_pad(xs, [0, lo_h, lo_w, 0], [0, hi_h, hi_w, 0], zero)
+            zero = _arith_zero(elem)
+            xs = _tensor_pad(xs, [0, lo_h, lo_w, 0], [0, hi_h, hi_w, 0], zero)
         acc = tensor.EmptyOp([n, oh, ow, f], elem).result
         for p, mh, taps_h in rows_h:
             for q, mw, taps_w in rows_w:
