@@ -517,8 +517,12 @@ def _fold_constants(program: Program) -> int:
                 f = func_d.FuncOp("__ansor_fold", ([], [v.type for v in frontier]))
             body = f.add_entry_block()
             mapping: dict[ir.Value, ir.Value] = {}
+            # Sorted once, here: replacing an op's operands below changes its
+            # hash with these bindings, and it would no longer be found in
+            # `order` (ops whose operand became a folded constant).
+            ordered = sorted(needed, key=order.__getitem__)
             with ir.InsertionPoint(body):
-                for op in sorted(needed, key=order.__getitem__):
+                for op in ordered:
                     clone_remapped(op, mapping)
                 func_d.ReturnOp([mapping[v] for v in frontier])
             signatures = _signatures(fold)
@@ -546,7 +550,7 @@ def _fold_constants(program: Program) -> int:
                 folded += 1
             # canonicalize keeps a dead op whose body asserts (cf.assert), so
             # erase the now unused ones here.
-            for op in reversed(sorted(needed, key=order.__getitem__)):
+            for op in reversed(ordered):
                 if not any(True for r in op.results for _ in r.uses):
                     op.erase()
         log.info("compile: @%s: %d value(s) computed from constants only, folded at compile time", _name(fn), len(frontier))
