@@ -63,8 +63,9 @@ def _front(bufferize: bool = True) -> str:
     return (BUFFERIZE + "," if bufferize else "") + _BUFFER_CLEANUP
 
 
+_TO_LOOPS = "convert-vector-to-scf{full-unroll=true},convert-linalg-to-loops,lower-affine"
 _TO_LLVM = (
-    "convert-vector-to-scf{full-unroll=true},convert-linalg-to-loops,lower-affine,"
+    _TO_LOOPS + ","
     "finalize-memref-to-llvm,"
     "convert-scf-to-cf,expand-strided-metadata,lower-affine,"
     "convert-vector-to-llvm,finalize-memref-to-llvm,convert-math-to-llvm,"
@@ -107,7 +108,59 @@ def lower_to_llvm(module: ir.Module, threads: int = 1) -> None:
     passmanager.PassManager.parse(f"builtin.module({_threads_part(threads).rstrip(',')})").run(module.operation)
     if threads > 1:
         dynamic_schedules(module)
-    passmanager.PassManager.parse(f"builtin.module({_TO_LLVM})").run(module.operation)
+    passmanager.PassManager.parse(f"builtin.module({_TO_LOOPS})").run(module.operation)
+    widen_bool_buffers(module)
+    passmanager.PassManager.parse(f"builtin.module({_TO_LLVM[len(_TO_LOOPS) + 1:]})").run(module.operation)
+
+
+def widen_bool_buffers(module: ir.Module) -> int:
+    """Store booleans as bytes: every ``memref.alloc``/``alloca`` of ``i1``
+    whose only users are loads, stores and deallocs becomes one of ``i8``
+    (stores extend, loads truncate). The LLVM 22.1.8 wheels abort on any
+    ``memref.store`` of ``i1`` in ``finalize-memref-to-llvm`` (assertion
+    ``integralElementType.getWidth() >= 8``), and torch-mlir's attention
+    (``scaled_dot_product_attention``: masks, all-masked-row checks) makes
+    ``i1`` tensors. Runs on loops (after ``convert-linalg-to-loops``), where
+    those are the only users left; a buffer with other users (a view, a
+    call) is left as it is. Returns how many buffers were widened."""
+    from mlir.dialects import arith, memref
+
+    i1 = ir.IntegerType.get_signless(1, module.context)
+    i8 = ir.IntegerType.get_signless(8, module.context)
+    allocs: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name in ("memref.alloc", "memref.alloca") and ir.MemRefType(op.results[0].type).element_type == i1:
+            allocs.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    widened = 0
+    for op in allocs:
+        old = op.results[0]
+        users = [u.owner.operation for u in old.uses]
+        if any(u.name not in ("memref.load", "memref.store", "memref.dealloc") for u in users):
+            continue
+        t = ir.MemRefType(old.type)
+        new_t = ir.MemRefType.get(t.shape, i8, t.layout, t.memory_space)
+        with ir.InsertionPoint(op), op.location:
+            cls = memref.AllocOp if op.name == "memref.alloc" else memref.AllocaOp
+            new = cls(new_t, list(op.operands), [])
+            if "alignment" in op.attributes:
+                new.operation.attributes["alignment"] = op.attributes["alignment"]
+        for u in users:
+            with ir.InsertionPoint(u), u.location:
+                if u.name == "memref.load":
+                    v = memref.LoadOp(new.result, list(u.operands[1:])).result
+                    u.results[0].replace_all_uses_with(arith.TruncIOp(i1, v).result)
+                elif u.name == "memref.store":
+                    memref.StoreOp(arith.ExtUIOp(i8, u.operands[0]).result, new.result, list(u.operands[2:]))
+                else:
+                    memref.DeallocOp(new.result)
+            u.erase()
+        op.erase()
+        widened += 1
+    return widened
 
 
 def dynamic_schedules(module: ir.Module, min_flops: int = DYNAMIC_MIN_FLOPS) -> int:
@@ -600,6 +653,8 @@ def static_driver_buffers(module: ir.Module) -> int:
             t = ir.MemRefType(inner.results[0].type)
             if not t.has_static_shape or not _identity_layout(t):
                 continue
+            if isinstance(t.element_type, ir.IntegerType) and ir.IntegerType(t.element_type).width < 8:
+                continue  # masks stay allocations, which widen_bool_buffers stores as bytes
             for entry_live in [x for x in live if x[0] < i]:
                 live.remove(entry_live)
                 free.setdefault(entry_live[1], []).append(entry_live[2])

@@ -24,6 +24,7 @@ each fused consumer ``ansor.fused``; sketches match on them.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import re
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ from mlir.passmanager import PassManager
 from mlir_ansor.errors import InputError, UnsupportedError
 from mlir_ansor.frontend import Program, load, location_str
 from mlir_ansor.search.normalize import normalize
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ALLOWED_NON_LINALG_OPS",
@@ -327,6 +330,22 @@ def _check_linalg_op(op: ir.Operation) -> None:
         _check_type(op, r.type)
 
 
+def untunable_dtype(op: ir.Operation) -> str | None:
+    """The first element type of `op`'s operands or results that tasks do
+    not take (i64 indices, i1 masks), if its shapes are otherwise fine; None
+    when every type is supported (or when a shape is not, which
+    :func:`_check_linalg_op` reports)."""
+    types = [v.type for v in op.operands] + [r.type for r in op.results]
+    for t in types:
+        if _isa(ir.ShapedType, t) and not (ir.ShapedType(t).has_rank and ir.ShapedType(t).has_static_shape):
+            return None
+    for t in types:
+        dtype = _dtype_str(t)
+        if dtype not in SUPPORTED_DTYPES:
+            return dtype
+    return None
+
+
 def _function_body(fn: ir.Operation) -> ir.Block | None:
     region = fn.regions[0]
     blocks = list(region.blocks)
@@ -390,6 +409,12 @@ def _check_function(block: ir.Block, linalg_types: bool = True) -> list[ir.Opera
             continue
         if op.name.startswith("linalg."):
             if linalg_types:
+                dtype = untunable_dtype(op)
+                if dtype is not None:
+                    # Left where it is, out of every task: the driver lowers
+                    # it to plain loops, like the glue around the tasks.
+                    log.info("%s: %s works on %s: left out of the tasks, lowered without a schedule", location_str(op), op.name, dtype)
+                    continue
                 _check_linalg_op(op)
             linalg_ops.append(op)
         elif op.name not in ALLOWED_NON_LINALG_OPS:
