@@ -118,6 +118,27 @@ def test_whole_window_unroll_for_channel_last_ops_only(tmp_path):
     assert 3 not in _knob_options(workloads.conv2d_nchw(1, 4, 8, 8, 8, 3, 3), tmp_path)["u_d6"]
 
 
+def test_channel_first_windows_are_not_unrolled_and_build(tmp_path):
+    """torch's Conv1d(8, 16, 4) (NCW, n f ow | c kw): u = 4 or 2 on the window
+    built for minutes until the worker was killed; only u = 1 is offered."""
+    t = lambda *s: "tensor<" + "x".join(map(str, s)) + "xf32>"  # noqa: E731
+    text = (
+        f"func.func @c(%x: {t(1, 8, 20)}, %w: {t(16, 8, 4)}) -> {t(1, 16, 17)} {{\n"
+        f"  %z = arith.constant 0.0 : f32\n  %e = tensor.empty() : {t(1, 16, 17)}\n"
+        f"  %i = linalg.fill ins(%z : f32) outs(%e : {t(1, 16, 17)}) -> {t(1, 16, 17)}\n"
+        "  %r = linalg.conv_1d_ncw_fcw {dilations = dense<1> : tensor<1xi64>, strides = dense<1> : tensor<1xi64>}\n"
+        f"      ins(%x, %w : {t(1, 8, 20)}, {t(16, 8, 4)}) outs(%i : {t(1, 16, 17)}) -> {t(1, 16, 17)}\n"
+        f"  return %r : {t(1, 16, 17)}\n}}\n"
+    )
+    assert _knob_options(text, tmp_path)["u_d4"] == (1,)
+    path = tmp_path / "ncw.mlir"
+    path.write_text(text)
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((1, 8, 20)).astype(np.float32), rng.standard_normal((16, 8, 4)).astype(np.float32)
+    want = sum(np.einsum("ncw,fc->nfw", x[:, :, k : k + 17], w[:, :, k]) for k in range(4))
+    np.testing.assert_allclose(mlir_ansor.compile(str(path), db=None)(x, w), want, rtol=1e-4, atol=1e-4)
+
+
 CASES = {
     "matmul_transposed_b": workloads.matmul_transposed_b(32, 48, 16),
     "batch_matmul": workloads.batch_matmul(2, 16, 32, 8),

@@ -202,6 +202,13 @@ class MultiLevelTiling(Rule):
                 # passed 22 GB).
                 if is_window and not channel_first(anchor) and 2 < ranges[d] <= 7 and ranges[d] not in opts:
                     opts += (ranges[d],)
+                if is_window and channel_first(anchor):
+                    # Channel-first windows are not unrolled at all: torch's
+                    # Conv1d(8, 16, 4) (NCW) at its default point (u = 4), or
+                    # with u = 2, and a kernel of 2 with u = 2, built for
+                    # minutes until their worker was killed; u = 1 builds in
+                    # a second (odd windows never offered more).
+                    opts = (1,)
             else:
                 opts = tuple(x for x in UNROLLS if x <= ranges[d])
             if transposed and len(opts) > 1:
