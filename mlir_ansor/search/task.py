@@ -396,11 +396,13 @@ def constant_linalg_ops(block: ir.Block) -> list[ir.Operation]:
     return found
 
 
-def _check_function(block: ir.Block, linalg_types: bool = True) -> list[ir.Operation]:
+def _check_function(block: ir.Block, linalg_types: bool = True, left_out: list[str] | None = None) -> list[ir.Operation]:
     """The function's Linalg ops to tune, in order, after checking every op
     of its body (ops on constants only are left out, see
     :func:`constant_linalg_ops`). ``linalg_types=False`` checks only which
-    ops there are (before normalization, which may remove some)."""
+    ops there are (before normalization, which may remove some). Ops whose
+    element types tasks do not take are left out, and described in
+    `left_out`."""
     linalg_ops: list[ir.Operation] = []
     constant = set(constant_linalg_ops(block))
     for opview in block.operations:
@@ -413,7 +415,10 @@ def _check_function(block: ir.Block, linalg_types: bool = True) -> list[ir.Opera
                 if dtype is not None:
                     # Left where it is, out of every task: the driver lowers
                     # it to plain loops, like the glue around the tasks.
-                    log.info("%s: %s works on %s: left out of the tasks, lowered without a schedule", location_str(op), op.name, dtype)
+                    why = f"{location_str(op)}: {op.name} has element type {dtype}, which tasks do not take yet ({', '.join(SUPPORTED_DTYPES)} do)"
+                    log.info("%s: left out of the tasks, lowered without a schedule", why)
+                    if left_out is not None:
+                        left_out.append(why)
                     continue
                 _check_linalg_op(op)
             linalg_ops.append(op)
@@ -937,12 +942,13 @@ def _extract(program: Program, func: str | None) -> tuple[list[Task], list[Occur
 
     found: dict[str, dict] = {}
     order: list[str] = []
+    left_out: list[str] = []
     pending: list[tuple[str, str, list[_OpInfo], _TaskBuilder]] = []
     for fn in funcs:
         body = _function_body(fn)
         if body is None:
             continue
-        linalg_ops = _check_function(body)
+        linalg_ops = _check_function(body, left_out=left_out)
         if not linalg_ops:
             continue
         gen_body = gen_funcs[_func_name(fn)].regions[0].blocks[0]
@@ -988,7 +994,8 @@ def _extract(program: Program, func: str | None) -> tuple[list[Task], list[Occur
             }
             order.append(key)
     if not order:
-        raise UnsupportedError(f"no Linalg operation to tune in {program.source}")
+        why = f": {left_out[0]}" + (f" (and {len(left_out) - 1} more)" if len(left_out) > 1 else "") if left_out else ""
+        raise UnsupportedError(f"no Linalg operation to tune in {program.source}{why}")
     tasks: list[Task] = []
     by_key: dict[str, Task] = {}
     seen: dict[str, int] = {}
