@@ -504,6 +504,11 @@ def _fold_constants(program: Program) -> int:
         frontier: list[ir.Value] = []
         for op in consts:
             for r in op.results:
+                if _is_bool_tensor(r.type):
+                    # Masks stay ops of the driver (lowered as loops, stored
+                    # as bytes): a fold function returning i1 buffers would
+                    # store i1, which the wheels' LLVM lowering aborts on.
+                    continue
                 if any(u.owner.operation not in const_set for u in r.uses):
                     frontier.append(r)
         if not frontier:
@@ -541,8 +546,6 @@ def _fold_constants(program: Program) -> int:
             values = (values,)
         with program.context, ir.Location.unknown():
             for v, arr in zip(frontier, values):
-                if arr.dtype == np.bool_:
-                    continue  # i1 data needs bit packing; such an op stays and runs per call
                 with ir.InsertionPoint(v.owner):
                     attr = ir.DenseElementsAttr.get(np.ascontiguousarray(arr), type=ir.ShapedType(v.type).element_type)
                     c = arith_d.ConstantOp(v.type, attr)
@@ -557,6 +560,13 @@ def _fold_constants(program: Program) -> int:
     if folded:
         passmanager.PassManager.parse("builtin.module(canonicalize,cse)", program.context).run(program.module.operation)
     return folded
+
+
+def _is_bool_tensor(t: ir.Type) -> bool:
+    if not isinstance(t, ir.RankedTensorType):
+        return False
+    e = ir.RankedTensorType(t).element_type
+    return isinstance(e, ir.IntegerType) and ir.IntegerType(e).width == 1
 
 
 def _spec(t: ir.Type) -> tuple[tuple[int, ...], str]:

@@ -114,3 +114,38 @@ def test_transposed_conv_from_torch_skips_the_zeros(tmp_path, kernel, stride, pa
     out = mlir_ansor.compile(program, db=db)(x.numpy())
     assert out.shape == expected.shape
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("layer", ["group_norm", "bilinear", "attention"])
+def test_layers_with_integer_or_boolean_steps_compile(layer):
+    """Index arithmetic (i64) and masks (i1) stay out of tasks, lowered as
+    loops, masks stored as bytes; the float ops around them are tasks."""
+    pytest.importorskip("torch", reason="the PyTorch path needs the 'torch' extra (pip install -e '.[torch]')")
+    if importlib.util.find_spec("torch_mlir") is None:
+        pytest.skip("the PyTorch path needs torch-mlir (pip install -e '.[torch]')")
+    import torch
+
+    from mlir_ansor.torch_import import import_module
+
+    torch.manual_seed(0)
+    if layer == "group_norm":
+        model, x = torch.nn.GroupNorm(4, 16), torch.randn(1, 16, 6, 6)
+    elif layer == "bilinear":
+        model, x = torch.nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False), torch.randn(1, 8, 6, 6)
+    else:
+
+        class SelfAttention(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.mha = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+
+            def forward(self, x):
+                return self.mha(x, x, x, need_weights=False)[0]
+
+        model, x = SelfAttention(), torch.randn(1, 6, 32)
+    model = model.eval()
+    with torch.no_grad():
+        expected = model(x).numpy()
+    program = mlir_ansor.load(text=import_module(model, (x,)))
+    assert mlir_ansor.extract_tasks(program)
+    np.testing.assert_allclose(mlir_ansor.compile(program, db=None)(x.numpy()), expected, rtol=1e-4, atol=1e-5)

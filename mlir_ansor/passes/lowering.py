@@ -115,18 +115,21 @@ def lower_to_llvm(module: ir.Module, threads: int = 1) -> None:
 
 def widen_bool_buffers(module: ir.Module) -> int:
     """Store booleans as bytes: every ``memref.alloc``/``alloca`` of ``i1``
-    whose only users are loads, stores and deallocs becomes one of ``i8``
-    (stores extend, loads truncate). The LLVM 22.1.8 wheels abort on any
-    ``memref.store`` of ``i1`` in ``finalize-memref-to-llvm`` (assertion
-    ``integralElementType.getWidth() >= 8``), and torch-mlir's attention
-    (``scaled_dot_product_attention``: masks, all-masked-row checks) makes
-    ``i1`` tensors. Runs on loops (after ``convert-linalg-to-loops``), where
-    those are the only users left; a buffer with other users (a view, a
-    call) is left as it is. Returns how many buffers were widened."""
+    used only by loads, stores, deallocs and reshaping views
+    (``collapse_shape``, ``expand_shape``, ``subview``) becomes one of
+    ``i8``, with its views (stores extend, loads truncate). The LLVM 22.1.8
+    wheels abort on any ``memref.store`` of ``i1`` in
+    ``finalize-memref-to-llvm`` (assertion ``integralElementType.getWidth()
+    >= 8``), and torch-mlir's attention (``scaled_dot_product_attention``:
+    masks, all-masked-row checks) makes ``i1`` tensors. Runs on loops (after
+    ``convert-linalg-to-loops``), where those are the only users left; a
+    buffer with other users (a call, a copy) is left as it is. Returns how
+    many buffers were widened."""
     from mlir.dialects import arith, memref
 
     i1 = ir.IntegerType.get_signless(1, module.context)
     i8 = ir.IntegerType.get_signless(8, module.context)
+    views = ("memref.collapse_shape", "memref.expand_shape", "memref.subview")
     allocs: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
@@ -137,28 +140,31 @@ def widen_bool_buffers(module: ir.Module) -> int:
     module.operation.walk(visit)
     widened = 0
     for op in allocs:
-        old = op.results[0]
-        users = [u.owner.operation for u in old.uses]
-        if any(u.name not in ("memref.load", "memref.store", "memref.dealloc") for u in users):
-            continue
-        t = ir.MemRefType(old.type)
-        new_t = ir.MemRefType.get(t.shape, i8, t.layout, t.memory_space)
-        with ir.InsertionPoint(op), op.location:
-            cls = memref.AllocOp if op.name == "memref.alloc" else memref.AllocaOp
-            new = cls(new_t, list(op.operands), [])
-            if "alignment" in op.attributes:
-                new.operation.attributes["alignment"] = op.attributes["alignment"]
-        for u in users:
-            with ir.InsertionPoint(u), u.location:
-                if u.name == "memref.load":
-                    v = memref.LoadOp(new.result, list(u.operands[1:])).result
-                    u.results[0].replace_all_uses_with(arith.TruncIOp(i1, v).result)
-                elif u.name == "memref.store":
-                    memref.StoreOp(arith.ExtUIOp(i8, u.operands[0]).result, new.result, list(u.operands[2:]))
+        # The buffer and its views, and whether every user is one we handle.
+        values, accesses, ok = [op.results[0]], [], True
+        for v in values:
+            for u in v.uses:
+                user = u.owner.operation
+                if user.name in views and u.operand_number == 0:
+                    values.append(user.results[0])
+                elif user.name in ("memref.load", "memref.dealloc") or (user.name == "memref.store" and u.operand_number == 1):
+                    accesses.append(user)
                 else:
-                    memref.DeallocOp(new.result)
-            u.erase()
-        op.erase()
+                    ok = False
+        if not ok:
+            continue
+        for v in values:
+            t = ir.MemRefType(v.type)
+            v.set_type(ir.MemRefType.get(t.shape, i8, t.layout, t.memory_space))
+        for user in accesses:
+            with ir.InsertionPoint(user), user.location:
+                if user.name == "memref.load":
+                    byte = memref.LoadOp(user.operands[0], list(user.operands[1:])).result
+                    user.results[0].replace_all_uses_with(arith.TruncIOp(i1, byte).result)
+                    user.erase()
+                elif user.name == "memref.store":
+                    memref.StoreOp(arith.ExtUIOp(i8, user.operands[0]).result, user.operands[1], list(user.operands[2:]))
+                    user.erase()
         widened += 1
     return widened
 
