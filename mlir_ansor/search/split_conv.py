@@ -50,43 +50,25 @@ _GROUPED = "linalg.conv_2d_nhwgc_gfhwc"
 _CONV3D = "linalg.conv_3d_ndhwc_dhwcf"
 
 
-def _slice(src: ir.Value, offsets: list[int], sizes: list[int], result_shape: list[int]) -> ir.Value:
-    """A rank-reducing ``tensor.extract_slice`` of `src` (unit strides)."""
+def _slice(src: ir.Value, offsets: list[int], sizes: list[int], result_shape: list[int], strides: list[int] | None = None) -> ir.Value:
+    """A ``tensor.extract_slice`` of `src` (rank-reducing to `result_shape`;
+    unit strides unless told)."""
     from mlir.dialects import tensor
 
     t = ir.RankedTensorType(src.type)
     result = ir.RankedTensorType.get(result_shape, t.element_type)
     return tensor.ExtractSliceOp(
         result, src, [], [], [], ir.DenseI64ArrayAttr.get(offsets), ir.DenseI64ArrayAttr.get(sizes),
-        ir.DenseI64ArrayAttr.get([1] * len(sizes)),
+        ir.DenseI64ArrayAttr.get(strides or [1] * len(sizes)),
     ).result
 
 
-def _insert(src: ir.Value, dest: ir.Value, offsets: list[int], sizes: list[int]) -> ir.Value:
+def _insert(src: ir.Value, dest: ir.Value, offsets: list[int], sizes: list[int], strides: list[int] | None = None) -> ir.Value:
     from mlir.dialects import tensor
 
     return tensor.InsertSliceOp(
         src, dest, [], [], [], ir.DenseI64ArrayAttr.get(offsets), ir.DenseI64ArrayAttr.get(sizes),
-        ir.DenseI64ArrayAttr.get([1] * len(sizes)),
-    ).result
-
-
-def _strided_slice(src: ir.Value, offsets: list[int], sizes: list[int], strides: list[int]) -> ir.Value:
-    from mlir.dialects import tensor
-
-    t = ir.RankedTensorType(src.type)
-    return tensor.ExtractSliceOp(
-        ir.RankedTensorType.get(sizes, t.element_type), src, [], [], [], ir.DenseI64ArrayAttr.get(offsets),
-        ir.DenseI64ArrayAttr.get(sizes), ir.DenseI64ArrayAttr.get(strides),
-    ).result
-
-
-def _strided_insert(src: ir.Value, dest: ir.Value, offsets: list[int], sizes: list[int], strides: list[int]) -> ir.Value:
-    from mlir.dialects import tensor
-
-    return tensor.InsertSliceOp(
-        src, dest, [], [], [], ir.DenseI64ArrayAttr.get(offsets), ir.DenseI64ArrayAttr.get(sizes),
-        ir.DenseI64ArrayAttr.get(strides),
+        ir.DenseI64ArrayAttr.get(strides or [1] * len(sizes)),
     ).result
 
 
@@ -304,13 +286,13 @@ def _split_dilated(op: ir.Operation) -> bool:
                 if fill is not None:
                     y = linalg.fill(fill, outs=[tensor.EmptyOp(phase, elem).result])
                 else:
-                    y = _strided_slice(init, [0, p, q, 0], phase, [1, st[1], st[2], 1])
+                    y = _slice(init, [0, p, q, 0], phase, phase, [1, st[1], st[2], 1])
                 for rh, dh in taps_h:
                     for rw, dw in taps_w:
                         xk = _slice(xs, [0, lo_h + dh, lo_w + dw, 0], [n, mh, mw, c], [n, mh, mw, c])
                         wk = _slice(w, [rh, rw, 0, 0], [1, 1, c, f], [1, 1, c, f])
                         y = linalg.conv_2d_nhwc_hwcf(xk, wk, outs=[y], strides=[1, 1], dilations=[1, 1])
-                acc = _strided_insert(y, acc, [0, p, q, 0], phase, [1, st[1], st[2], 1])
+                acc = _insert(y, acc, [0, p, q, 0], phase, [1, st[1], st[2], 1])
     op.results[0].replace_all_uses_with(acc)
     op.erase()
     return True
