@@ -317,6 +317,20 @@ def test_unsupported_element_type():
     assert "no Linalg operation to tune" in msg and "element type i32, which tasks do not take yet (f32, f64 do)" in msg
 
 
+def test_other_floats_are_refused_not_left_out(tmp_path):
+    """Integer ops stay out of tasks (lowered as loops); an f16 model is
+    refused instead of silently compiled to loops."""
+    t = "tensor<8x8xf16>"
+    path = tmp_path / "f16.mlir"
+    path.write_text(
+        f"func.func @m(%a: {t}, %b: {t}) -> {t} {{\n  %z = arith.constant 0.0 : f16\n  %e = tensor.empty() : {t}\n"
+        f"  %f = linalg.fill ins(%z : f16) outs(%e : {t}) -> {t}\n"
+        f"  %r = linalg.matmul ins(%a, %b : {t}, {t}) outs(%f : {t}) -> {t}\n  return %r : {t}\n}}\n"
+    )
+    with pytest.raises(UnsupportedError, match=r"f16.mlir:4:8: linalg.fill: element type f16 is not supported yet"):
+        extract_tasks(str(path))
+
+
 def test_unsupported_op_in_function():
     path = _path("unsupported_op.mlir")
     with pytest.raises(UnsupportedError) as err:

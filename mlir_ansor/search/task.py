@@ -331,19 +331,25 @@ def _check_linalg_op(op: ir.Operation) -> None:
 
 
 def untunable_dtype(op: ir.Operation) -> str | None:
-    """The first element type of `op`'s operands or results that tasks do
-    not take (i64 indices, i1 masks), if its shapes are otherwise fine; None
-    when every type is supported (or when a shape is not, which
-    :func:`_check_linalg_op` reports)."""
+    """The first integer element type of `op`'s operands or results (i64
+    indices, i1 masks: ops that stay out of tasks), if its shapes are
+    otherwise fine and its other types are ones tasks take; None otherwise.
+    Other floats (f16, bf16) are not "untunable": :func:`_check_linalg_op`
+    refuses them, as it refuses dynamic shapes, so that a model in those
+    types is not silently compiled to plain loops."""
     types = [v.type for v in op.operands] + [r.type for r in op.results]
     for t in types:
         if _isa(ir.ShapedType, t) and not (ir.ShapedType(t).has_rank and ir.ShapedType(t).has_static_shape):
             return None
+    found = None
     for t in types:
         dtype = _dtype_str(t)
-        if dtype not in SUPPORTED_DTYPES:
-            return dtype
-    return None
+        if dtype in SUPPORTED_DTYPES:
+            continue
+        if not re.fullmatch(r"i\d+|index", dtype):
+            return None
+        found = found or dtype
+    return found
 
 
 def _function_body(fn: ir.Operation) -> ir.Block | None:
