@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from .layout import _ints, _static_tensor, _transpose, fill_value
+from .layout import _ints, _perm_of, _static_tensor, _transpose, fill_value
 
 __all__ = ["split_conv3d", "split_convolutions", "split_dilated_input", "split_groups"]
 
@@ -206,11 +206,9 @@ def _dilated_source(x: ir.Value) -> tuple[ir.Value, list[int], list[int], list[i
     transposed by ``linalg.transpose`` -- return (src, the transpose's
     permutation or the identity, offsets, strides and src's shape, these three
     in `x`'s dimension order); else None."""
-    perm = [0, 1, 2, 3]
-    v = x
-    if not isinstance(v, ir.BlockArgument) and v.owner.name == "linalg.transpose":
-        perm = _ints_array(v.owner.attributes["permutation"])
-        v = v.owner.operands[0]
+    perm = _perm_of(x)
+    v = x if perm is None else x.owner.operands[0]
+    perm = perm or [0, 1, 2, 3]
     if isinstance(v, ir.BlockArgument) or v.owner.name != "tensor.insert_slice" or len(v.owner.operands) != 2:
         return None
     ins = v.owner
