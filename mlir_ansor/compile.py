@@ -52,7 +52,7 @@ from .errors import AnsorError
 from .frontend import Program, load
 from .measure.pool import WorkerPool
 from .measure.runner import Kernel, aligned_copy, aligned_empty, np_dtype
-from .passes.lowering import BUFFERIZE, emit_shared_library, linalg_inits, lower_to_llvm
+from .passes.lowering import BUFFERIZE, emit_shared_library, linalg_inits, lower_to_llvm, sub_byte_elements
 from .search.normalize import backward_slice, clone_remapped
 from .search.task import Occurrence, Task, partition
 from .target import Target, usable_cores
@@ -504,7 +504,7 @@ def _fold_constants(program: Program) -> int:
         frontier: list[ir.Value] = []
         for op in consts:
             for r in op.results:
-                if _is_bool_tensor(r.type):
+                if sub_byte_elements(r.type):
                     # Masks stay ops of the driver (lowered as loops, stored
                     # as bytes): a fold function returning i1 buffers would
                     # store i1, which the wheels' LLVM lowering aborts on.
@@ -560,13 +560,6 @@ def _fold_constants(program: Program) -> int:
     if folded:
         passmanager.PassManager.parse("builtin.module(canonicalize,cse)", program.context).run(program.module.operation)
     return folded
-
-
-def _is_bool_tensor(t: ir.Type) -> bool:
-    if not isinstance(t, ir.RankedTensorType):
-        return False
-    e = ir.RankedTensorType(t).element_type
-    return isinstance(e, ir.IntegerType) and ir.IntegerType(e).width == 1
 
 
 def _spec(t: ir.Type) -> tuple[tuple[int, ...], str]:

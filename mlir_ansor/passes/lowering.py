@@ -64,8 +64,7 @@ def _front(bufferize: bool = True) -> str:
 
 
 _TO_LOOPS = "convert-vector-to-scf{full-unroll=true},convert-linalg-to-loops,lower-affine"
-_TO_LLVM = (
-    _TO_LOOPS + ","
+_LOOPS_TO_LLVM = (
     "finalize-memref-to-llvm,"
     "convert-scf-to-cf,expand-strided-metadata,lower-affine,"
     "convert-vector-to-llvm,finalize-memref-to-llvm,convert-math-to-llvm,"
@@ -73,6 +72,7 @@ _TO_LLVM = (
     "convert-func-to-llvm,convert-cf-to-llvm,convert-index-to-llvm,"
     "convert-ub-to-llvm,reconcile-unrealized-casts"
 )
+_TO_LLVM = _TO_LOOPS + "," + _LOOPS_TO_LLVM
 
 
 def _back(threads: int) -> str:
@@ -110,30 +110,40 @@ def lower_to_llvm(module: ir.Module, threads: int = 1) -> None:
         dynamic_schedules(module)
     passmanager.PassManager.parse(f"builtin.module({_TO_LOOPS})").run(module.operation)
     widen_bool_buffers(module)
-    passmanager.PassManager.parse(f"builtin.module({_TO_LLVM[len(_TO_LOOPS) + 1:]})").run(module.operation)
+    passmanager.PassManager.parse(f"builtin.module({_LOOPS_TO_LLVM})").run(module.operation)
+
+
+def sub_byte_elements(t: ir.Type) -> bool:
+    """Whether `t` is a tensor or memref of integers narrower than a byte
+    (``i1`` masks): the LLVM 22.1.8 wheels' ``finalize-memref-to-llvm``
+    aborts on a ``memref.store`` of those (assertion
+    ``integralElementType.getWidth() >= 8``)."""
+    if not isinstance(t, (ir.RankedTensorType, ir.MemRefType)):
+        return False
+    e = ir.ShapedType(t).element_type
+    return isinstance(e, ir.IntegerType) and ir.IntegerType(e).width < 8
 
 
 def widen_bool_buffers(module: ir.Module) -> int:
     """Store booleans as bytes: every ``memref.alloc``/``alloca`` of ``i1``
-    used only by loads, stores, deallocs and reshaping views
-    (``collapse_shape``, ``expand_shape``, ``subview``) becomes one of
-    ``i8``, with its views (stores extend, loads truncate). The LLVM 22.1.8
-    wheels abort on any ``memref.store`` of ``i1`` in
-    ``finalize-memref-to-llvm`` (assertion ``integralElementType.getWidth()
-    >= 8``), and torch-mlir's attention (``scaled_dot_product_attention``:
-    masks, all-masked-row checks) makes ``i1`` tensors. Runs on loops (after
+    (of any integer narrower than a byte, :func:`sub_byte_elements`) used
+    only by loads, stores, deallocs and reshaping views (``collapse_shape``,
+    ``expand_shape``, ``subview``) becomes one of ``i8``, with its views
+    (stores extend, loads truncate). The LLVM 22.1.8 wheels abort on any
+    ``memref.store`` of ``i1``, and torch-mlir's attention
+    (``scaled_dot_product_attention``: masks, all-masked-row checks) makes
+    ``i1`` tensors. Runs on loops (after
     ``convert-linalg-to-loops``), where those are the only users left; a
     buffer with other users (a call, a copy) is left as it is. Returns how
     many buffers were widened."""
     from mlir.dialects import arith, memref
 
-    i1 = ir.IntegerType.get_signless(1, module.context)
     i8 = ir.IntegerType.get_signless(8, module.context)
     views = ("memref.collapse_shape", "memref.expand_shape", "memref.subview")
     allocs: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name in ("memref.alloc", "memref.alloca") and ir.MemRefType(op.results[0].type).element_type == i1:
+        if op.name in ("memref.alloc", "memref.alloca") and sub_byte_elements(op.results[0].type):
             allocs.append(op)
         return ir.WalkResult.ADVANCE
 
@@ -153,6 +163,7 @@ def widen_bool_buffers(module: ir.Module) -> int:
                     ok = False
         if not ok:
             continue
+        narrow = ir.MemRefType(op.results[0].type).element_type
         for v in values:
             t = ir.MemRefType(v.type)
             v.set_type(ir.MemRefType.get(t.shape, i8, t.layout, t.memory_space))
@@ -160,7 +171,7 @@ def widen_bool_buffers(module: ir.Module) -> int:
             with ir.InsertionPoint(user), user.location:
                 if user.name == "memref.load":
                     byte = memref.LoadOp(user.operands[0], list(user.operands[1:])).result
-                    user.results[0].replace_all_uses_with(arith.TruncIOp(i1, byte).result)
+                    user.results[0].replace_all_uses_with(arith.TruncIOp(narrow, byte).result)
                     user.erase()
                 elif user.name == "memref.store":
                     memref.StoreOp(arith.ExtUIOp(i8, user.operands[0]).result, user.operands[1], list(user.operands[2:]))
@@ -659,7 +670,7 @@ def static_driver_buffers(module: ir.Module) -> int:
             t = ir.MemRefType(inner.results[0].type)
             if not t.has_static_shape or not _identity_layout(t):
                 continue
-            if isinstance(t.element_type, ir.IntegerType) and ir.IntegerType(t.element_type).width < 8:
+            if sub_byte_elements(t):
                 continue  # masks stay allocations, which widen_bool_buffers stores as bytes
             for entry_live in [x for x in live if x[0] < i]:
                 live.remove(entry_live)
