@@ -330,7 +330,7 @@ def _check_linalg_op(op: ir.Operation) -> None:
         _check_type(op, r.type)
 
 
-def untunable_dtype(op: ir.Operation) -> str | None:
+def _untunable_dtype(op: ir.Operation) -> str | None:
     """The first integer element type of `op`'s operands or results (i64
     indices, i1 masks: ops that stay out of tasks), if its shapes are
     otherwise fine and its other types are ones tasks take; None otherwise.
@@ -417,7 +417,7 @@ def _check_function(block: ir.Block, linalg_types: bool = True, left_out: list[s
             continue
         if op.name.startswith("linalg."):
             if linalg_types:
-                dtype = untunable_dtype(op)
+                dtype = _untunable_dtype(op)
                 if dtype is not None:
                     # Left where it is, out of every task: the driver lowers
                     # it to plain loops, like the glue around the tasks.
