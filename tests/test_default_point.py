@@ -164,3 +164,14 @@ def test_elementwise_consumer_reading_its_producer_twice(tmp_path):
     rng = np.random.default_rng(0)
     x, m = rng.standard_normal((16, 64)), rng.standard_normal(16)
     np.testing.assert_allclose(cm(x, m), (x - m[:, None]) ** 2, rtol=1e-12)
+
+
+def test_convolution_default_is_one_register_tile_wide(tmp_path):
+    # 3x3, 64 -> 64 channels: the thread tile spans 16 output channels (one
+    # register tile), so the packed filter tile (3x3x64x16) stays in L1
+    (task,) = _tasks(workloads.conv2d_nhwc(1, 58, 58, 64, 64, 3, 3), tmp_path)
+    sk = generate_sketches(task.mlir, AVX2)[0]
+    assert sk.name == "cpu-contraction"
+    a = dict(default_assignment(sk, 1))
+    assert (a["r_d2"], a["r_d3"], a["u_d6"], a["k_d6"], a["pack"]) == (4, 16, 4, 64, 0)
+    assert a["p_d3"] == 16 and a["p_d2"] == 56
