@@ -195,6 +195,20 @@ def tune_and_time(
     return Ours(ours, untuned, tune_s, res.measured, err, want, run)
 
 
+def _numpy_threads_unlimited() -> str | None:
+    """A warning when numpy's BLAS cannot be held to the thread count (no
+    threadpoolctl): its column would then compare against every core (a
+    1-thread GEMM "0.49 of numpy" that was numpy on two cores)."""
+    try:
+        import threadpoolctl  # noqa: F401
+    except ImportError:
+        return (
+            "warning: threadpoolctl is not installed (pip install -e '.[bench]'): numpy's BLAS runs on "
+            "every core at each thread count, so 'vs numpy' is not a same-thread comparison"
+        )
+    return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ops", default=",".join(workloads.ANSOR_SET))
@@ -204,6 +218,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", metavar="DIR", help="copy each tuning database (<op>_<threads>.db) into DIR")
     args = ap.parse_args()
+    unlimited = _numpy_threads_unlimited()
+    if unlimited:
+        print(unlimited, file=sys.stderr)
     rows = []
     with tempfile.TemporaryDirectory(prefix="ansor-ops-") as wd:
         for name in args.ops.split(","):
@@ -245,6 +262,8 @@ def main() -> None:
             f"{name:<5} {threads:>3} {fmt(ours):>9} {flops / ours / 1e9:>7.1f} {fmt(untuned):>10} {fmt(npy):>9} {fmt(trc):>9} "
             f"{vs(npy):>8} {vs(trc):>8} {n:>6} {tune_s:>6.0f} {err:>8.1e}"
         )
+    if unlimited:
+        print(unlimited)
 
 
 if __name__ == "__main__":
