@@ -334,19 +334,26 @@ def views_into_kernels(module: ir.Module) -> int:
     uses the argument some other way (a reshape, a call, a cast that pins the
     layout), where the view's innermost stride is not 1, or where the call
     also writes the view's buffer through another argument, the copy stays."""
-    count = 0
     clones: dict[tuple[str, tuple[str, ...]], str] = {}
+    count = _rewrite_drivers(module, _view_into_one_call, clones)
+    if count:
+        _erase_unused_clones(module, set(clones.values()))
+    return count
+
+
+def _rewrite_drivers(module: ir.Module, rewrite_one, clones: dict) -> int:
+    """Apply ``rewrite_one(module, entry, clones)`` to the entry block of
+    every driver (``NORMALIZED_ATTR``) until it finds nothing more to do;
+    returns how many rewrites it made. One rewrite at a time, the block read
+    afresh after each (as in `forward_output_copies`)."""
+    count = 0
     for fn in list(module.body.operations):
         op = fn.operation
         if op.name != "func.func" or NORMALIZED_ATTR not in op.attributes or not op.regions[0].blocks:
             continue
         entry = op.regions[0].blocks[0]
-        # One rewrite at a time, the block read afresh after each (as in
-        # `forward_output_copies`).
-        while _view_into_one_call(module, entry, clones):
+        while rewrite_one(module, entry, clones):
             count += 1
-    if count:
-        _erase_unused_clones(module, set(clones.values()))
     return count
 
 
@@ -374,17 +381,37 @@ def _touches(op: ir.Operation, root: ir.Value) -> bool:
     return found
 
 
-def _view_into_one_call(module: ir.Module, entry: ir.Block, clones: dict) -> bool:
+def _kernel_calls(module: ir.Module, entry: ir.Block) -> tuple[list[ir.Operation], dict, list[tuple[ir.Operation, ir.Operation]]]:
+    """The ops of a driver's `entry` block, their positions, and each call
+    of a function defined in `module` with that function."""
     ops = _block_ops(entry)
-    position = {o: i for i, o in enumerate(ops)}
+    position = {o: k for k, o in enumerate(ops)}
     funcs = {ir.StringAttr(f.operation.attributes["sym_name"]).value: f.operation
              for f in module.body.operations if f.operation.name == "func.func"}
+    calls = []
     for call in ops:
-        if call.name != "func.call":
-            continue
-        callee = funcs.get(ir.FlatSymbolRefAttr(call.attributes["callee"]).value)
-        if callee is None or not callee.regions[0].blocks:
-            continue
+        if call.name == "func.call":
+            callee = funcs.get(ir.FlatSymbolRefAttr(call.attributes["callee"]).value)
+            if callee is not None and callee.regions[0].blocks:
+                calls.append((call, callee))
+    return ops, position, calls
+
+
+def _private_clone(callee: ir.Operation, name: str) -> ir.Operation:
+    """A copy of the function `callee`, inserted before it: private, named
+    `name`, without a C interface."""
+    with ir.InsertionPoint(callee):
+        clone = callee.clone()
+    clone.attributes["sym_name"] = ir.StringAttr.get(name)
+    clone.attributes["sym_visibility"] = ir.StringAttr.get("private")
+    if "llvm.emit_c_interface" in clone.attributes:
+        del clone.attributes["llvm.emit_c_interface"]
+    return clone
+
+
+def _view_into_one_call(module: ir.Module, entry: ir.Block, clones: dict) -> bool:
+    ops, position, calls = _kernel_calls(module, entry)
+    for call, callee in calls:
         operands = list(call.operands)
         for i, buf in enumerate(operands):
             if not isinstance(buf, ir.OpResult) or buf.owner.operation.name != "memref.alloc":
@@ -525,13 +552,8 @@ def _kernel_taking(module: ir.Module, callee: ir.Operation, index: int, t: ir.Me
     key = (base, tuple(str(x) for x in inputs))
     if key in clones:
         return clones[key]
-    with ir.InsertionPoint(callee):
-        clone = callee.clone()
     clone_name = f"{base}{_VIEW_SUFFIX}{len(clones)}"
-    clone.attributes["sym_name"] = ir.StringAttr.get(clone_name)
-    clone.attributes["sym_visibility"] = ir.StringAttr.get("private")
-    if "llvm.emit_c_interface" in clone.attributes:
-        del clone.attributes["llvm.emit_c_interface"]
+    clone = _private_clone(callee, clone_name)
     clone.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(inputs, list(fn_type.results)))
     ok = _retype(clone.regions[0].blocks[0].arguments[index], t)
     if ok:
@@ -648,17 +670,8 @@ def accumulate_in_place(module: ir.Module) -> int:
     first use and the call touches the output buffer (or what it is a view
     of), where the call reads no other view of it, and where the output
     buffer can be made before the buffer's first use."""
-    count = 0
     clones: dict[str, str] = {}
-    for fn in list(module.body.operations):
-        op = fn.operation
-        if op.name != "func.func" or NORMALIZED_ATTR not in op.attributes or not op.regions[0].blocks:
-            continue
-        entry = op.regions[0].blocks[0]
-        # One rewrite at a time, the block read afresh after each (as in
-        # `forward_output_copies`).
-        while _in_place_one_call(module, entry, clones):
-            count += 1
+    count = _rewrite_drivers(module, _in_place_one_call, clones)
     if count:
         # the private kernels (views_into_kernels' copies) no call needs now
         private = {
@@ -701,29 +714,15 @@ def _in_place_kernel(module: ir.Module, callee: ir.Operation, clones: dict) -> s
     name = ir.StringAttr(callee.attributes["sym_name"]).value
     if name in clones:
         return clones[name]
-    with ir.InsertionPoint(callee):
-        clone = callee.clone()
     clone_name = name + _IN_PLACE_SUFFIX
-    clone.attributes["sym_name"] = ir.StringAttr.get(clone_name)
-    clone.attributes["sym_visibility"] = ir.StringAttr.get("private")
-    if "llvm.emit_c_interface" in clone.attributes:
-        del clone.attributes["llvm.emit_c_interface"]
-    _init_copy(clone)[2].erase()
+    _init_copy(_private_clone(callee, clone_name))[2].erase()
     clones[name] = clone_name
     return clone_name
 
 
 def _in_place_one_call(module: ir.Module, entry: ir.Block, clones: dict) -> bool:
-    ops = _block_ops(entry)
-    position = {o: k for k, o in enumerate(ops)}
-    funcs = {ir.StringAttr(f.operation.attributes["sym_name"]).value: f.operation
-             for f in module.body.operations if f.operation.name == "func.func"}
-    for call in ops:
-        if call.name != "func.call":
-            continue
-        callee = funcs.get(ir.FlatSymbolRefAttr(call.attributes["callee"]).value)
-        if callee is None or not callee.regions[0].blocks:
-            continue
+    ops, position, calls = _kernel_calls(module, entry)
+    for call, callee in calls:
         found = _init_copy(callee)
         if found is None:
             continue
