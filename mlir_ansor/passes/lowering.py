@@ -6,6 +6,13 @@ payload does not) to the LLVM dialect, then to machine code through the
 ExecutionEngine: an object file, linked into a shared library with a C ABI
 (`_mlir_ciface_<name>(memref descriptors...)`).
 
+:func:`lower_to_llvm` is the one entry point (``ansor-lower-to-llvm`` in an
+mlir-opt style pipeline, `pipeline.py`): between its upstream pass
+pipelines it rewrites the drivers and kernels in Python (output buffers,
+views and accumulation in place, static driver buffers, dynamic OpenMP
+schedules, byte-wide booleans), so no textual pipeline of upstream passes
+alone lowers a compiled module the same way.
+
 Why this order (measured with the pinned wheels, see shared/MLIR-NOTES.md):
 - `buffer-results-to-out-params{hoist-static-allocs}` turns returned tensors
   into caller-provided output buffers, so kernels write into numpy arrays;
@@ -48,17 +55,6 @@ def _threads_part(threads: int) -> str:
     return f"scf-forall-to-parallel,convert-scf-to-openmp{{num-threads={max(1, threads)}}},"
 
 
-def llvm_pipeline(threads: int = 1, *, bufferize: bool = True) -> str:
-    """The textual pass pipeline from Linalg/vector/memref to the LLVM dialect."""
-    return (
-        "builtin.module("
-        + _front(bufferize)
-        + ","
-        + _back(threads)
-        + ")"
-    )
-
-
 def _front(bufferize: bool = True) -> str:
     return (BUFFERIZE + "," if bufferize else "") + _BUFFER_CLEANUP
 
@@ -72,11 +68,6 @@ _LOOPS_TO_LLVM = (
     "convert-func-to-llvm,convert-cf-to-llvm,convert-index-to-llvm,"
     "convert-ub-to-llvm,reconcile-unrealized-casts"
 )
-_TO_LLVM = _TO_LOOPS + "," + _LOOPS_TO_LLVM
-
-
-def _back(threads: int) -> str:
-    return _threads_part(threads) + _TO_LLVM
 
 
 FLOPS_ATTR = "ansor.flops"
