@@ -175,3 +175,8 @@ def test_convolution_default_is_one_register_tile_wide(tmp_path):
     a = dict(default_assignment(sk, 1))
     assert (a["r_d2"], a["r_d3"], a["u_d6"], a["k_d6"], a["pack"]) == (4, 16, 4, 64, 0)
     assert a["p_d3"] == 16 and a["p_d2"] == 56
+    # pooling has no filter to keep in L1: its thread tiles stay wide
+    (task,) = _tasks(workloads.pool2d_nhwc(1, 18, 18, 64, 3, 1, "max"), tmp_path)
+    sk = generate_sketches(task.mlir, AVX2)[0]
+    p = {k: v for k, v in default_assignment(sk, 1) if k.startswith("p_")}
+    assert p and max(p.values()) == 64, p

@@ -313,7 +313,7 @@ class MultiLevelTiling(Rule):
             w.cleanup(func)
         finish(w, vectorize=True)
         forall_knobs = tuple((f"p_d{d}", ranges[d]) for d in anchor.parallel)
-        prefer = _preferred(specs, vec, row, inner_red, lanes, window=is_window)
+        prefer = _preferred(specs, vec, row, inner_red, lanes, narrow=is_window and reused is not None)
         return [Sketch(self.name, ctx.payload, w.text(), tuple(specs), forall=forall_knobs, prefer=prefer)]
 
 
@@ -326,19 +326,20 @@ class MultiLevelTiling(Rule):
 # by 128 vector columns (a packed 256x128 f32 tile is 128 KiB, a quarter of
 # Zen 3's L2), and the reused operand packed.
 #
-# A window op (convolution, pooling) instead gets thread tiles one register
-# tile wide along its vector loop (16 output channels): its packed filter
-# tile (kh x kw x channels x 16, 36 KiB for 3x3x64) then serves every pixel
-# of the thread tile from L1, where 64 channels (147 KiB) stream from L2 for
-# each register tile. One depth tap of Ansor's C3D (16x56x56, 64 -> 64,
-# 3x3) at 1 thread: 38.9 ms with 16, 41.7 with 32, 42.2 with 64; the
-# searches of C2D, DIL, CBR and C3D found 16 (or 32) on their own.
+# A convolution (a window op with a filter to pack; not pooling) instead
+# gets thread tiles one register tile wide along its vector loop (16 output
+# channels, `narrow`): its packed filter tile (kh x kw x channels x 16,
+# 36 KiB for 3x3x64) then serves every pixel of the thread tile from L1,
+# where 64 channels (147 KiB) stream from L2 for each register tile. One
+# depth tap of Ansor's C3D (16x56x56, 64 -> 64, 3x3) at 1 thread: 38.9 ms
+# with 16, 41.7 with 32, 42.2 with 64; the searches of C2D, DIL, CBR and
+# C3D found 16 (or 32) on their own.
 _PREFER_ROWS, _FALLBACK_ROWS, _PREFER_UNROLL, _PREFER_K = 6, 4, 4, 256
 _PREFER_P_ROWS, _PREFER_P_COLS = 64, 128
 
 
 def _preferred(
-    specs: list[KnobSpec], vec: int | None, row: int | None, inner_red: list[int], lanes: int, *, window: bool = False
+    specs: list[KnobSpec], vec: int | None, row: int | None, inner_red: list[int], lanes: int, *, narrow: bool = False
 ) -> tuple[tuple[str, int], ...]:
     prefer: dict[str, int] = {}
     for sp in specs:
@@ -355,7 +356,7 @@ def _preferred(
         elif kind == "k":
             prefer[sp.name] = _PREFER_K
         elif kind == "p" and int(d) == vec:
-            prefer[sp.name] = 2 * lanes if window else _PREFER_P_COLS
+            prefer[sp.name] = 2 * lanes if narrow else _PREFER_P_COLS
         elif kind == "p" and int(d) == row:
             prefer[sp.name] = _PREFER_P_ROWS
     return tuple(sorted(prefer.items()))
