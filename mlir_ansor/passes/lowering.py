@@ -661,18 +661,18 @@ def accumulate_in_place(module: ir.Module) -> int:
     first use and the call touches the output buffer (or what it is a view
     of), where the call reads no other view of it, and where the output
     buffer can be made before the buffer's first use."""
-    clones: dict[str, str] = {}
+    clones: dict[str, str] = {}  # kernel -> its copy without the initial copy
     count = _rewrite_drivers(module, _in_place_one_call, clones)
     if count:
-        # the private kernels (views_into_kernels' copies) no call needs now
+        # the private kernels replaced by their in-place copies (those of
+        # views_into_kernels) that no call needs now
         private = {
             ir.StringAttr(f.operation.attributes["sym_name"]).value
             for f in module.body.operations
             if f.operation.name == "func.func" and "sym_visibility" in f.operation.attributes
             and ir.StringAttr(f.operation.attributes["sym_visibility"]).value == "private"
-            and f.operation.regions[0].blocks
         }
-        _erase_unused_clones(module, private)
+        _erase_unused_clones(module, private & set(clones))
     return count
 
 
@@ -700,7 +700,7 @@ def _init_copy(callee: ir.Operation) -> tuple[int, int, ir.Operation] | None:
     return None
 
 
-def _in_place_kernel(module: ir.Module, callee: ir.Operation, clones: dict) -> str:
+def _in_place_kernel(callee: ir.Operation, clones: dict) -> str:
     """The symbol of a copy of `callee` without its initial copy."""
     name = ir.StringAttr(callee.attributes["sym_name"]).value
     if name in clones:
@@ -753,7 +753,7 @@ def _in_place_one_call(module: ir.Module, entry: ir.Block, clones: dict) -> bool
                     u.erase()
             buf.replace_all_uses_with(out)
             alloc.erase()
-        call.attributes["callee"] = ir.FlatSymbolRefAttr.get(_in_place_kernel(module, callee, clones))
+        call.attributes["callee"] = ir.FlatSymbolRefAttr.get(_in_place_kernel(callee, clones))
         return True
     return False
 
