@@ -44,7 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mlir_ansor import workloads as wl
+from mlir_ansor.examples import workloads as wl
 
 VARIANTS: list[tuple[str, list[str]]] = [
     ("full", []),
@@ -61,7 +61,7 @@ VARIANTS: list[tuple[str, list[str]]] = [
 def run_variant(path: str, flags: list[str], args: argparse.Namespace, seed: int, workdir: str, tag: str) -> dict:
     db = os.path.join(workdir, f"{tag}.db")
     cmd = [
-        sys.executable, "-m", "mlir_ansor.cli", "tune", path, "--search", "evolutionary",
+        sys.executable, "-m", "mlir_ansor.tools.cli", "tune", path, "--search", "evolutionary",
         "--trials", str(args.trials), "--seed", str(seed), "--threads", str(args.threads),
         "--batch-size", str(args.batch_size), "--db", db, "--json", "--progress", "none", *flags,
     ]
@@ -79,7 +79,7 @@ def run_variant(path: str, flags: list[str], args: argparse.Namespace, seed: int
     (task,) = data["tasks"]
     # Re-time the best record in a fresh process (in-search timings run on a
     # machine busy building the next batch).
-    rp = subprocess.run([sys.executable, "-m", "mlir_ansor.cli", "replay", db, "--json"],
+    rp = subprocess.run([sys.executable, "-m", "mlir_ansor.tools.cli", "replay", db, "--json"],
                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     retimed = 0.0
     if rp.returncode == 0:

@@ -1,7 +1,7 @@
 """Ansor's single-operator set: tuned latency against numpy/OpenBLAS and
 PyTorch CPU, measured in the same run, at each thread count.
 
-For every workload of `mlir_ansor.workloads.ANSOR_SET` (C1D, C2D, C3D, GMM,
+For every workload of `mlir_ansor.examples.workloads.ANSOR_SET` (C1D, C2D, C3D, GMM,
 GRP, DIL, DEP, NRM, SFM, conv + bias + ReLU, transpose + batch matmul, and
 T2D, which Linalg writes as phases of 1x1 convolutions) and thread count: tune with `--trials` candidates,
 compile the module with the best records (`mlir_ansor.compile`), check it
@@ -33,9 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlir_ansor import TuneConfig, compile, tune, workloads  # noqa: A004
-from mlir_ansor.compile import compile_untuned
-from mlir_ansor.search.task import extract_tasks
+from mlir_ansor import TuneConfig, compile, tune  # noqa: A004
+from mlir_ansor.compiler import compile_untuned
+from mlir_ansor.examples import workloads  # noqa: A004
+from mlir_ansor.graph.task import extract_tasks
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from timing import interleaved_medians, median_time  # noqa: E402

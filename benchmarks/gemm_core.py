@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mlir_ansor import workloads
+from mlir_ansor.examples import workloads
 
 NUMPY_TIMER = """
 import json, sys, time, statistics
@@ -84,8 +84,8 @@ def tune(input_path: str, trials: int, threads: int, db: str, seed: int) -> dict
 
 def retime_best(result: dict, threads: int, workdir: str, n: int) -> dict:
     """Rebuild the best schedule in a fresh process and time it there."""
-    from mlir_ansor.search.sketch import generate_sketches
-    from mlir_ansor.search.task import extract_tasks
+    from mlir_ansor.graph.task import extract_tasks
+    from mlir_ansor.search.generate import generate_sketches
     from mlir_ansor.target import Target
 
     (task_json,) = result["tasks"]

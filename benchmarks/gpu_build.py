@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mlir_ansor import workloads  # noqa: E402
+from mlir_ansor.examples import workloads  # noqa: E402
 from mlir_ansor.measure.pool import WorkerPool  # noqa: E402
 from mlir_ansor.search.gpu_sketch import generate_gpu_sketches, sample  # noqa: E402
 from mlir_ansor.search.space import is_valid, make_assignment  # noqa: E402

@@ -2,8 +2,8 @@
 encoder layer (sequence 128), end to end, against PyTorch CPU eager and the
 untuned lowering, measured in the same run, at each thread count.
 
-For every model (`mlir_ansor.models`, seeded random weights, nothing
-downloaded): import it with torch-mlir (`mlir_ansor.torch_import`), extract
+For every model (`mlir_ansor.examples.models`, seeded random weights, nothing
+downloaded): import it with torch-mlir (`mlir_ansor.importers.pytorch`), extract
 its tasks (printed with their weights), and for every thread count: tune
 with `--trials` candidates in total (the budget is printed), compile the best
 records (`mlir_ansor.compile`; tasks without a record get the default
@@ -36,7 +36,7 @@ from timing import median_time  # noqa: E402
 
 import mlir_ansor  # noqa: E402
 from mlir_ansor import TuneConfig  # noqa: E402
-from mlir_ansor.compile import compile_untuned  # noqa: E402
+from mlir_ansor.compiler import compile_untuned  # noqa: E402
 
 
 def _rel_err(got: np.ndarray, want: np.ndarray) -> float:
@@ -59,8 +59,8 @@ def main() -> None:
 
     import torch
 
-    from mlir_ansor import models
-    from mlir_ansor.torch_import import import_module
+    from mlir_ansor.examples import models
+    from mlir_ansor.importers.pytorch import import_module
 
     wd_ctx = tempfile.TemporaryDirectory(prefix="ansor-models-") if args.keep is None else None
     wd = args.keep or wd_ctx.name

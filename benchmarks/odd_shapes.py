@@ -25,7 +25,8 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 import mlir_ansor
-from mlir_ansor import TuneConfig, workloads
+from mlir_ansor import TuneConfig
+from mlir_ansor.examples import workloads
 from mlir_ansor.records.database import Database
 
 # name -> (module text, flops, kind, shapes for the peer)

@@ -1,8 +1,8 @@
 """mlir-ansor against its peers, in one run: one table of ratios, one plot.
 
-For every workload of `mlir_ansor.workloads.ANSOR_SET` (Ansor's operator set,
+For every workload of `mlir_ansor.examples.workloads.ANSOR_SET` (Ansor's operator set,
 the conv + bias + ReLU and transpose + batch-matmul subgraphs) and, with
-`--models`, ResNet-50 and a BERT-base layer (`mlir_ansor.models`), on the same
+`--models`, ResNet-50 and a BERT-base layer (`mlir_ansor.examples.models`), on the same
 seeded inputs and with the same thread count:
 
 - mlir-ansor: tune with `--trials` measured candidates, compile the best
@@ -47,8 +47,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ansor_ops import peer_latencies, random_inputs, tune_and_time  # noqa: E402
 from timing import median_time  # noqa: E402
 
-from mlir_ansor import TuneConfig, workloads  # noqa: E402
-from mlir_ansor.search.task import extract_tasks  # noqa: E402
+from mlir_ansor import TuneConfig  # noqa: E402
+from mlir_ansor.examples import workloads  # noqa: E402
+from mlir_ansor.graph.task import extract_tasks  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_TVM_PYTHON = os.path.join(ROOT, ".venv-tvm", "bin", "python")
@@ -147,10 +148,10 @@ def _model_module(name: str, wd: str) -> tuple[str, list[np.ndarray], object, tu
     try:
         import torch
 
-        from mlir_ansor.models import MODELS as MODEL_FNS
-        from mlir_ansor.torch_import import import_module
+        from mlir_ansor.examples.models import MODELS as MODEL_FNS
+        from mlir_ansor.importers.pytorch import import_module
     except ImportError as e:
-        raise SystemExit(f"peers.py --models: needs torch, torch-mlir and mlir_ansor.models ({e})") from e
+        raise SystemExit(f"peers.py --models: needs torch, torch-mlir and mlir_ansor.examples.models ({e})") from e
     model, example = MODEL_FNS[name]()
     path = os.path.join(wd, f"{name}.mlir")
     with open(path, "w") as f:

@@ -10,7 +10,7 @@ Runs in TVM's own virtual env (`bash benchmarks/setup_peers.sh` makes
 For every op NAME, `DIR/NAME.in.npz` holds its input arrays (`arr_0`, ...,
 in the order of our `@func`'s arguments; their shapes give the workload's
 sizes). The op is written in TVM's tensor expressions (`WORKLOADS`: the same
-computation as `mlir_ansor.workloads.ANSOR_SET[NAME]`), made a PrimFunc,
+computation as `mlir_ansor.examples.workloads.ANSOR_SET[NAME]`), made a PrimFunc,
 tuned by MetaSchedule with `--trials` measured candidates (evolutionary
 search, XGBoost cost model, as MetaSchedule ships), then the best schedule is
 built again and timed in this process with `timing.median_time`, the loop
@@ -162,7 +162,7 @@ WORKLOADS = {
     "CBR": _cbr,
     "TBG": _tbg,
 }
-"""Op name (as in mlir_ansor.workloads.ANSOR_SET) -> builder(te, *placeholders)
+"""Op name (as in mlir_ansor.examples.workloads.ANSOR_SET) -> builder(te, *placeholders)
 returning the output tensor."""
 
 

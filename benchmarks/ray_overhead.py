@@ -30,7 +30,7 @@ import tempfile
 import time
 
 from mlir_ansor import TuneConfig, tune
-from mlir_ansor import workloads as wl
+from mlir_ansor.examples import workloads as wl
 from mlir_ansor.measure.executor import LOCAL_RAY_CONFIG
 from mlir_ansor.measure.runner import TimingPolicy
 from mlir_ansor.records import Database

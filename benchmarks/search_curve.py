@@ -37,13 +37,14 @@ import time
 import numpy as np
 
 import mlir_ansor
-from mlir_ansor import TuneConfig, workloads
+from mlir_ansor import TuneConfig
+from mlir_ansor.examples import workloads
+from mlir_ansor.graph.task import extract_tasks
 from mlir_ansor.records import Database
 from mlir_ansor.search.cost_model import XGBModel, pairwise_accuracy
 from mlir_ansor.search.features import FeatureExtractor, extractor_for
-from mlir_ansor.search.sketch import generate_sketches
+from mlir_ansor.search.generate import generate_sketches
 from mlir_ansor.search.space import sample
-from mlir_ansor.search.task import extract_tasks
 from mlir_ansor.target import Target
 
 STRATEGIES = ("evolutionary", "random")

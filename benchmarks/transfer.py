@@ -42,12 +42,12 @@ from pathlib import Path
 import numpy as np
 
 from mlir_ansor import load
-from mlir_ansor import workloads as wl
+from mlir_ansor.examples import workloads as wl
+from mlir_ansor.graph.task import extract_tasks
 from mlir_ansor.records import Database
 from mlir_ansor.search.cost_model import XGBModel, pairwise_accuracy
 from mlir_ansor.search.features import extractor_for
-from mlir_ansor.search.sketch import generate_sketches
-from mlir_ansor.search.task import extract_tasks
+from mlir_ansor.search.generate import generate_sketches
 from mlir_ansor.target import Target
 
 # Shapes the model learns from: neither target's shape, both op families.
@@ -65,7 +65,7 @@ TARGETS = {
 
 def cli(*args: str, log: str) -> str:
     """Run `mlir-ansor ARGS` in a fresh process; its stdout, or exit with the log's tail."""
-    cmd = [sys.executable, "-m", "mlir_ansor.cli", *args]
+    cmd = [sys.executable, "-m", "mlir_ansor.tools.cli", *args]
     with open(log, "w") as err:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
     if proc.returncode != 0:

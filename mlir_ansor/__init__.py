@@ -7,16 +7,46 @@ Public API:
   compile(source, ...)    the whole module with the best schedules: a
                           callable, a shared library, the scheduled MLIR
   TuneConfig, Target      what steers the search, and for which machine
+
+The names are imported on first use (module ``__getattr__``), so importing a
+part that needs no MLIR (`mlir_ansor.records`, the CUDA runner on a GPU host)
+does not import the MLIR bindings.
+
+The house, bottom to top (each package's docstring says what it holds and
+what it may import; `tests/test_layering.py` checks it):
+  errors, target, version   what every layer may name
+  records/                  the tuning database (SQLite; no MLIR)
+  ir/                       IR helpers: parsing, rewriting, attribute names, element types
+  graph/, importers/        module-level rewrites and the partition into tasks; PyTorch in
+  schedule/                 transform-IR writers (CPU and GPU), applying a schedule
+  passes/                   lowering pipelines, driver rewrites, libraries and PTX
+  measure/                  builders, runners, executors, the measurer
+  search/                   space, sketch rules, strategies, cost models, features, task scheduler
+  tuner, compile            the tuning loop and the compiler: the API
+  tools/, examples/         command line and its back-ends; example workloads and models
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
 
-from .compile import CompiledModule, compile  # noqa: E402, A004
-from .errors import AnsorError, DatabaseError, InputError, UnsupportedError  # noqa: E402
-from .frontend import load  # noqa: E402
-from .search.task import extract_tasks  # noqa: E402
-from .target import Target  # noqa: E402
-from .tuner import TuneConfig, TuneResult, tune  # noqa: E402
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from mlir_ansor.version import __version__
+
+_API = {
+    "CompiledModule": "mlir_ansor.compiler",
+    "compile": "mlir_ansor.compiler",
+    "AnsorError": "mlir_ansor.errors",
+    "DatabaseError": "mlir_ansor.errors",
+    "InputError": "mlir_ansor.errors",
+    "UnsupportedError": "mlir_ansor.errors",
+    "load": "mlir_ansor.ir.program",
+    "extract_tasks": "mlir_ansor.graph.task",
+    "Target": "mlir_ansor.target",
+    "TuneConfig": "mlir_ansor.tuner",
+    "TuneResult": "mlir_ansor.tuner",
+    "tune": "mlir_ansor.tuner",
+}
 
 __all__ = [
     "AnsorError",
@@ -33,3 +63,24 @@ __all__ = [
     "load",
     "tune",
 ]
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from mlir_ansor.compiler import CompiledModule, compile  # noqa: A004
+    from mlir_ansor.errors import AnsorError, DatabaseError, InputError, UnsupportedError
+    from mlir_ansor.graph.task import extract_tasks
+    from mlir_ansor.ir.program import load
+    from mlir_ansor.target import Target
+    from mlir_ansor.tuner import TuneConfig, TuneResult, tune
+
+
+def __getattr__(name: str) -> Any:
+    module = _API.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mlir_ansor' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_API))

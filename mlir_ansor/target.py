@@ -13,7 +13,7 @@ import os
 import platform
 from dataclasses import dataclass, field
 
-from .errors import AnsorError
+from mlir_ansor.errors import AnsorError
 
 
 def _cpu_flags_and_model() -> tuple[frozenset[str], str]:

@@ -48,21 +48,30 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import __version__
-from .errors import AnsorError
-from .frontend import Program, load
-from .measure import gpu_measure, jobs
-from .measure.executor import BuildJob, Executor, LocalExecutor, Outcome, ReferenceJob, RunJob, make_executor
-from .measure.pool import ErrorKind, JobResult
-from .measure.runner import TimingPolicy, tolerance
-from .records.database import RETIME_KEY, Database, Record
-from .search.rules import NO_PACKING
-from .search.sketch import Sketch, default_assignment, generate_sketches
-from .search.space import Assignment
-from .search.strategy import EvolutionConfig, MeasuredCandidate, SearchStrategy, TaskContext
-from .search.task import Task, extract_tasks
-from .search.task_scheduler import TaskStats
-from .target import Target
+from mlir_ansor.errors import AnsorError
+from mlir_ansor.graph.task import Task, extract_tasks
+from mlir_ansor.ir.program import Program, load
+from mlir_ansor.measure import gpu_measure, jobs
+from mlir_ansor.measure.executor import (
+    BuildJob,
+    Executor,
+    LocalExecutor,
+    Outcome,
+    ReferenceJob,
+    RunJob,
+    make_executor,
+)
+from mlir_ansor.measure.pool import ErrorKind, JobResult
+from mlir_ansor.measure.runner import TimingPolicy
+from mlir_ansor.records.database import RETIME_KEY, Database, Record
+from mlir_ansor.search.generate import generate_sketches
+from mlir_ansor.search.rules import NO_PACKING
+from mlir_ansor.search.sketch import Sketch, default_assignment
+from mlir_ansor.search.space import Assignment
+from mlir_ansor.search.strategy import EvolutionConfig, MeasuredCandidate, SearchStrategy, TaskContext
+from mlir_ansor.search.task_scheduler import TaskStats
+from mlir_ansor.target import Target
+from mlir_ansor.version import __version__
 
 log = logging.getLogger("mlir_ansor")
 
@@ -88,7 +97,7 @@ class TuneConfig:
       first, then evolution guided by the cost model;
       `benchmarks/search_curve.py`: on GEMM 1024 it reached random search's
       200-trial best in 43 trials, median of 3 seeds),
-      "random", or one registered with `mlir_ansor.registry.register_strategy`.
+      "random", or one registered with `mlir_ansor.search.registry.register_strategy`.
     max_sample_tries: attempts to draw a not-yet-measured assignment.
     memory_limit_mb: a worker (builder or runner) whose resident memory
       passes this is killed, and its candidate recorded as a crash.
@@ -488,8 +497,8 @@ class _TaskState:
 
 
 def make_strategy(config: TuneConfig) -> SearchStrategy:
-    """A fresh strategy named by ``config.strategy`` (see `mlir_ansor.registry`)."""
-    from .registry import make_strategy as make
+    """A fresh strategy named by ``config.strategy`` (see `mlir_ansor.search.registry`)."""
+    from mlir_ansor.search.registry import make_strategy as make
 
     return make(config)
 
@@ -504,8 +513,8 @@ def task_sketches(task: Task, target: Target, config: TuneConfig) -> list[Sketch
         return generate_sketches(task.mlir, target, rules=config.rules, fixed=None if config.packing else NO_PACKING)
     import random
 
-    from .errors import UnsupportedError
-    from .search.gpu_sketch import generate_gpu_sketches
+    from mlir_ansor.errors import UnsupportedError
+    from mlir_ansor.search.gpu_sketch import generate_gpu_sketches
 
     out: list[Sketch] = []
     for sk in generate_gpu_sketches(task.mlir, target):
@@ -526,8 +535,8 @@ def check_cuda_host(target: Target, config: TuneConfig, *, gpu_here: bool = True
     only when the runs go to this machine (`gpu_here`, the local executor,
     not `build_only`); a Ray runner, or a caller's `Measurer`, finds out
     when the task's reference is prepared (`jobs.prepare_cuda_reference`)."""
-    from .measure.cuda_runner import device_count
-    from .passes.nvvm import find_ptxas
+    from mlir_ansor.measure.cuda_runner import device_count
+    from mlir_ansor.passes.nvvm import find_ptxas
 
     if find_ptxas() is None:
         raise AnsorError(
@@ -543,14 +552,6 @@ def check_cuda_host(target: Target, config: TuneConfig, *, gpu_here: bool = True
             "pass --build-only (TuneConfig(build_only=True)) to build and ptxas-check candidates here, "
             "then resume the same --db on a GPU host to measure them"
         )
-
-
-def _reduction_length(task: Task) -> int:
-    n = 1
-    for r, it in zip(task.loop_ranges, task.iterator_types):
-        if it == "reduction":
-            n *= r
-    return n
 
 
 def tune(
@@ -639,7 +640,7 @@ def tune(
 def _check_names(config: TuneConfig) -> None:
     """Fail on an unknown strategy, cost model, task scheduler or rule
     before anything is measured."""
-    from . import registry
+    from mlir_ansor.search import registry
 
     make_strategy(config)
     registry.make_task_scheduler(config, 1)
@@ -666,7 +667,7 @@ def _prepare(
         if config.default_candidate and sketches and sketches[0].prefer:
             ctx.seeds.append((sketches[0], default_assignment(sketches[0], config.threads)))
         st = _TaskState(task, sketches, make_strategy(config), TaskResult(task))
-        st.tol = tolerance(task.outputs[0].dtype if task.outputs else "f32", _reduction_length(task))
+        st.tol = task.tolerance
         database.add_workload(task.workload_key, task.name, task.mlir, task.flops)
         # Resume: skip what is measured, start from the best valid record.
         # A measuring run measures what a build-only run only built. What
@@ -797,7 +798,7 @@ class _Batches:
         self.batch = max(1, min(config.batch_size, config.trials // max(1, len(states))))
         self.exhausted: set[int] = set()
         self.counter = 0
-        from .registry import make_task_scheduler
+        from mlir_ansor.search.registry import make_task_scheduler
 
         try:
             self.scheduler = make_task_scheduler(config, len(states))

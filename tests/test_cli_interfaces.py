@@ -12,12 +12,12 @@ import pytest
 from conftest import INPUTS, mlir_opt
 
 from mlir_ansor import TuneConfig, tune
-from mlir_ansor.cli import main
 from mlir_ansor.measure.runner import TimingPolicy
-from mlir_ansor.peak import Peak, load_peak, save_peak
-from mlir_ansor.progress import ProgressDisplay, format_eta
-from mlir_ansor.report import compulsory_bytes, curves, summarize
 from mlir_ansor.target import Target
+from mlir_ansor.tools.cli import main
+from mlir_ansor.tools.peak import Peak, load_peak, save_peak
+from mlir_ansor.tools.progress import ProgressDisplay, format_eta
+from mlir_ansor.tools.report import compulsory_bytes, curves, summarize
 
 FAST = TimingPolicy(warmup=1, min_repeat=2, max_repeat=5, min_time_s=0.005)
 MATMUL = str(INPUTS / "matmul.mlir")
@@ -158,7 +158,7 @@ def test_export_applies_with_mlir_opt(tuned, tmp_path, capsys):
 
 
 def test_peak_command_caches(peak_cache, capsys, monkeypatch):
-    import mlir_ansor.peak as peak_mod
+    import mlir_ansor.tools.peak as peak_mod
 
     monkeypatch.setattr(peak_mod, "FMA_ITERATIONS", 1 << 12)
     monkeypatch.setattr(peak_mod, "BANDWIDTH_ELEMENTS", 1 << 16)
@@ -189,7 +189,7 @@ def test_every_help_page_renders(capsys):
     expands `%` in help strings, so a stray one crashes the page)."""
     import argparse
 
-    from mlir_ansor.cli import _parser
+    from mlir_ansor.tools.cli import _parser
 
     parser = _parser()
     subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -12,8 +12,8 @@ from conftest import INPUTS
 
 import mlir_ansor
 from mlir_ansor import TuneConfig, tune
-from mlir_ansor.cli import main
-from mlir_ansor.frontend import load
+from mlir_ansor.graph.task import extract_tasks, partition
+from mlir_ansor.ir.program import load
 from mlir_ansor.measure.runner import (
     ALIGNMENT,
     TimingPolicy,
@@ -22,9 +22,9 @@ from mlir_ansor.measure.runner import (
     aligned_full,
     descriptor,
 )
-from mlir_ansor.search.task import extract_tasks, partition
+from mlir_ansor.tools.cli import main
 
-compile_mod = sys.modules["mlir_ansor.compile"]
+compile_mod = sys.modules["mlir_ansor.compiler"]
 FAST = TimingPolicy(warmup=1, min_repeat=2, max_repeat=5, min_time_s=0.005)
 
 
@@ -153,7 +153,8 @@ def test_best_record_is_applied(tmp_path):
 
 
 def test_default_assignment_gives_threads_work():
-    from mlir_ansor.search.sketch import default_assignment, generate_sketches
+    from mlir_ansor.search.generate import generate_sketches
+    from mlir_ansor.search.sketch import default_assignment
     from mlir_ansor.target import Target
 
     (task,) = extract_tasks(str(INPUTS / "matmul.mlir"))

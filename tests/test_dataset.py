@@ -11,16 +11,16 @@ import pytest
 from conftest import INPUTS
 
 from mlir_ansor import TuneConfig, tune
-from mlir_ansor.cli import main
-from mlir_ansor.dataset import load, train_cost_model
 from mlir_ansor.errors import InputError
 from mlir_ansor.measure.runner import TimingPolicy
 from mlir_ansor.records import Database
 from mlir_ansor.search.cost_model import XGBModel, XGBModelConfig, pairwise_accuracy
 from mlir_ansor.search.features import N_FEATURES, extract_features
-from mlir_ansor.search.sketch import generate_sketches
+from mlir_ansor.search.generate import generate_sketches
 from mlir_ansor.search.strategy import EvolutionarySearch
 from mlir_ansor.target import Target
+from mlir_ansor.tools.cli import main
+from mlir_ansor.tools.dataset import load, train_cost_model
 from mlir_ansor.tuner import make_strategy
 
 TINY = TimingPolicy(warmup=1, min_repeat=2, max_repeat=3, min_time_s=0.005)

@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 
 import mlir_ansor
-from mlir_ansor import TuneConfig, tune, workloads
+from mlir_ansor import TuneConfig, tune
+from mlir_ansor.examples import workloads
+from mlir_ansor.graph.task import extract_tasks
 from mlir_ansor.records import Database
-from mlir_ansor.search.sketch import default_assignment, generate_sketches
+from mlir_ansor.search.generate import generate_sketches
+from mlir_ansor.search.sketch import default_assignment
 from mlir_ansor.search.space import is_valid
-from mlir_ansor.search.task import extract_tasks
 from mlir_ansor.target import Target
 
 AVX2 = Target("cpu", 256, 2, "test", ("avx2", "fma"))

@@ -11,11 +11,12 @@ from dataclasses import replace
 import pytest
 from conftest import INPUTS
 
+from mlir_ansor.graph.task import extract_tasks
+from mlir_ansor.search import registry
 from mlir_ansor.search.cost_model import XGBModel
-from mlir_ansor.search.sketch import generate_sketches
+from mlir_ansor.search.generate import generate_sketches
 from mlir_ansor.search.space import is_valid, sample
 from mlir_ansor.search.strategy import (
-    STRATEGIES,
     EvolutionarySearch,
     MeasuredCandidate,
     RandomSearch,
@@ -31,7 +32,6 @@ from mlir_ansor.search.strategy.evolutionary import (
     pick_diverse,
     repair,
 )
-from mlir_ansor.search.task import extract_tasks
 from mlir_ansor.target import Target
 from mlir_ansor.tuner import TuneConfig
 
@@ -154,7 +154,7 @@ def _neighbours_in_second_batch(task_and_sketches, share: float) -> int:
 
 
 def test_registered_and_built_from_the_config():
-    strat = STRATEGIES["evolutionary"](TuneConfig(strategy="evolutionary", seed=3))
+    strat = registry.make_strategy(TuneConfig(strategy="evolutionary", seed=3))
     assert isinstance(strat, EvolutionarySearch) and isinstance(strat.model, XGBModel)
 
 

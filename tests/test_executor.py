@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 from conftest import INPUTS
 
-from mlir_ansor import workloads as wl
 from mlir_ansor.errors import AnsorError
-from mlir_ansor.frontend import load
+from mlir_ansor.examples import workloads as wl
+from mlir_ansor.graph.task import extract_tasks
+from mlir_ansor.ir.dtypes import tolerance
+from mlir_ansor.ir.program import load
 from mlir_ansor.measure.executor import (
     BuildJob,
     LocalExecutor,
@@ -24,11 +26,10 @@ from mlir_ansor.measure.executor import (
     parse_executor,
 )
 from mlir_ansor.measure.pool import ErrorKind
-from mlir_ansor.measure.runner import TimingPolicy, tolerance
+from mlir_ansor.measure.runner import TimingPolicy
 from mlir_ansor.records import Database, Record
-from mlir_ansor.search.sketch import generate_sketches
+from mlir_ansor.search.generate import generate_sketches
 from mlir_ansor.search.space import sample
-from mlir_ansor.search.task import extract_tasks
 from mlir_ansor.target import Target
 
 FAST = TimingPolicy(warmup=1, min_repeat=2, max_repeat=5, min_time_s=0.005)
@@ -73,7 +74,7 @@ def test_ray_executor_without_ray_says_how_to_install(monkeypatch):
 
 def test_cli_rejects_an_unknown_executor(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "mlir_ansor.cli", "tune", str(INPUTS / "matmul.mlir"), "--trials", "1",
+        [sys.executable, "-m", "mlir_ansor.tools.cli", "tune", str(INPUTS / "matmul.mlir"), "--trials", "1",
          "--db", str(tmp_path / "x.db"), "--executor", "slurm"],
         capture_output=True, text=True, timeout=300,
     )

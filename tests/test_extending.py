@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 from conftest import INPUTS
 
-from mlir_ansor import AnsorError, InputError, TuneConfig, registry
+from mlir_ansor import AnsorError, InputError, TuneConfig
+from mlir_ansor.graph.task import extract_tasks
 from mlir_ansor.records import Database
+from mlir_ansor.search import registry
+from mlir_ansor.search.generate import generate_sketches
 from mlir_ansor.search.rules import NO_PACKING
-from mlir_ansor.search.sketch import generate_sketches
 from mlir_ansor.search.strategy import EvolutionarySearch, EvolutionConfig
 from mlir_ansor.search.strategy.evolutionary import crossover as real_crossover
-from mlir_ansor.search.task import extract_tasks
 from mlir_ansor.target import Target
 
 DOC = Path(__file__).parent.parent / "docs" / "extending.md"
@@ -138,7 +139,7 @@ def test_no_crossover_makes_only_mutations(monkeypatch):
 
 
 def test_cli_flags_make_the_config(tmp_path):
-    from mlir_ansor.cli import _parser, config_from_args
+    from mlir_ansor.tools.cli import _parser, config_from_args
 
     args = _parser().parse_args(
         ["tune", "--search", "evolutionary", "--no-cost-model", "--no-crossover", "--no-packing",
@@ -164,7 +165,7 @@ PLUGIN = textwrap.dedent(
     """\
     import dataclasses
 
-    from mlir_ansor import registry
+    from mlir_ansor.search import registry
     from mlir_ansor.search.rules.default import DefaultSchedule
     from mlir_ansor.search.strategy import RandomSearch
 
@@ -188,7 +189,7 @@ PLUGIN = textwrap.dedent(
 
 
 def test_cli_plugin_file_registers_and_tunes(tmp_path, capsys):
-    from mlir_ansor.cli import main
+    from mlir_ansor.tools.cli import main
 
     plugin = tmp_path / "my_plugin.py"
     plugin.write_text(PLUGIN.format(name="file-random"))

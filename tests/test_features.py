@@ -13,11 +13,11 @@ import pytest
 from conftest import INPUTS
 from mlir import ir
 
-from mlir_ansor.measure.builder import apply_schedule
+from mlir_ansor.graph.task import extract_tasks
+from mlir_ansor.schedule.apply import apply_schedule
 from mlir_ansor.search import features as F
-from mlir_ansor.search.sketch import generate_sketches
+from mlir_ansor.search.generate import generate_sketches
 from mlir_ansor.search.space import is_valid, sample
-from mlir_ansor.search.task import extract_tasks
 from mlir_ansor.target import Target
 
 AVX2 = Target("cpu", 256, 2, "test", ("avx2", "fma"))

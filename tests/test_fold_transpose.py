@@ -1,15 +1,16 @@
 """Transposes folded into the contractions that read them
-(mlir_ansor.search.fold_transpose), and the TBG subgraph tuned."""
+(mlir_ansor.graph.fold_transpose), and the TBG subgraph tuned."""
 
 from __future__ import annotations
 
 import numpy as np
 from mlir import ir
 
-from mlir_ansor import TuneConfig, compile, load, tune, workloads
+from mlir_ansor import TuneConfig, compile, load, tune
+from mlir_ansor.examples import workloads
+from mlir_ansor.graph.fold_transpose import fold_transposes
+from mlir_ansor.graph.task import extract_tasks
 from mlir_ansor.measure.runner import TimingPolicy
-from mlir_ansor.search.fold_transpose import fold_transposes
-from mlir_ansor.search.task import extract_tasks
 
 PERMUTING_GENERIC = """
 func.func @f(%a: tensor<8x16xf32>, %b: tensor<8x4xf32>) -> (tensor<16x4xf32>, tensor<16x8xf32>) {

@@ -1,4 +1,4 @@
-"""Tests of mlir_ansor.frontend: loading, diagnostics with locations."""
+"""Tests of mlir_ansor.ir.program: loading, diagnostics with locations."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from mlir import ir
 
 from mlir_ansor.errors import AnsorError, InputError
-from mlir_ansor.frontend import Program, load, location_str
+from mlir_ansor.ir.program import Program, load, location_str
 
 INPUTS = Path(__file__).parent / "inputs"
 

@@ -123,10 +123,10 @@ def test_tune_build_only_records_ptxas_checked_candidates(mlir_side, ptxas, tmp_
     import dataclasses
 
     from mlir_ansor import tune
-    from mlir_ansor.frontend import load
+    from mlir_ansor.graph.task import extract_tasks
+    from mlir_ansor.ir.program import load
     from mlir_ansor.records import Database
     from mlir_ansor.search.gpu_sketch import generate_gpu_sketches
-    from mlir_ansor.search.task import extract_tasks
     from mlir_ansor.target import Target
     from mlir_ansor.tuner import TuneConfig
 
@@ -205,7 +205,7 @@ def test_evolution_keeps_gpu_limits(mlir_side):
     """Mutation and crossover of GPU assignments stay within the sketch's
     limits (derived copy knobs recomputed, violators dropped); a bare
     mutation does not, which is why the hook exists."""
-    from mlir_ansor import workloads
+    from mlir_ansor.examples import workloads
     from mlir_ansor.search.gpu_sketch import generate_gpu_sketches
     from mlir_ansor.search.strategy import EvolutionarySearch
     from mlir_ansor.search.strategy.evolutionary import mutate
@@ -266,9 +266,9 @@ $L__BB0_1:
 
 
 def _tasks(kind: str) -> list[str]:
-    from mlir_ansor import workloads
-    from mlir_ansor.frontend import load
-    from mlir_ansor.search.task import extract_tasks
+    from mlir_ansor.examples import workloads
+    from mlir_ansor.graph.task import extract_tasks
+    from mlir_ansor.ir.program import load
 
     if kind == "matmul_f16":
         return [workloads.matmul(128, 128, 64, "f16")]  # task extraction takes f32/f64 only
@@ -333,7 +333,7 @@ def test_staged_matmul_accumulates_in_registers(dtype, mlir_side, ptxas, tmp_pat
     through `.shared` with barriers, 128-bit global loads, and the K loop
     neither loads nor stores C: the accumulator stays in registers (no
     spills, no stack frame)."""
-    from mlir_ansor import workloads
+    from mlir_ansor.examples import workloads
     from mlir_ansor.search.gpu_sketch import generate_gpu_sketches
     from mlir_ansor.search.space import make_assignment
     from mlir_ansor.target import Target
@@ -373,7 +373,7 @@ def test_staged_matmul_accumulates_in_registers(dtype, mlir_side, ptxas, tmp_pat
 
 def test_promotion_and_tensor_core_ptx(mlir_side, ptxas, tmp_path):
     """FileCheck over the PTX of a promoted tile and of the MMA sketch."""
-    from mlir_ansor import workloads
+    from mlir_ansor.examples import workloads
     from mlir_ansor.search.gpu_sketch import generate_gpu_sketches
     from mlir_ansor.search.space import make_assignment
     from mlir_ansor.target import Target
@@ -403,7 +403,7 @@ CHECK: mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16
 
 
 def test_limits_reject_oversized_knobs(mlir_side):
-    from mlir_ansor import workloads
+    from mlir_ansor.examples import workloads
     from mlir_ansor.search.gpu_sketch import generate_gpu_sketches
     from mlir_ansor.search.space import make_assignment
     from mlir_ansor.target import Target
@@ -524,11 +524,11 @@ def test_lower_to_nvvm_pipeline_element(mlir_side):
     from mlir import ir
 
     from mlir_ansor.errors import AnsorError
-    from mlir_ansor.measure.builder import apply_schedule
     from mlir_ansor.passes.nvvm import extract_ptx
-    from mlir_ansor.pipeline import run_pipeline
+    from mlir_ansor.schedule.apply import apply_schedule
     from mlir_ansor.search.gpu_sketch import generate_gpu_sketches, sample
     from mlir_ansor.target import Target
+    from mlir_ansor.tools.pipeline import run_pipeline
 
     task = _tasks("matmul")[0]
     sk = generate_gpu_sketches(task, Target.cuda())[-1]

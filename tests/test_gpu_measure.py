@@ -82,8 +82,9 @@ def test_gpu_measure_imports_without_mlir(no_mlir):
 
 def build_database(db: Path) -> None:
     """A build-only run of the test matmul (3 candidates) into `db`."""
-    from mlir_ansor import tune, workloads
-    from mlir_ansor.frontend import load
+    from mlir_ansor import tune
+    from mlir_ansor.examples import workloads
+    from mlir_ansor.ir.program import load
     from mlir_ansor.target import Target
     from mlir_ansor.tuner import TuneConfig
 

@@ -1,4 +1,4 @@
-"""Channel-last layout (mlir_ansor.search.layout): NCHW convolutions and
+"""Channel-last layout (mlir_ansor.graph.layout): NCHW convolutions and
 poolings as torch-mlir writes them, converted to NHWC, with the transposes
 between layers sunk until they cancel; outputs checked against the
 untransformed module."""
@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from mlir import ir
 
-from mlir_ansor.compile import compile_untuned
-from mlir_ansor.frontend import load
-from mlir_ansor.search import normalize as normalize_mod
-from mlir_ansor.search.layout import convert_layout
-from mlir_ansor.search.normalize import normalize
-from mlir_ansor.search.task import extract_tasks
+from mlir_ansor.compiler import compile_untuned
+from mlir_ansor.graph.layout import convert_layout
+from mlir_ansor.graph.normalize import normalize
+from mlir_ansor.graph.task import extract_tasks
+from mlir_ansor.ir.program import load
+from mlir_ansor.graph import normalize as normalize_mod
 
 _ID = "affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>"
 _CH = "affine_map<(d0, d1, d2, d3) -> (d1, 0, 0)>"
@@ -323,8 +323,8 @@ def test_tiny_cnn_from_torch():
         pytest.skip("the PyTorch path needs torch-mlir (pip install -e '.[torch]')")
     import torch
 
-    from mlir_ansor.models import tiny_cnn
-    from mlir_ansor.torch_import import import_module
+    from mlir_ansor.examples.models import tiny_cnn
+    from mlir_ansor.importers.pytorch import import_module
 
     model, inputs = tiny_cnn(seed=4)
     with torch.no_grad():

@@ -269,12 +269,14 @@ def test_large_kernels_schedule_their_parallel_loop_dynamically(size, threads, d
     """A kernel of at least DYNAMIC_MIN_FLOPS (512^3 GEMM: 268 MFLOP) on two
     threads gets ``schedule(dynamic)``; one thread, or a small kernel (64^3),
     keeps the static split."""
-    from mlir_ansor import workloads
-    from mlir_ansor.frontend import load
-    from mlir_ansor.measure.builder import apply_schedule
-    from mlir_ansor.passes.lowering import DYNAMIC_MIN_FLOPS, FLOPS_ATTR, lower_to_llvm
-    from mlir_ansor.search.sketch import default_assignment, generate_sketches
-    from mlir_ansor.search.task import extract_tasks
+    from mlir_ansor.examples import workloads
+    from mlir_ansor.graph.task import extract_tasks
+    from mlir_ansor.ir.attrs import FLOPS_ATTR
+    from mlir_ansor.ir.program import load
+    from mlir_ansor.passes.lowering import DYNAMIC_MIN_FLOPS, lower_to_llvm
+    from mlir_ansor.schedule.apply import apply_schedule
+    from mlir_ansor.search.generate import generate_sketches
+    from mlir_ansor.search.sketch import default_assignment
     from mlir_ansor.target import Target
 
     (task,) = extract_tasks(load(text=workloads.matmul(size, size, size)))
@@ -292,8 +294,8 @@ def test_large_kernels_schedule_their_parallel_loop_dynamically(size, threads, d
 def test_compiled_kernels_keep_their_operation_count():
     """`compile` schedules kernels through the same `apply_schedule`, so the
     kernels of the scheduled module carry their count into the lowering."""
-    from mlir_ansor import workloads
-    from mlir_ansor.frontend import load
+    from mlir_ansor.examples import workloads
+    from mlir_ansor.ir.program import load
 
     cm = mlir_ansor.compile(load(text=workloads.matmul(512, 512, 512)), threads=2)
     assert re.search(r"func\.func @ansor_\w+\(.* attributes \{[^}]*ansor\.flops = 268435456", cm.mlir)
@@ -336,7 +338,7 @@ func.func @main(%a: tensor<4x8xf32>) -> tensor<4x8xf32> {
 
 
 def test_ops_on_masks_stay_out_of_tasks_and_masks_are_stored_as_bytes(tmp_path):
-    from mlir_ansor.compile import compile_untuned
+    from mlir_ansor.compiler import compile_untuned
     from mlir_ansor.passes.lowering import widen_bool_buffers
 
     path = tmp_path / "masked.mlir"

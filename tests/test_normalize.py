@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 import mlir_ansor
-from mlir_ansor.compile import compile_untuned
-from mlir_ansor.frontend import load
-from mlir_ansor.search.task import extract_tasks
+from mlir_ansor.compiler import compile_untuned
+from mlir_ansor.graph.task import extract_tasks
+from mlir_ansor.ir.program import load
 
 # torch-mlir's softmax: a max reduction that also computes an (unused) i64
 # argmax, keepdim reductions writing (d0, 0), and broadcasts reading (d0, 0).
@@ -158,7 +158,8 @@ def test_constant_only_ops_are_no_tasks_and_are_folded():
 
 
 def test_normalize_is_idempotent_and_leaves_memref_functions():
-    from mlir_ansor.search.normalize import NORMALIZED_ATTR, normalize
+    from mlir_ansor.graph.normalize import normalize
+    from mlir_ansor.ir.attrs import NORMALIZED_ATTR
 
     program = load(text=SOFTMAX)
     normalize(program.module)
@@ -212,7 +213,7 @@ func.func @mlp(%x: tensor<4x128xf32>) -> tensor<4x64xf32> {{
 """
     from mlir import ir
 
-    from mlir_ansor.compile import _externalize_weights, schedule_module
+    from mlir_ansor.compiler import _externalize_weights, schedule_module
 
     scheduled = schedule_module(load(text=text)).mlir
     with ir.Context():

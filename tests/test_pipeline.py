@@ -9,8 +9,8 @@ import pytest
 from conftest import INPUTS
 from mlir import ir
 
-from mlir_ansor.cli import main
-from mlir_ansor.pipeline import PipelineError, parse_pipeline, run_pipeline
+from mlir_ansor.tools.cli import main
+from mlir_ansor.tools.pipeline import PipelineError, parse_pipeline, run_pipeline
 
 MATMUL = str(INPUTS / "matmul.mlir")
 

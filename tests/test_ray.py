@@ -18,12 +18,12 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.
 import ray_faults  # noqa: E402
 
 from mlir_ansor import TuneConfig, tune  # noqa: E402
-from mlir_ansor import workloads as wl  # noqa: E402
+from mlir_ansor.examples import workloads as wl  # noqa: E402
 from mlir_ansor.measure.builder import build  # noqa: E402
 from mlir_ansor.measure.executor import LOCAL_RAY_CONFIG, RayExecutor  # noqa: E402
 from mlir_ansor.measure.runner import Kernel, TimingPolicy  # noqa: E402
 from mlir_ansor.records import Database  # noqa: E402
-from mlir_ansor.search.sketch import generate_sketches  # noqa: E402
+from mlir_ansor.search.generate import generate_sketches  # noqa: E402
 from mlir_ansor.target import Target  # noqa: E402
 from mlir_ansor.tuner import Measurer  # noqa: E402
 

@@ -29,7 +29,7 @@ def test_readme_python_examples_run(tmp_path, monkeypatch, capsys):
 
 def test_readme_pipeline_error_example_is_exact(tmp_path, capsys):
     """The error shown in the README is what the command prints."""
-    from mlir_ansor.cli import main
+    from mlir_ansor.tools.cli import main
 
     text = README.read_text()
     m = re.search(r"\$ mlir-ansor opt m\.mlir --pass-pipeline='([^']*)'\n(.*?)```", text, flags=re.S)

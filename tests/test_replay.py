@@ -10,11 +10,11 @@ import pytest
 from conftest import INPUTS
 
 from mlir_ansor import TuneConfig, tune
-from mlir_ansor.cli import main
 from mlir_ansor.measure.runner import TimingPolicy
 from mlir_ansor.records import Database, Record
-from mlir_ansor.replay import replay
 from mlir_ansor.target import Target
+from mlir_ansor.tools.cli import main
+from mlir_ansor.tools.replay import replay
 
 TINY = TimingPolicy(warmup=1, min_repeat=2, max_repeat=3, min_time_s=0.005)
 

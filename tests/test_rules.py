@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 
 import mlir_ansor
-from mlir_ansor import TuneConfig, tune, workloads
+from mlir_ansor import TuneConfig, tune
+from mlir_ansor.examples import workloads
+from mlir_ansor.graph.task import extract_tasks
 from mlir_ansor.measure import jobs
 from mlir_ansor.measure.runner import Kernel, TimingPolicy
-from mlir_ansor.search.sketch import generate_sketches, select_knobs
-from mlir_ansor.search.task import extract_tasks
+from mlir_ansor.search.generate import generate_sketches
+from mlir_ansor.search.sketch import select_knobs
 from mlir_ansor.target import Target
 
 AVX2 = Target("cpu", 256, 2, "test", ("avx2", "fma"))
@@ -36,7 +38,7 @@ def _sketch_names(text: str, tmp_path) -> list[list[str]]:
         (workloads.reduce_last(16, 64), ["cpu-reduction", "cpu-default"]),
         (workloads.elementwise_add_relu(16, 64), ["cpu-elementwise", "cpu-default"]),
         # No 1-D decomposition upstream: normalization makes it 2-D
-        # convolutions over the depth window (search/split_conv.py).
+        # convolutions over the depth window (graph/split_conv.py).
         (workloads.conv3d_ndhwc(1, 4, 6, 6, 4, 8, 3), ["cpu-contraction", "cpu-default"]),
     ],
 )

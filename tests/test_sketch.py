@@ -9,9 +9,10 @@ import subprocess
 import pytest
 from conftest import INPUTS, filecheck, mlir_opt
 
-from mlir_ansor.search.sketch import generate_sketches, prepare_payload
+from mlir_ansor.graph.task import extract_tasks
+from mlir_ansor.search.generate import generate_sketches
+from mlir_ansor.search.sketch import prepare_payload
 from mlir_ansor.search.space import is_valid, sample
-from mlir_ansor.search.task import extract_tasks
 from mlir_ansor.target import Target
 
 AVX2 = Target("cpu", 256, 2, "test", ("avx2", "fma"))

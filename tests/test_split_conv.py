@@ -1,6 +1,6 @@
 """Grouped and 3-D convolutions rewritten as plain 2-D ones, and convolutions
 of inputs with zeros between their pixels (transposed convolutions) as
-phases of 1x1 ones (`search/split_conv.py`), and strided copies lowered to loops, not to the C
+phases of 1x1 ones (`graph/split_conv.py`), and strided copies lowered to loops, not to the C
 runner's element-by-element `memrefCopy` (`passes/lowering.py`)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 from mlir import ir
 
 import mlir_ansor
-from mlir_ansor import workloads
-from mlir_ansor.compile import compile_untuned
+from mlir_ansor.compiler import compile_untuned
+from mlir_ansor.examples import workloads
+from mlir_ansor.graph.split_conv import split_conv3d, split_dilated_input, split_groups
+from mlir_ansor.graph.task import extract_tasks
 from mlir_ansor.passes.lowering import strided_copies_to_linalg
-from mlir_ansor.search.split_conv import split_conv3d, split_dilated_input, split_groups
-from mlir_ansor.search.task import extract_tasks
 
 
 def _grouped_numpy(x: np.ndarray, k: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Tests of mlir_ansor.search.task: partition into tasks, keys, flops, errors."""
+"""Tests of mlir_ansor.graph.task: partition into tasks, keys, flops, errors."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from mlir import ir
 
 from mlir_ansor.errors import InputError, UnsupportedError
-from mlir_ansor.frontend import load
-from mlir_ansor.search.task import Task, TensorSpec, extract_tasks, workload_key
+from mlir_ansor.graph.task import Task, TensorSpec, extract_tasks, workload_key
+from mlir_ansor.ir.program import load
 
 INPUTS = Path(__file__).parent / "inputs"
 

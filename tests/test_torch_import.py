@@ -11,7 +11,7 @@ import pytest
 
 import mlir_ansor
 from mlir_ansor import TuneConfig
-from mlir_ansor.compile import compile_untuned
+from mlir_ansor.compiler import compile_untuned
 from mlir_ansor.errors import AnsorError
 from mlir_ansor.measure.runner import TimingPolicy
 
@@ -19,7 +19,7 @@ TINY = TimingPolicy(warmup=0, min_repeat=1, max_repeat=2, min_time_s=0.001)
 
 
 def test_missing_torch_mlir_names_the_extra(monkeypatch):
-    from mlir_ansor import torch_import
+    from mlir_ansor.importers import pytorch as torch_import
 
     # None in sys.modules makes an import fail as if the package were absent.
     monkeypatch.setitem(sys.modules, "torch_mlir", None)
@@ -30,7 +30,7 @@ def test_missing_torch_mlir_names_the_extra(monkeypatch):
         torch_import.import_module(object(), ())
     monkeypatch.setitem(sys.modules, "torch", None)
     with pytest.raises(AnsorError, match=r"needs torch, which is not installed.*'torch' extra"):
-        torch_import.require_torch("mlir_ansor.models")
+        torch_import.require_torch("mlir_ansor.examples.models")
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +40,8 @@ def tiny():
         pytest.skip("the PyTorch path needs torch-mlir (pip install -e '.[torch]')")
     import torch
 
-    from mlir_ansor.models import tiny_cnn
-    from mlir_ansor.torch_import import import_module
+    from mlir_ansor.examples.models import tiny_cnn
+    from mlir_ansor.importers.pytorch import import_module
 
     model, inputs = tiny_cnn(seed=3)
     with torch.no_grad():
@@ -91,13 +91,13 @@ def test_tune_compile_and_compare_with_torch(tiny, tmp_path):
 def test_transposed_conv_from_torch_skips_the_zeros(tmp_path, kernel, stride, padding, output_padding):
     """torch-mlir writes ConvTranspose2d as a convolution of the input with
     zeros inserted between its pixels; normalization turns it into phases of
-    1x1 convolutions that skip them (search/split_conv.py)."""
+    1x1 convolutions that skip them (graph/split_conv.py)."""
     pytest.importorskip("torch", reason="the PyTorch path needs the 'torch' extra (pip install -e '.[torch]')")
     if importlib.util.find_spec("torch_mlir") is None:
         pytest.skip("the PyTorch path needs torch-mlir (pip install -e '.[torch]')")
     import torch
 
-    from mlir_ansor.torch_import import import_module
+    from mlir_ansor.importers.pytorch import import_module
 
     torch.manual_seed(0)
     model = torch.nn.ConvTranspose2d(8, 16, kernel, stride=stride, padding=padding, output_padding=output_padding).eval()
@@ -125,7 +125,7 @@ def test_layers_with_integer_or_boolean_steps_compile(layer):
         pytest.skip("the PyTorch path needs torch-mlir (pip install -e '.[torch]')")
     import torch
 
-    from mlir_ansor.torch_import import import_module
+    from mlir_ansor.importers.pytorch import import_module
 
     torch.manual_seed(0)
     if layer == "group_norm":

@@ -15,7 +15,7 @@ from mlir_ansor import TuneConfig, tune
 from mlir_ansor.measure.builder import build
 from mlir_ansor.measure.runner import Kernel, TimingPolicy
 from mlir_ansor.records import Database
-from mlir_ansor.search.sketch import generate_sketches
+from mlir_ansor.search.generate import generate_sketches
 from mlir_ansor.target import Target
 from mlir_ansor.tuner import Measurer
 
@@ -141,7 +141,7 @@ def test_crashes_hangs_and_wrong_answers_become_records(tmp_path):
 
 def _cli(*args, stdin=None):
     return subprocess.run(
-        [sys.executable, "-m", "mlir_ansor.cli", *args], capture_output=True, text=True, input=stdin, timeout=600
+        [sys.executable, "-m", "mlir_ansor.tools.cli", *args], capture_output=True, text=True, input=stdin, timeout=600
     )
 
 
@@ -195,7 +195,8 @@ def test_random_search_warns_that_a_cost_model_is_unused(tmp_path, caplog):
 def test_a_strategy_that_is_learning_sees_results_before_its_next_batch(tmp_path):
     """Builds of the next batch overlap measurement, except while a strategy
     says it still needs the current results (`prefetch_ok` False)."""
-    from mlir_ansor.search.strategy import STRATEGIES, RandomSearch
+    from mlir_ansor.search import registry
+    from mlir_ansor.search.strategy import RandomSearch
 
     calls: list[str] = []
 
@@ -212,11 +213,9 @@ def test_a_strategy_that_is_learning_sees_results_before_its_next_batch(tmp_path
             calls.append("notify")
             super().notify_results(results)
 
-    STRATEGIES["_learning"] = lambda config: Learning()
-    try:
+    with registry.isolated():
+        registry.register_strategy("_learning", lambda config: Learning())
         tune(str(INPUTS / "matmul.mlir"), config=_config(trials=6, batch_size=2, strategy="_learning"), db=tmp_path / "l.db")
-    finally:
-        del STRATEGIES["_learning"]
     assert calls[:6] == ["generate", "notify", "generate", "notify", "generate", "notify"]
 
 

@@ -58,11 +58,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from ..errors import AnsorError
-from ..target import usable_cores
-from . import jobs
-from .pool import ErrorKind, JobResult, WorkerPool
-from .runner import TimingPolicy
+from mlir_ansor.errors import AnsorError
+from mlir_ansor.measure import jobs
+from mlir_ansor.measure.pool import ErrorKind, JobResult, WorkerPool
+from mlir_ansor.measure.runner import TimingPolicy
+from mlir_ansor.target import usable_cores
 
 __all__ = [
     "LOCAL_RAY_CONFIG",
@@ -167,7 +167,7 @@ def host_model(gpu: bool = False) -> str:
             names = [line.strip() for line in out.stdout.splitlines() if line.strip()]
             if out.returncode == 0 and names:
                 return names[0]
-    from ..target import Target
+    from mlir_ansor.target import Target
 
     return Target.host().model
 

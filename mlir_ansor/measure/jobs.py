@@ -33,10 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..target import Target
-from . import cuda_runner
-from .builder import build
-from .runner import (
+from mlir_ansor.measure import cuda_runner
+from mlir_ansor.measure.builder import build
+from mlir_ansor.measure.runner import (
     Kernel,
     TimingPolicy,
     aligned_copy,
@@ -47,6 +46,7 @@ from .runner import (
     run,
     time_callable,
 )
+from mlir_ansor.target import Target
 
 
 def random_inputs(
@@ -188,7 +188,7 @@ def build_cuda_candidate(
     (`nvvm.ptxas_features`), "launches", "dropped" (why ptxas's figures
     rule it out, `nvvm.check_limits`; "" when they do not)}. `threads` and
     `opt_level` are the CPU build's and unused here."""
-    from ..passes.nvvm import build_cuda
+    from mlir_ansor.passes.nvvm import build_cuda
 
     target = target or Target.cuda(90)
     with tempfile.TemporaryDirectory(prefix="ansor-cubin-") as tmp:

@@ -147,13 +147,6 @@ def time_callable(call, policy: TimingPolicy) -> list[float]:
     return costs
 
 
-def tolerance(dtype: str, reduction_length: int) -> float:
-    """Relative error bound for comparing a candidate with the reference:
-    rounding grows with the reduction length (summation order differs)."""
-    eps = float(np.finfo(np_dtype(dtype)).eps) if dtype.startswith("f") else 0.0
-    return max(16 * eps, 4 * eps * max(1, reduction_length))
-
-
 def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
     scale = float(np.max(np.abs(ref))) if ref.size else 0.0
     diff = float(np.max(np.abs(out.astype(np.float64) - ref.astype(np.float64)))) if ref.size else 0.0

@@ -7,7 +7,7 @@ ExecutionEngine: an object file, linked into a shared library with a C ABI
 (`_mlir_ciface_<name>(memref descriptors...)`).
 
 :func:`lower_to_llvm` is the one entry point (``ansor-lower-to-llvm`` in an
-mlir-opt style pipeline, `pipeline.py`): between its upstream pass
+mlir-opt style pipeline, `tools/pipeline.py`): between its upstream pass
 pipelines it rewrites the drivers and kernels in Python (output buffers,
 views and accumulation in place, static driver buffers, dynamic OpenMP
 schedules, byte-wide booleans), so no textual pipeline of upstream passes
@@ -32,8 +32,9 @@ from pathlib import Path
 
 from mlir import ir, passmanager
 
-from ..search.normalize import NORMALIZED_ATTR
-from .math_approx import expand_math
+from mlir_ansor.ir.attrs import FLOPS_ATTR, NORMALIZED_ATTR
+from mlir_ansor.ir.types import sub_byte_elements
+from mlir_ansor.passes.math_approx import expand_math
 
 BUFFERIZE = (
     "one-shot-bufferize{bufferize-function-boundaries "
@@ -69,12 +70,6 @@ _LOOPS_TO_LLVM = (
     "convert-ub-to-llvm,reconcile-unrealized-casts"
 )
 
-
-FLOPS_ATTR = "ansor.flops"
-"""Integer attribute of a kernel function: the arithmetic operations of its
-task (`search.task.linalg_flops`), set when its schedule is applied
-(`measure.builder.apply_schedule`)."""
-
 DYNAMIC_MIN_FLOPS = 100_000_000
 """Kernels of at least this many operations run their parallel loops with a
 dynamic OpenMP schedule on two or more threads (:func:`dynamic_schedules`)."""
@@ -103,17 +98,6 @@ def lower_to_llvm(module: ir.Module, threads: int = 1) -> None:
     passmanager.PassManager.parse(f"builtin.module({_TO_LOOPS})").run(module.operation)
     widen_bool_buffers(module)
     passmanager.PassManager.parse(f"builtin.module({_LOOPS_TO_LLVM})").run(module.operation)
-
-
-def sub_byte_elements(t: ir.Type) -> bool:
-    """Whether `t` is a tensor or memref of integers narrower than a byte
-    (``i1`` masks): the LLVM 22.1.8 wheels' ``finalize-memref-to-llvm``
-    aborts on a ``memref.store`` of those (assertion
-    ``integralElementType.getWidth() >= 8``)."""
-    if not isinstance(t, (ir.RankedTensorType, ir.MemRefType)):
-        return False
-    e = ir.ShapedType(t).element_type
-    return isinstance(e, ir.IntegerType) and ir.IntegerType(e).width < 8
 
 
 def widen_bool_buffers(module: ir.Module) -> int:
@@ -311,7 +295,7 @@ def views_into_kernels(module: ir.Module) -> int:
 
     A kernel takes identity-layout memrefs, so a driver that feeds it a slice
     (one group of a grouped convolution, one depth window of a 3-D one,
-    `search/split_conv.py`) copies the slice into a fresh buffer first, and a
+    `graph/split_conv.py`) copies the slice into a fresh buffer first, and a
     kernel whose result lands in a slice of a larger buffer writes a fresh
     buffer that is copied there after. Ansor's GRP spent a third of its call
     in those copies at 2 threads (0.61 against 0.42 ms without them). Here,
@@ -860,7 +844,7 @@ def strided_copies_to_linalg(module: ir.Module) -> int:
     ``linalg.copy``, which becomes loops that LLVM vectorizes; returns how
     many. Left alone, such a copy lowers to a call of the C runner's generic
     ``memrefCopy``, which walks the elements one at a time (the slices of a
-    grouped convolution split per group, `search/split_conv.py`, spent 19 ms
+    grouped convolution split per group, `graph/split_conv.py`, spent 19 ms
     there against 0.8 ms in the convolutions). Contiguous copies stay
     ``memref.copy`` (a memcpy)."""
     from mlir.dialects import linalg

@@ -48,7 +48,7 @@ from pathlib import Path
 from mlir import ir, passmanager
 from mlir.dialects import gpu
 
-from ..target import Target
+from mlir_ansor.target import Target
 
 _DTYPES = {"f32": "f32", "f16": "f16", "f64": "f64", "bf16": "bf16", "i32": "i32", "i64": "i64", "i8": "i8"}
 
@@ -643,7 +643,7 @@ def build_cuda(payload: str, script: str | None, target: Target, cubin_path: str
 
     Raises :class:`GpuBuildError` (or `measure.builder.BuildError` for a
     failing schedule) with the reason."""
-    from ..measure.builder import apply_schedule
+    from mlir_ansor.schedule.apply import apply_schedule
 
     t0 = time.perf_counter()
     with ir.Context(), ir.Location.unknown():

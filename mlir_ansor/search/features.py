@@ -61,8 +61,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .sketch import Sketch
-from .space import Assignment, KnobSpec
+from mlir_ansor.ir.dtypes import element_bytes
+from mlir_ansor.search.sketch import Sketch
+from mlir_ansor.search.space import Assignment, KnobSpec
 
 # --------------------------------------------------------------------------
 # Feature names (the columns of a statement row). docs/features.md lists them.
@@ -198,7 +199,6 @@ class Structure:
     buffers: tuple[tuple[str, int], ...]  # (buffer, rank): quantities shape.{buf}.{j}
 
 
-_ELSIZE = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "i1": 1, "index": 8}
 
 _FLOAT_OPS = {
     "vector.fma": "fma",
@@ -593,7 +593,7 @@ def _shape(t) -> list[int]:
 def _elsize(t) -> int:
     from mlir import ir
 
-    return _ELSIZE.get(str(ir.ShapedType(t).element_type), 4)
+    return element_bytes(str(ir.ShapedType(t).element_type))
 
 
 def _is_vector(t) -> bool:
@@ -941,8 +941,8 @@ def _probe_worker(payload: str, script: str, assignments: list[Assignment]) -> l
     (structure, quantities) or None when the schedule failed."""
     from mlir import ir
 
-    from ..measure.builder import BuildError, apply_schedule
-    from .sketch import select_knobs
+    from mlir_ansor.schedule.apply import BuildError, apply_schedule
+    from mlir_ansor.search.sketch import select_knobs
 
     out = []
     for a in assignments:
@@ -1069,7 +1069,7 @@ class FeatureExtractor:
 def _run_probes(payload: str, script: str, probes: list[Assignment], isolate: bool) -> list:
     if not isolate:
         return _probe_worker(payload, script, probes)
-    from ..measure.pool import WorkerPool
+    from mlir_ansor.measure.pool import WorkerPool
 
     # All probes in one job; if the worker crashes, again one probe per job
     # (a crash then loses only that probe).

@@ -35,20 +35,20 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from ..dialects.schedule import ANY, PARAM, ScheduleWriter, Size
-from ..errors import UnsupportedError
-from ..target import Target
-from .sketch import OpStructure, Sketch, prepare_payload
-from .space import Assignment, KnobSpec, divisors, make_assignment
-from .space import sample as _sample_knobs
+from mlir_ansor.errors import UnsupportedError
+from mlir_ansor.ir.dtypes import element_bytes
+from mlir_ansor.schedule.writer import ANY, PARAM, ScheduleWriter, Size
+from mlir_ansor.search.sketch import OpStructure, Sketch, prepare_payload
+from mlir_ansor.search.space import Assignment, KnobSpec, divisors, make_assignment
+from mlir_ansor.search.space import sample as _sample_knobs
+from mlir_ansor.target import Target
 
-_BYTES = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i8": 1}
 _THREADS = (1, 2, 4, 8, 16, 32)
 _AXES = ("x", "y", "z")
 
 
 def _bytes(dtype: str) -> int:
-    return _BYTES.get(dtype, 4)
+    return element_bytes(dtype)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ Roadmap:
     operand dimension indexes) from a generalized copy, so rules read the
     op's structure, never just its name.
   * :func:`generate_sketches` returns the sketches for a task, made by the
-    registered rules (`mlir_ansor.registry`; the built-ins are in
+    registered rules (`mlir_ansor.search.registry`; the built-ins are in
     `search/rules/`, one rule per file), or a selection of them, the
     default schedule last.
   * :class:`Sketch` holds the script (text with unselected knobs), its
@@ -30,14 +30,10 @@ from dataclasses import dataclass, field
 
 from mlir import ir, passmanager
 
-from ..errors import UnsupportedError
-from ..target import Target
-from .space import Assignment, KnobSpec, make_assignment
-from .space import sample as sample_knobs
-
-OP_ATTR = "ansor.op"
-ANCHOR_ATTR = "ansor.anchor"
-FUSED_ATTR = "ansor.fused"
+from mlir_ansor.errors import UnsupportedError
+from mlir_ansor.ir.attrs import ANCHOR_ATTR, FUSED_ATTR, OP_ATTR
+from mlir_ansor.search.space import Assignment, KnobSpec, make_assignment
+from mlir_ansor.search.space import sample as sample_knobs
 
 
 @dataclass(frozen=True)
@@ -333,45 +329,6 @@ def apply_selection(module: ir.Module, values: dict[str, int]) -> None:
     module.operation.walk(visit)
     if missing:
         raise ValueError(f"no value given for knob(s): {', '.join(missing)}")
-
-
-def generate_sketches(
-    task_mlir: str,
-    target: Target,
-    *,
-    rules: Sequence[str] | None = None,
-    fixed: Mapping[str, int] | None = None,
-) -> list[Sketch]:
-    """All sketches for one task: those of the rules that apply, in rule
-    order, then the default schedule last.
-
-    rules: names of the rules to run (`mlir_ansor.registry.rules()` lists
-      them); None runs every registered rule. The default schedule is
-      always added, so every task keeps a sound sketch.
-    fixed: knob values to hold fixed (see :func:`fix_knobs`); e.g.
-      ``rules.NO_PACKING`` drops the packing alternative.
-    """
-    from ..registry import sketch_rules
-    from .rules import DEFAULT_RULE, RuleResult, SketchContext
-
-    selected = sketch_rules(rules)
-    payload, ops = prepare_payload(task_mlir)
-    anchors = [o for o in ops if o.role == "anchor"] or list(ops[:1])
-    if not anchors:
-        raise UnsupportedError("task has no Linalg operation")
-    ctx = SketchContext(payload, ops, anchors[0], target)
-    sketches: list[Sketch] = []
-    for rule in selected:
-        verdict = rule.condition(ctx)
-        if verdict is RuleResult.SKIP:
-            continue
-        sketches.extend(rule.apply(ctx))
-        if verdict is RuleResult.APPLY_AND_SKIP_REST:
-            break
-    sketches.extend(DEFAULT_RULE.apply(ctx))
-    if fixed:
-        sketches = [fix_knobs(sk, fixed) for sk in sketches]
-    return sketches
 
 
 def fix_knobs(sketch: Sketch, values: Mapping[str, int]) -> Sketch:

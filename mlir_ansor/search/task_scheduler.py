@@ -19,7 +19,7 @@ random task is picked instead (exploration). A task without any valid
 measurement yet has an unknown latency and goes first. Every choice and its
 reason goes to the ``mlir_ansor`` log.
 
-Schedulers are registered by name (`mlir_ansor.registry`): "gradient" and
+Schedulers are registered by name (`mlir_ansor.search.registry`): "gradient" and
 "round-robin" are :class:`TaskScheduler`; "random" (:class:`RandomTaskScheduler`,
 a uniformly random live task per batch) is the ablation baseline. A
 scheduler of one's own subclasses :class:`BaseTaskScheduler`.

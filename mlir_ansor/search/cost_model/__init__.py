@@ -5,8 +5,8 @@
 `search/features.py`); `random_model.py` the baseline that knows nothing.
 """
 
-from .base import CostModel, pairwise_accuracy
-from .random_model import RandomModel
-from .xgb_model import XGBModel, XGBModelConfig
+from mlir_ansor.search.cost_model.base import CostModel, pairwise_accuracy
+from mlir_ansor.search.cost_model.random_model import RandomModel
+from mlir_ansor.search.cost_model.xgb_model import XGBModel, XGBModelConfig
 
 __all__ = ["CostModel", "RandomModel", "XGBModel", "XGBModelConfig", "pairwise_accuracy"]

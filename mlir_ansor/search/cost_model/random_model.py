@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .base import CostModel, Features
+from mlir_ansor.search.cost_model.base import CostModel, Features
 
 
 class RandomModel(CostModel):

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .base import CostModel, Features
+from mlir_ansor.search.cost_model.base import CostModel, Features
 
 
 @dataclass(frozen=True)

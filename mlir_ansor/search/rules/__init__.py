@@ -2,15 +2,15 @@
 
 The default schedule is always last: every task has a sound sketch, and the
 search falls back to it when the rule-based sketches keep failing.
-More rules are registered by name with `mlir_ansor.registry.register_rule`
+More rules are registered by name with `mlir_ansor.search.registry.register_rule`
 (``CPU_RULES`` seeds that registry).
 """
 
-from .base import Rule, RuleResult, SketchContext
-from .default import DefaultSchedule
-from .elementwise import ElementwiseVectorize
-from .multi_level_tiling import MultiLevelTiling
-from .reduction import ReductionVectorize
+from mlir_ansor.search.rules.base import Rule, RuleResult, SketchContext
+from mlir_ansor.search.rules.default import DefaultSchedule
+from mlir_ansor.search.rules.elementwise import ElementwiseVectorize
+from mlir_ansor.search.rules.multi_level_tiling import MultiLevelTiling
+from mlir_ansor.search.rules.reduction import ReductionVectorize
 
 CPU_RULES: list[Rule] = [MultiLevelTiling(), ReductionVectorize(), ElementwiseVectorize()]
 """Rules that produce specialized sketches, in priority order."""

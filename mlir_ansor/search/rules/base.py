@@ -14,9 +14,9 @@ import abc
 import enum
 from dataclasses import dataclass
 
-from ...dialects.schedule import ScheduleWriter
-from ...target import Target
-from ..sketch import OpStructure, Sketch
+from mlir_ansor.schedule.writer import ScheduleWriter
+from mlir_ansor.search.sketch import OpStructure, Sketch
+from mlir_ansor.target import Target
 
 
 class RuleResult(enum.Enum):

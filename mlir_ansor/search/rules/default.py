@@ -4,10 +4,10 @@ vectorize them). Always applies; it is the fallback of every other rule."""
 
 from __future__ import annotations
 
-from ...dialects.schedule import ScheduleWriter
-from ..sketch import Sketch
-from ..space import KnobSpec, divisors
-from .base import Rule, RuleResult, SketchContext, finish, tile_root_and_fuse
+from mlir_ansor.schedule.writer import ScheduleWriter
+from mlir_ansor.search.rules.base import Rule, RuleResult, SketchContext, finish, tile_root_and_fuse
+from mlir_ansor.search.sketch import Sketch
+from mlir_ansor.search.space import KnobSpec, divisors
 
 
 class DefaultSchedule(Rule):

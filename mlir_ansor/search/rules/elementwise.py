@@ -9,10 +9,8 @@ vector transfers with permutation maps, lowered to shuffles.
 
 from __future__ import annotations
 
-from ...dialects.schedule import ScheduleWriter
-from ..sketch import Sketch
-from ..space import KnobSpec, divisors
-from .base import (
+from mlir_ansor.schedule.writer import ScheduleWriter
+from mlir_ansor.search.rules.base import (
     Rule,
     RuleResult,
     SketchContext,
@@ -21,6 +19,8 @@ from .base import (
     tile_root_and_fuse,
     vector_tile_options,
 )
+from mlir_ansor.search.sketch import Sketch
+from mlir_ansor.search.space import KnobSpec, divisors
 
 ROWS = (1, 2, 4, 8)
 

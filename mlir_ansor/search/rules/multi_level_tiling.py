@@ -47,10 +47,8 @@ generation of that took minutes (436 s for one candidate).
 
 from __future__ import annotations
 
-from ...dialects.schedule import ScheduleWriter
-from ..sketch import OpStructure, Sketch
-from ..space import KnobSpec, divisors, partial_tile_options
-from .base import (
+from mlir_ansor.schedule.writer import ScheduleWriter
+from mlir_ansor.search.rules.base import (
     Rule,
     RuleResult,
     SketchContext,
@@ -61,6 +59,8 @@ from .base import (
     tile_root_and_fuse,
     vector_tile_options,
 )
+from mlir_ansor.search.sketch import OpStructure, Sketch
+from mlir_ansor.search.space import KnobSpec, divisors, partial_tile_options
 
 ROW_TILES = (1, 2, 3, 4, 5, 6, 8)
 UNROLLS = (1, 2, 4)

@@ -20,10 +20,8 @@ reduction (and the ``v_d`` knob); option i > 0 uses the i-th width.
 
 from __future__ import annotations
 
-from ...dialects.schedule import ScheduleWriter
-from ..sketch import Sketch, nearest_option
-from ..space import KnobSpec, divisors
-from .base import (
+from mlir_ansor.schedule.writer import ScheduleWriter
+from mlir_ansor.search.rules.base import (
     Rule,
     RuleResult,
     SketchContext,
@@ -33,6 +31,8 @@ from .base import (
     tile_root_and_fuse,
     vector_tile_options,
 )
+from mlir_ansor.search.sketch import Sketch, nearest_option
+from mlir_ansor.search.space import KnobSpec, divisors
 
 ROWS = (1, 2, 4, 8)
 

@@ -3,40 +3,17 @@
 One strategy instance serves one task through the lifecycle
 ``pre_tuning`` -> ``generate_candidates`` (None when done) ->
 ``notify_results`` -> ... -> ``post_tuning``. See `base.py`.
+
+Strategies are selected by name (`TuneConfig.strategy`, `mlir-ansor tune
+--search`) through `mlir_ansor.search.registry`, which registers these two
+("random", "evolutionary") and any a plugin adds.
 """
 
-from collections.abc import Callable
-from typing import Any
-
-from .base import MeasuredCandidate, SearchStrategy, TaskContext
-from .evolutionary import EvolutionarySearch, EvolutionConfig
-from .random_search import RandomSearch
-
-
-def _evolutionary(config: Any) -> SearchStrategy:
-    """Evolutionary search with the cost model named by ``config.cost_model``
-    (loaded from ``config.pretrained_model`` when set) and the settings of
-    ``config.evolution``."""
-    import dataclasses
-
-    from ...registry import make_cost_model
-
-    evo = getattr(config, "evolution", None) or EvolutionConfig()
-    evo = dataclasses.replace(evo, max_tries=config.max_sample_tries)
-    pretrained = bool(getattr(config, "pretrained_model", None))
-    return EvolutionarySearch(evo, model=make_cost_model(config), pretrained=pretrained)
-
-
-STRATEGIES: dict[str, Callable[[Any], SearchStrategy]] = {
-    "random": lambda config: RandomSearch(max_tries=config.max_sample_tries),
-    "evolutionary": _evolutionary,
-}
-"""Search strategies by name (`TuneConfig.strategy`, `mlir-ansor tune --search`).
-Each entry makes a fresh strategy (one per task) from the `TuneConfig`. Add
-one with `mlir_ansor.registry.register_strategy`."""
+from mlir_ansor.search.strategy.base import MeasuredCandidate, SearchStrategy, TaskContext
+from mlir_ansor.search.strategy.evolutionary import EvolutionarySearch, EvolutionConfig
+from mlir_ansor.search.strategy.random_search import RandomSearch
 
 __all__ = [
-    "STRATEGIES",
     "EvolutionConfig",
     "EvolutionarySearch",
     "MeasuredCandidate",

@@ -7,10 +7,10 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from ...target import Target
-from ..sketch import Sketch
-from ..space import Assignment
-from ..task import Task
+from mlir_ansor.graph.task import Task
+from mlir_ansor.search.sketch import Sketch
+from mlir_ansor.search.space import Assignment
+from mlir_ansor.target import Target
 
 
 @dataclass

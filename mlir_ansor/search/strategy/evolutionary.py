@@ -46,11 +46,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cost_model import CostModel, RandomModel, XGBModel
-from ..features import extractor_for
-from ..sketch import Sketch
-from ..space import Assignment, KnobSpec, make_assignment
-from .base import MeasuredCandidate, SearchStrategy, TaskContext, usable
+from mlir_ansor.search.cost_model import CostModel, RandomModel, XGBModel
+from mlir_ansor.search.features import extractor_for
+from mlir_ansor.search.sketch import Sketch
+from mlir_ansor.search.space import Assignment, KnobSpec, make_assignment
+from mlir_ansor.search.strategy.base import MeasuredCandidate, SearchStrategy, TaskContext, usable
 
 
 @dataclass(frozen=True)

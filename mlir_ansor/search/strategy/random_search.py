@@ -8,9 +8,9 @@ task does not waste the budget.
 
 from __future__ import annotations
 
-from ..sketch import Sketch
-from ..space import Assignment
-from .base import MeasuredCandidate, SearchStrategy, TaskContext, usable
+from mlir_ansor.search.sketch import Sketch
+from mlir_ansor.search.space import Assignment
+from mlir_ansor.search.strategy.base import MeasuredCandidate, SearchStrategy, TaskContext, usable
 
 
 class RandomSearch(SearchStrategy):

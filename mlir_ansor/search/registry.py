@@ -43,7 +43,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from .errors import AnsorError
+from mlir_ansor.errors import AnsorError
 
 log = logging.getLogger("mlir_ansor")
 
@@ -52,6 +52,7 @@ ENTRY_POINT_GROUP = "mlir_ansor.plugins"
 _RULES: dict[str, Any] = {}  # name -> Rule, in priority order (dicts keep insertion order)
 _COST_MODELS: dict[str, Callable[[Any], Any]] = {}
 _TASK_SCHEDULERS: dict[str, Callable[[int, Any], Any]] = {}
+_STRATEGIES: dict[str, Callable[[Any], Any]] = {}
 _builtins_loaded = False
 _plugins_loaded = False
 _plugin_errors: list[str] = []
@@ -81,11 +82,28 @@ __all__ = [
 
 
 def _strategies() -> dict[str, Callable[[Any], Any]]:
-    # The strategy table is `search.strategy.STRATEGIES` itself, so code that
-    # reads that dict sees registered strategies too.
-    from .search.strategy import STRATEGIES
+    _load_builtins()
+    return _STRATEGIES
 
-    return STRATEGIES
+
+def _evolutionary(config: Any) -> Any:
+    """Evolutionary search with the cost model named by ``config.cost_model``
+    (loaded from ``config.pretrained_model`` when set) and the settings of
+    ``config.evolution``."""
+    import dataclasses
+
+    from mlir_ansor.search.strategy import EvolutionarySearch, EvolutionConfig
+
+    evo = getattr(config, "evolution", None) or EvolutionConfig()
+    evo = dataclasses.replace(evo, max_tries=config.max_sample_tries)
+    pretrained = bool(getattr(config, "pretrained_model", None))
+    return EvolutionarySearch(evo, model=make_cost_model(config), pretrained=pretrained)
+
+
+def _random_search(config: Any) -> Any:
+    from mlir_ansor.search.strategy import RandomSearch
+
+    return RandomSearch(max_tries=config.max_sample_tries)
 
 
 def _load_builtins() -> None:
@@ -93,12 +111,14 @@ def _load_builtins() -> None:
     if _builtins_loaded:
         return
     _builtins_loaded = True
-    from .search.cost_model import RandomModel, XGBModel
-    from .search.rules import CPU_RULES
-    from .search.task_scheduler import RandomTaskScheduler, TaskScheduler
+    from mlir_ansor.search.cost_model import RandomModel, XGBModel
+    from mlir_ansor.search.rules import CPU_RULES
+    from mlir_ansor.search.task_scheduler import RandomTaskScheduler, TaskScheduler
 
     for rule in CPU_RULES:
         _RULES.setdefault(rule.name, rule)
+    _STRATEGIES.setdefault("random", _random_search)
+    _STRATEGIES.setdefault("evolutionary", _evolutionary)
     _COST_MODELS.setdefault("xgb", lambda config: XGBModel(seed=config.seed))
     _COST_MODELS.setdefault("random", lambda config: RandomModel(seed=config.seed))
     _TASK_SCHEDULERS.setdefault(
@@ -128,7 +148,7 @@ def register_rule(name: str, rule: Any, *, before: str | None = None, replace: b
     under `name`, tried before the rule named `before` (default: after every
     registered rule, still before the default schedule). The rule's
     sketches are named by ``rule.name``; `name` is what users select."""
-    from .search.rules import Rule
+    from mlir_ansor.search.rules import Rule
 
     _check_name(name)
     _load_builtins()

@@ -42,7 +42,8 @@ from __future__ import annotations
 
 from mlir import ir
 
-from .layout import _ints, _perm_of, _static_tensor, _transpose, fill_value
+from mlir_ansor.graph.layout import fill_value
+from mlir_ansor.ir.rewrite import dense_ints, permutation_of, static_tensor_type, transpose
 
 __all__ = ["split_conv3d", "split_convolutions", "split_dilated_input", "split_groups"]
 
@@ -95,14 +96,14 @@ def _split(op: ir.Operation) -> bool:
     from mlir.dialects import linalg, tensor
 
     x, w, init = op.operands
-    if not all(_static_tensor(v) for v in (x, w, init)):
+    if not all(static_tensor_type(v) for v in (x, w, init)):
         return False
     n, h, wd, g, c = ir.RankedTensorType(x.type).shape
     _, f, kh, kw, _ = ir.RankedTensorType(w.type).shape
     _, oh, ow, _, _ = ir.RankedTensorType(init.type).shape
     elem = ir.RankedTensorType(init.type).element_type
     fill = fill_value(init)
-    strides, dilations = _ints(op.attributes["strides"]), _ints(op.attributes["dilations"])
+    strides, dilations = dense_ints(op.attributes["strides"]), dense_ints(op.attributes["dilations"])
     with ir.InsertionPoint(op), op.location:
         # Every element of the result is written by one group's insert, so a
         # filled init needs no copy: start from an empty tensor.
@@ -153,9 +154,9 @@ def _split_3d(op: ir.Operation) -> bool:
     from mlir.dialects import linalg, tensor
 
     x, w, init = op.operands
-    if not all(_static_tensor(v) for v in (x, w, init)):
+    if not all(static_tensor_type(v) for v in (x, w, init)):
         return False
-    strides, dilations = _ints(op.attributes["strides"]), _ints(op.attributes["dilations"])
+    strides, dilations = dense_ints(op.attributes["strides"]), dense_ints(op.attributes["dilations"])
     if strides[0] != 1 or dilations[0] != 1:
         return False
     n, _, h, wd, c = ir.RankedTensorType(x.type).shape
@@ -206,7 +207,7 @@ def _dilated_source(x: ir.Value) -> tuple[ir.Value, list[int], list[int], list[i
     transposed by ``linalg.transpose`` -- return (src, the transpose's
     permutation or the identity, offsets, strides and src's shape, these three
     in `x`'s dimension order); else None."""
-    perm = _perm_of(x)
+    perm = permutation_of(x)
     v = x if perm is None else x.owner.operands[0]
     perm = perm or [0, 1, 2, 3]
     if isinstance(v, ir.BlockArgument) or v.owner.name != "tensor.insert_slice" or len(v.owner.operands) != 2:
@@ -214,7 +215,7 @@ def _dilated_source(x: ir.Value) -> tuple[ir.Value, list[int], list[int], list[i
     ins = v.owner
     src, dest = ins.operands
     fill = fill_value(dest)
-    if fill is None or not _float_zero(fill) or not _static_tensor(src):
+    if fill is None or not _float_zero(fill) or not static_tensor_type(src):
         return None
     offsets = _ints_array(ins.attributes["static_offsets"])
     sizes = _ints_array(ins.attributes["static_sizes"])
@@ -252,9 +253,9 @@ def _split_dilated(op: ir.Operation) -> bool:
     from mlir.dialects import linalg, tensor
 
     x, w, init = op.operands
-    if not all(_static_tensor(v) for v in (x, w, init)):
+    if not all(static_tensor_type(v) for v in (x, w, init)):
         return False
-    if _ints(op.attributes["strides"]) != [1, 1] or _ints(op.attributes["dilations"]) != [1, 1]:
+    if dense_ints(op.attributes["strides"]) != [1, 1] or dense_ints(op.attributes["dilations"]) != [1, 1]:
         return False
     found = _dilated_source(x)
     if found is None:
@@ -273,7 +274,7 @@ def _split_dilated(op: ir.Operation) -> bool:
     hi_w = max([0] + [m - 1 + d - (sw - 1) for _, m, t in rows_w for _, d in t])
     fill = fill_value(init)
     with ir.InsertionPoint(op), op.location:
-        xs = src if perm == [0, 1, 2, 3] else _transpose(src, perm)
+        xs = src if perm == [0, 1, 2, 3] else transpose(src, perm)
         if lo_h or hi_h or lo_w or hi_w:
             zero = _arith_zero(elem)
             xs = _tensor_pad(xs, [0, lo_h, lo_w, 0], [0, hi_h, hi_w, 0], zero)

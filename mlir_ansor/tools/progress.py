@@ -21,7 +21,7 @@ import sys
 import time
 from typing import TextIO
 
-from .tuner import TaskResult, TuneProgress
+from mlir_ansor.tuner import TaskResult, TuneProgress
 
 __all__ = ["ProgressDisplay", "format_eta"]
 

@@ -48,14 +48,15 @@ from dataclasses import dataclass, field
 import numpy as np
 from mlir import ir, passmanager
 
-from .errors import AnsorError
-from .frontend import Program, load
-from .measure.pool import WorkerPool
-from .measure.runner import Kernel, aligned_copy, aligned_empty, np_dtype
-from .passes.lowering import BUFFERIZE, emit_shared_library, linalg_inits, lower_to_llvm, sub_byte_elements
-from .search.normalize import backward_slice, clone_remapped
-from .search.task import Occurrence, Task, partition
-from .target import Target, usable_cores
+from mlir_ansor.errors import AnsorError
+from mlir_ansor.graph.constants import fold_constants
+from mlir_ansor.graph.task import Occurrence, Task, partition
+from mlir_ansor.ir.dtypes import ELEMENT_BYTES
+from mlir_ansor.ir.program import Program, load
+from mlir_ansor.measure.pool import WorkerPool
+from mlir_ansor.measure.runner import Kernel, aligned_copy, aligned_empty, np_dtype
+from mlir_ansor.passes.lowering import BUFFERIZE, emit_shared_library, linalg_inits, lower_to_llvm
+from mlir_ansor.target import Target, usable_cores
 
 __all__ = ["CompiledModule", "KernelPlan", "ScheduledModule", "compile", "compile_untuned", "plan_kernels", "schedule_module"]
 
@@ -189,8 +190,9 @@ def plan_kernels(
 ) -> list[KernelPlan]:
     """One :class:`KernelPlan` per task: the best valid record of `db` whose
     sketch the current sketch rules still make, else the default."""
-    from .records import Database
-    from .search.sketch import default_assignment, generate_sketches
+    from mlir_ansor.records import Database
+    from mlir_ansor.search.generate import generate_sketches
+    from mlir_ansor.search.sketch import default_assignment
 
     database = None
     if db is not None:
@@ -268,7 +270,7 @@ def schedule_kernel(payload: str, script: str | None, symbol: str, threads: int,
     arguments, bufferize it, rename ``@kernel`` to `symbol` (and its private
     symbols after it); returns the module's text. With `check`, the result is
     also lowered to LLVM once, so a schedule that does not lower fails here."""
-    from .measure.builder import apply_schedule
+    from mlir_ansor.schedule.apply import apply_schedule
 
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse(payload)
@@ -295,6 +297,8 @@ def schedule_kernel(payload: str, script: str | None, symbol: str, threads: int,
 
 _EXTERNAL_MIN_BYTES = 1 << 16
 """Constant globals from this size on are kept out of LLVM (:func:`_externalize_weights`)."""
+_EXTERNAL_TYPES = ("f32", "f64", "i64", "i32")
+"""Element types whose large constant globals are kept out of LLVM."""
 
 _ASM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.$]*")
 _RESOURCE = re.compile(r'^\s*("[^"]*"|[^\s:]+): "0x([0-9A-Fa-f]*)",?\s*$', re.M)
@@ -328,7 +332,7 @@ def _externalize_weights(module: ir.Module, mlir_text: str, workdir: str) -> tup
         if op.name != "memref.global" or "constant" not in op.attributes or "initial_value" not in op.attributes:
             continue
         mtype = ir.MemRefType(ir.TypeAttr(op.attributes["type"]).value)
-        width = {"f32": 4, "f64": 8, "i64": 8, "i32": 4}.get(str(mtype.element_type))
+        width = ELEMENT_BYTES.get(str(mtype.element_type)) if str(mtype.element_type) in _EXTERNAL_TYPES else None
         if width is None or math.prod(mtype.shape) * width < _EXTERNAL_MIN_BYTES:
             continue
         attr = op.attributes["initial_value"]
@@ -475,91 +479,21 @@ def _build_driver(program: Program, occs: list[Occurrence], plans: dict[str, Ker
     passmanager.PassManager.parse("builtin.module(canonicalize,cse)", program.context).run(module.operation)
 
 
-def _fold_constants(program: Program) -> int:
-    """Evaluate, once, the Linalg ops that compute from constants only
-    (``search.task.constant_linalg_ops``: weight transposes, batch-norm
-    factors), and put their results in the module as dense constants.
-
-    Why at compile time: they are no tasks (the partitioner leaves them out),
-    and their results are the same on every call, so computing them per call
-    is wasted time (six transposes of BERT's weights are about 40 MB of
-    memory traffic per call). They are evaluated by the untuned lowering of a
-    module holding only them, in a worker; returns how many values were
-    folded.
-    """
-    from mlir.dialects import arith as arith_d
-    from mlir.dialects import func as func_d
-
-    from .search.task import constant_linalg_ops
-
-    folded = 0
-    for fn in _func_ops(program.module):
-        if not fn.regions[0].blocks:
-            continue
-        block = fn.regions[0].blocks[0]
-        consts = constant_linalg_ops(block)
-        if not consts:
-            continue
-        const_set = set(consts)
-        frontier: list[ir.Value] = []
-        for op in consts:
-            for r in op.results:
-                if sub_byte_elements(r.type):
-                    # Masks stay ops of the driver (lowered as loops, stored
-                    # as bytes): a fold function returning i1 buffers would
-                    # store i1, which the wheels' LLVM lowering aborts on.
-                    continue
-                if any(u.owner.operation not in const_set for u in r.uses):
-                    frontier.append(r)
-        if not frontier:
-            continue
-        # The ops the frontier depends on, in program order.
-        order = {opview.operation: k for k, opview in enumerate(block.operations)}
-        needed = {x for x in backward_slice(block, frontier) if isinstance(x, ir.Operation)}
-        with program.context, ir.Location.unknown():
-            fold = ir.Module.create()
-            with ir.InsertionPoint(fold.body):
-                f = func_d.FuncOp("__ansor_fold", ([], [v.type for v in frontier]))
-            body = f.add_entry_block()
-            mapping: dict[ir.Value, ir.Value] = {}
-            # Sorted once, here: replacing an op's operands below changes its
-            # hash with these bindings, and it would no longer be found in
-            # `order` (ops whose operand became a folded constant).
-            ordered = sorted(needed, key=order.__getitem__)
-            with ir.InsertionPoint(body):
-                for op in ordered:
-                    clone_remapped(op, mapping)
-                func_d.ReturnOp([mapping[v] for v in frontier])
-            signatures = _signatures(fold)
-            # Bufferized here, so that its constants are memref.globals when
-            # lower_and_link looks for large ones to keep out of LLVM: on
-            # tensors, ResNet-50's filters (the layout pass's transposes)
-            # went through LLVM as 100 MB of initializers, 135 s of a build.
-            passmanager.PassManager.parse(f"builtin.module({BUFFERIZE})").run(fold.operation)
-            text = str(fold)
-        cm = _finish(text, signatures, "__ansor_fold", 1, [], 2)
-        try:
-            values = cm()
-        finally:
-            cm.close()
-        if not isinstance(values, tuple):
-            values = (values,)
-        with program.context, ir.Location.unknown():
-            for v, arr in zip(frontier, values):
-                with ir.InsertionPoint(v.owner):
-                    attr = ir.DenseElementsAttr.get(np.ascontiguousarray(arr), type=ir.ShapedType(v.type).element_type)
-                    c = arith_d.ConstantOp(v.type, attr)
-                v.replace_all_uses_with(c.result)
-                folded += 1
-            # canonicalize keeps a dead op whose body asserts (cf.assert), so
-            # erase the now unused ones here.
-            for op in reversed(ordered):
-                if not any(True for r in op.results for _ in r.uses):
-                    op.erase()
-        log.info("compile: @%s: %d value(s) computed from constants only, folded at compile time", _name(fn), len(frontier))
-    if folded:
-        passmanager.PassManager.parse("builtin.module(canonicalize,cse)", program.context).run(program.module.operation)
-    return folded
+def _evaluate_fold(fold: ir.Module, entry: str) -> tuple[np.ndarray, ...]:
+    """Run `entry` of the constants-only module `fold` (graph.constants) once,
+    through the untuned lowering in a worker, and return its results."""
+    signatures = _signatures(fold)
+    # Bufferized here, so that its constants are memref.globals when
+    # lower_and_link looks for large ones to keep out of LLVM: on
+    # tensors, ResNet-50's filters (the layout pass's transposes)
+    # went through LLVM as 100 MB of initializers, 135 s of a build.
+    passmanager.PassManager.parse(f"builtin.module({BUFFERIZE})", fold.context).run(fold.operation)
+    cm = _finish(str(fold), signatures, entry, 1, [], 2)
+    try:
+        values = cm()
+    finally:
+        cm.close()
+    return values if isinstance(values, tuple) else (values,)
 
 
 def _spec(t: ir.Type) -> tuple[tuple[int, ...], str]:
@@ -730,7 +664,7 @@ def schedule_module(
     user_funcs = [_name(f) for f in _func_ops(program.module)]
     _build_driver(program, occs, by_key)
     start = time.perf_counter()
-    if _fold_constants(program):
+    if fold_constants(program, _evaluate_fold):
         log.info("compile: folded the constant-only ops in %.1f s", time.perf_counter() - start)
     with program.context, ir.Location.unknown():
         module = program.module

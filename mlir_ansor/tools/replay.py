@@ -20,9 +20,9 @@ import statistics
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from .errors import InputError
-from .measure.runner import TimingPolicy, tolerance
-from .target import Target
+from mlir_ansor.errors import InputError
+from mlir_ansor.measure.runner import TimingPolicy
+from mlir_ansor.target import Target
 
 __all__ = ["ReplayReport", "ReplayRow", "replay"]
 
@@ -101,11 +101,11 @@ def replay(
 ) -> ReplayReport:
     """Re-measure the `top` best valid records of every task of `db_path`
     (on `threads` threads only, when given) on this machine."""
-    from .frontend import load
-    from .records import Database
-    from .search.sketch import generate_sketches
-    from .search.task import extract_tasks
-    from .tuner import Candidate, Measurer, TuneConfig, _reduction_length, package_versions
+    from mlir_ansor.graph.task import extract_tasks
+    from mlir_ansor.ir.program import load
+    from mlir_ansor.records import Database
+    from mlir_ansor.search.generate import generate_sketches
+    from mlir_ansor.tuner import Candidate, Measurer, TuneConfig, package_versions
 
     target = target or Target.host()
     db_path = os.fspath(db_path)
@@ -162,7 +162,7 @@ def replay(
                     if not res.ok:
                         row.error = f"reference: {res.error_kind.value}"
                         continue
-                    tol = tolerance(task.outputs[0].dtype if task.outputs else "f32", _reduction_length(task))
+                    tol = task.tolerance
                     data[w["workload_key"]] = (path, tol)
                 path, tol = data[w["workload_key"]]
                 c = Candidate(SimpleNamespace(data_path=path), sk, tuple(rec.knobs), so_path=m.path(f"r{i}.so"))

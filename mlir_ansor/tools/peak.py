@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .target import Target
+from mlir_ansor.target import Target
 
 __all__ = ["Peak", "load_peak", "measure_peak", "peak_cache_path", "save_peak"]
 
@@ -161,8 +161,8 @@ func.func @triad(%b: {mt}, %c: {mt}, %a: {mt}) {{
 def _build(mlir_text: str, name: str, threads: int, workdir: str):
     from mlir import ir
 
-    from .measure.runner import Kernel
-    from .passes.lowering import emit_shared_library, lower_to_llvm
+    from mlir_ansor.measure.runner import Kernel
+    from mlir_ansor.passes.lowering import emit_shared_library, lower_to_llvm
 
     so = os.path.join(workdir, f"{name}_{threads}.so")
     with ir.Context(), ir.Location.unknown():

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError
-from .target import Target
+from mlir_ansor.errors import InputError
+from mlir_ansor.target import Target
 
 log = logging.getLogger("mlir_ansor")
 
@@ -75,10 +75,10 @@ def export_dataset(db_path: str | os.PathLike, out_dir: str | os.PathLike, *, is
     """Write every measured candidate of `db_path` to `out_dir` (created;
     files already there are replaced). `isolate`: read features in worker
     processes (an MLIR abort on a probe cannot kill the export)."""
-    from .records import Database
-    from .search.features import FEATURE_NAMES, extract_features
-    from .search.sketch import generate_sketches
-    from .tuner import package_versions
+    from mlir_ansor.records import Database
+    from mlir_ansor.search.features import FEATURE_NAMES, extract_features
+    from mlir_ansor.search.generate import generate_sketches
+    from mlir_ansor.tuner import package_versions
 
     db_path = os.fspath(db_path)
     if not os.path.exists(db_path):
@@ -317,7 +317,7 @@ def load(path: str | os.PathLike) -> Dataset:
 def train_cost_model(dataset: Dataset, model=None, *, tasks: Sequence[int] | None = None):
     """Fit `model` (default: a fresh `XGBModel`) on the dataset's candidates
     (optionally only those of `tasks`); returns the model, ready to `save`."""
-    from .search.cost_model import XGBModel
+    from mlir_ansor.search.cost_model import XGBModel
 
     model = model if model is not None else XGBModel()
     model.update(dataset.training_records(tasks))

@@ -2,7 +2,7 @@
 
 * :func:`summarize` (``mlir-ansor show``): per task its trials, best latency,
   GFLOP/s, the fraction of the machine's FMA peak and of its roofline bound
-  (from the cached `mlir-ansor peak` figures, see `peak.py`), and errors by
+  (from the cached `mlir-ansor peak` figures, see `tools/peak.py`), and errors by
   kind.
 * :func:`curves` and :func:`plot` (``mlir-ansor plot``): best-so-far GFLOP/s
   against trials per task, and the end-to-end latency (sum over tasks of
@@ -23,8 +23,8 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .errors import InputError
-from .peak import Peak
+from mlir_ansor.errors import InputError
+from mlir_ansor.tools.peak import Peak
 
 __all__ = ["Curves", "TaskSummary", "compulsory_bytes", "curves", "plot", "summarize"]
 
@@ -73,7 +73,7 @@ def compulsory_bytes(task_mlir: str) -> int:
 
 
 def _open(db_path: str | os.PathLike):
-    from .records import Database
+    from mlir_ansor.records import Database
 
     db_path = os.fspath(db_path)
     if not os.path.exists(db_path):

@@ -23,8 +23,8 @@ import math
 import os
 from dataclasses import dataclass
 
-from .errors import InputError
-from .target import Target
+from mlir_ansor.errors import InputError
+from mlir_ansor.target import Target
 
 __all__ = ["ExportedSchedule", "export_best", "find_workload"]
 
@@ -80,8 +80,8 @@ def export_best(
 ) -> ExportedSchedule:
     """The best valid record of `task` (name or workload key) for `target`
     (default: this host) and `threads` (default: any), as MLIR texts."""
-    from .records import Database
-    from .search.sketch import generate_sketches
+    from mlir_ansor.records import Database
+    from mlir_ansor.search.generate import generate_sketches
 
     target = target or Target.host()
     db_path = os.fspath(db_path)

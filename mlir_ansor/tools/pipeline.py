@@ -15,7 +15,7 @@ same module:
   as it is.
 * ``ansor-apply-best{db=FILE,threads=N}``: the module with the best record of
   every task applied (the default schedule for untuned tasks), bufferized:
-  :func:`mlir_ansor.compile.schedule_module`, spliced in place of the module's
+  :func:`mlir_ansor.compiler.schedule_module`, spliced in place of the module's
   body.
 * ``ansor-lower-to-nvvm{chip=sm_90}``: a GPU-scheduled module (block and
   thread ``scf.forall`` loops) to NVVM, kernels as PTX in a ``gpu.binary``.
@@ -41,7 +41,7 @@ from typing import TextIO
 
 from mlir import ir, passmanager
 
-from .errors import AnsorError
+from mlir_ansor.errors import AnsorError
 
 __all__ = ["ANSOR_PASSES", "Element", "PipelineError", "parse_pipeline", "run_pipeline"]
 
@@ -183,7 +183,7 @@ class AnsorPass:
 
 
 def _tune(module: ir.Module, opts: dict) -> None:
-    from .tuner import TuneConfig, tune
+    from mlir_ansor.tuner import TuneConfig, tune
 
     cfg = TuneConfig(
         trials=opts.get("trials", 64),
@@ -197,22 +197,22 @@ def _tune(module: ir.Module, opts: dict) -> None:
 
 
 def _apply_best(module: ir.Module, opts: dict) -> None:
-    from .compile import schedule_module
+    from mlir_ansor.compiler import schedule_module
 
     s = schedule_module(module, db=opts.get("db", "tuning.db"), threads=opts.get("threads", 1))
     _replace_module(module, s.mlir)
 
 
 def _lower_to_llvm(module: ir.Module, opts: dict) -> None:
-    from .passes.lowering import lower_to_llvm
+    from mlir_ansor.passes.lowering import lower_to_llvm
 
     lower_to_llvm(module, opts.get("threads", 1))
 
 
 def _lower_to_nvvm(module: ir.Module, opts: dict) -> None:
-    from .errors import AnsorError
-    from .passes.nvvm import GpuBuildError, lower_to_nvvm
-    from .target import Target
+    from mlir_ansor.errors import AnsorError
+    from mlir_ansor.passes.nvvm import GpuBuildError, lower_to_nvvm
+    from mlir_ansor.target import Target
 
     try:
         lower_to_nvvm(module, Target.parse(f"cuda:{opts.get('chip', 'sm_90')}"))
@@ -382,7 +382,7 @@ def run_pipeline_on_file(source: str, pipeline: str, output: str | None = None, 
                          print_ir_after_all: bool = False) -> str:
     """`mlir-ansor opt`: load `source` (a path or "-"), run, write `output`
     (a path; None or "-": stdout). Returns the final IR text."""
-    from .frontend import load
+    from mlir_ansor.ir.program import load
 
     program = load(source)
     run_pipeline(program.module, pipeline, print_ir_after_all=print_ir_after_all)

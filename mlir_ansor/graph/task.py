@@ -34,15 +34,15 @@ from mlir.dialects import func as func_d
 from mlir.passmanager import PassManager
 
 from mlir_ansor.errors import InputError, UnsupportedError
-from mlir_ansor.frontend import Program, load, location_str
-from mlir_ansor.search.normalize import normalize
+from mlir_ansor.graph.normalize import normalize
+from mlir_ansor.ir.attrs import ANCHOR_ATTR, FUSED_ATTR
+from mlir_ansor.ir.dtypes import tolerance
+from mlir_ansor.ir.program import Program, load, location_str
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "ALLOWED_NON_LINALG_OPS",
-    "ANCHOR_ATTR",
-    "FUSED_ATTR",
     "Occurrence",
     "SUPPORTED_DTYPES",
     "Task",
@@ -53,11 +53,6 @@ __all__ = [
     "partition",
     "workload_key",
 ]
-
-ANCHOR_ATTR = "ansor.anchor"
-"""Unit attribute marking the anchor op of a task module."""
-FUSED_ATTR = "ansor.fused"
-"""Unit attribute marking an elementwise op fused after the anchor."""
 
 SUPPORTED_DTYPES = ("f32", "f64")
 """Element types a task may use."""
@@ -129,6 +124,23 @@ class Task:
     """file:line:col of the anchor in the user's input, one per occurrence."""
     func_name: str
     """The user's function the first occurrence came from."""
+
+    @property
+    def reduction_length(self) -> int:
+        """How many terms each output element sums or combines: the product
+        of the anchor's reduction loop extents (1 for elementwise tasks)."""
+        n = 1
+        for r, it in zip(self.loop_ranges, self.iterator_types):
+            if it == "reduction":
+                n *= r
+        return n
+
+    @property
+    def tolerance(self) -> float:
+        """The relative error a candidate's output may have against the
+        reference (`ir.dtypes.tolerance` of the first output's element type
+        and the reduction length)."""
+        return tolerance(self.outputs[0].dtype if self.outputs else "f32", self.reduction_length)
 
 
 # --------------------------------------------------------------------------
@@ -903,7 +915,7 @@ def extract_tasks(
     """Split every function (or only ``func``) into tuning tasks.
 
     Accepts a :class:`Program`, an ``ir.Module`` (loaded into our own context
-    first) or anything :func:`mlir_ansor.frontend.load` takes as a path.
+    first) or anything :func:`mlir_ansor.ir.program.load` takes as a path.
     Identical tasks are merged: ``weight`` counts them, ``locations`` lists
     each occurrence. Raises :class:`UnsupportedError` for what cannot be tuned
     (dynamic shapes, element types other than f32/f64, non-Linalg compute ops,

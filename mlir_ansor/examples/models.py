@@ -20,8 +20,8 @@ This module needs torch; importing it without torch raises
 
 Command line::
 
-    python -m mlir_ansor.models resnet50 -o resnet50.mlir
-    python -m mlir_ansor.models bert_layer -o bert.mlir --seed 1
+    python -m mlir_ansor.examples.models resnet50 -o resnet50.mlir
+    python -m mlir_ansor.examples.models bert_layer -o bert.mlir --seed 1
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import math
 import sys
 from collections.abc import Callable
 
-from .torch_import import require_torch
+from mlir_ansor.importers.pytorch import require_torch
 
-torch = require_torch("mlir_ansor.models")
+torch = require_torch("mlir_ansor.examples.models")
 nn = torch.nn
 F = torch.nn.functional
 
@@ -212,12 +212,12 @@ MODELS: dict[str, Callable[..., tuple[nn.Module, tuple]]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m mlir_ansor.models NAME -o FILE.mlir``: write a model's
+    """``python -m mlir_ansor.examples.models NAME -o FILE.mlir``: write a model's
     Linalg-on-tensors MLIR (weights as ``dense_resource`` blobs)."""
-    from .torch_import import import_module
+    from mlir_ansor.importers.pytorch import import_module
 
     parser = argparse.ArgumentParser(
-        prog="python -m mlir_ansor.models",
+        prog="python -m mlir_ansor.examples.models",
         description="Write an example PyTorch model as Linalg-on-tensors MLIR (seeded random weights).",
     )
     parser.add_argument("model", choices=sorted(MODELS))

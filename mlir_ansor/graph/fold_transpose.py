@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from mlir import ir
 
+from mlir_ansor.ir.rewrite import depends_on_arguments
+
 __all__ = ["fold_transposes"]
 
 _TAG = "ansor.generalize"
@@ -81,18 +83,6 @@ def _generalize(module: ir.Module) -> None:
     interpreter.apply_named_sequence(module.operation, script.body.operations[0], script)
 
 
-def _from_arguments(value: ir.Value, seen: dict) -> bool:
-    """Whether `value` depends on a block argument (not on constants only:
-    a transposed weight is computed once at compile time, not folded)."""
-    if isinstance(value, ir.BlockArgument):
-        return True
-    op = value.owner
-    if op not in seen:
-        seen[op] = False
-        seen[op] = any(_from_arguments(v, seen) for v in op.operands)
-    return seen[op]
-
-
 def fold_transposes(module: ir.Module, fn: ir.Operation) -> int:
     """Fold every permutation op directly in `fn`'s body (on tensors) of a
     value computed from the function's arguments, whose every use is an input of a linalg op with a reduction loop into those
@@ -108,7 +98,7 @@ def fold_transposes(module: ir.Module, fn: ir.Operation) -> int:
         if sigma is None:
             continue
         uses = list(op.results[0].uses)
-        if uses and _from_arguments(op.operands[0], seen) and all(
+        if uses and depends_on_arguments(op.operands[0], seen) and all(
             u.owner.name.startswith("linalg.") and _has_reduction(u.owner) and u.operand_number < _num_inputs(u.owner)
             for u in uses
         ):

@@ -49,44 +49,21 @@ from __future__ import annotations
 
 from mlir import ir
 
-from .fold_transpose import _from_arguments
+from mlir_ansor.ir.rewrite import (
+    clone_remapped,
+    dense_ints,
+    depends_on_arguments,
+    inverse_permutation,
+    permutation_of,
+    static_tensor_type,
+    transpose,
+)
 
 __all__ = ["convert_layout"]
 
 _TO_LAST = [0, 2, 3, 1]  # NCHW -> NHWC (and FCHW -> HWCF is [2, 3, 1, 0])
 _TO_FIRST = [0, 3, 1, 2]  # NHWC -> NCHW
 _POOLS = {"linalg.pooling_nchw_max": "pooling_nhwc_max", "linalg.pooling_nchw_sum": "pooling_nhwc_sum"}
-
-
-def _inverse(perm: list[int]) -> list[int]:
-    inv = [0] * len(perm)
-    for k, p in enumerate(perm):
-        inv[p] = k
-    return inv
-
-
-def _static_tensor(v: ir.Value) -> ir.RankedTensorType | None:
-    if not isinstance(v.type, ir.RankedTensorType):
-        return None
-    t = ir.RankedTensorType(v.type)
-    return t if t.has_static_shape else None
-
-
-def _transpose(v: ir.Value, perm: list[int]) -> ir.Value:
-    """``linalg.transpose`` of `v` (result dim k is `v`'s dim perm[k]) at the
-    current insertion point, on a fresh ``tensor.empty``."""
-    from mlir.dialects import linalg, tensor
-
-    t = ir.RankedTensorType(v.type)
-    empty = tensor.EmptyOp([t.shape[p] for p in perm], t.element_type)
-    return linalg.transpose(v, outs=[empty.result], permutation=perm).results[0]
-
-
-def _perm_of(v: ir.Value) -> list[int] | None:
-    """The permutation of the ``linalg.transpose`` that produced `v`, if one did."""
-    if isinstance(v, ir.BlockArgument) or v.owner.name != "linalg.transpose":
-        return None
-    return list(ir.DenseI64ArrayAttr(v.owner.attributes["permutation"]))
 
 
 def fill_value(init: ir.Value) -> ir.Value | None:
@@ -115,57 +92,53 @@ def _init_like(init: ir.Value, perm: list[int]) -> ir.Value:
     if owner is not None and owner.name == "tensor.empty":
         t = ir.RankedTensorType(init.type)
         return tensor.EmptyOp([t.shape[p] for p in perm], t.element_type).result
-    return _transpose(init, perm)
-
-
-def _ints(attr: ir.Attribute) -> list[int]:
-    return [int(x) for x in ir.DenseIntElementsAttr(attr)]
+    return transpose(init, perm)
 
 
 def _convert_conv(op: ir.Operation) -> bool:
     from mlir.dialects import linalg
 
     x, w, init = op.operands
-    if not all(_static_tensor(v) for v in (x, w, init)) or _from_arguments(w, {}):
+    if not all(static_tensor_type(v) for v in (x, w, init)) or depends_on_arguments(w, {}):
         return False
     with ir.InsertionPoint(op), op.location:
-        xt = _transpose(x, _TO_LAST)
-        wt = _transpose(w, [2, 3, 1, 0])
+        xt = transpose(x, _TO_LAST)
+        wt = transpose(w, [2, 3, 1, 0])
         conv = linalg.conv_2d_nhwc_hwcf(
             xt, wt, outs=[_init_like(init, _TO_LAST)],
-            strides=_ints(op.attributes["strides"]), dilations=_ints(op.attributes["dilations"]),
+            strides=dense_ints(op.attributes["strides"]), dilations=dense_ints(op.attributes["dilations"]),
         )
-        back = _transpose(conv, _TO_FIRST)
+        back = transpose(conv, _TO_FIRST)
     op.results[0].replace_all_uses_with(back)
     return True
 
 
 def _reads_transposed(v: ir.Value) -> bool:
-    if _perm_of(v) is not None:
+    if permutation_of(v) is not None:
         return True
-    return not isinstance(v, ir.BlockArgument) and v.owner.name == "tensor.pad" and _perm_of(v.owner.operands[0]) is not None
+    return not isinstance(v, ir.BlockArgument) and v.owner.name == "tensor.pad" and permutation_of(v.owner.operands[0]) is not None
 
 
 def _convert_pool(op: ir.Operation) -> bool:
     from mlir.dialects import linalg
 
     x, window, init = op.operands
-    if not all(_static_tensor(v) for v in (x, window, init)) or not _reads_transposed(x):
+    if not all(static_tensor_type(v) for v in (x, window, init)) or not _reads_transposed(x):
         return False
     with ir.InsertionPoint(op), op.location:
-        xt = _transpose(x, _TO_LAST)
+        xt = transpose(x, _TO_LAST)
         pool = getattr(linalg, _POOLS[op.name])(
             xt, window, outs=[_init_like(init, _TO_LAST)],
-            strides=_ints(op.attributes["strides"]), dilations=_ints(op.attributes["dilations"]),
+            strides=dense_ints(op.attributes["strides"]), dilations=dense_ints(op.attributes["dilations"]),
         )
-        back = _transpose(pool, _TO_FIRST)
+        back = transpose(pool, _TO_FIRST)
     op.results[0].replace_all_uses_with(back)
     return True
 
 
 def _cancel_transposes(op: ir.Operation) -> bool:
     """transpose(transpose(x, p), q) -> x, or one transpose of x."""
-    p = _perm_of(op.operands[0])
+    p = permutation_of(op.operands[0])
     if p is None:
         return False
     q = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
@@ -175,7 +148,7 @@ def _cancel_transposes(op: ir.Operation) -> bool:
         op.results[0].replace_all_uses_with(x)
     else:
         with ir.InsertionPoint(op), op.location:
-            op.results[0].replace_all_uses_with(_transpose(x, composed))
+            op.results[0].replace_all_uses_with(transpose(x, composed))
     return True
 
 
@@ -193,8 +166,6 @@ def _static_pad(op: ir.Operation) -> tuple[list[int], list[int]] | None:
 
 def _pad(src: ir.Value, like: ir.Operation, low: list[int], high: list[int]) -> ir.Value:
     """A ``tensor.pad`` of `src` by (low, high), yielding what `like` yields."""
-    from .normalize import clone_remapped
-
     t = ir.RankedTensorType(src.type)
     shape = [s + lo + hi for s, lo, hi in zip(t.shape, low, high)]
     attrs = {like.attributes[i].name: like.attributes[i].attr for i in range(len(like.attributes))}
@@ -220,12 +191,12 @@ def _hoist_over_pad(op: ir.Operation) -> bool:
         return False
     pad = src.owner
     amounts = _static_pad(pad)
-    if amounts is None or _perm_of(pad.operands[0]) is None:
+    if amounts is None or permutation_of(pad.operands[0]) is None:
         return False
     q = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
     low, high = amounts
     with ir.InsertionPoint(op), op.location:
-        inner = _transpose(pad.operands[0], q)
+        inner = transpose(pad.operands[0], q)
         op.results[0].replace_all_uses_with(_pad(inner, pad, [low[k] for k in q], [high[k] for k in q]))
     return True
 
@@ -260,7 +231,7 @@ def _sink_through_generic(op: ir.Operation) -> bool:
     n = maps[-1].n_dims
     if maps[-1] != ir.AffineMap.get_identity(n) or any(m.n_symbols for m in maps):
         return False
-    out_t = _static_tensor(op.results[0])
+    out_t = static_tensor_type(op.results[0])
     if out_t is None:
         return False
     body = op.regions[0].blocks[0]
@@ -289,7 +260,7 @@ def _sink_through_generic(op: ir.Operation) -> bool:
     if not full:
         return False
     for i in full:
-        q = _perm_of(operands[i])
+        q = permutation_of(operands[i])
         if q is None:
             return False
         p = [0] * n
@@ -301,7 +272,7 @@ def _sink_through_generic(op: ir.Operation) -> bool:
     if perm == list(range(n)):
         return False
     assert perm is not None
-    inv = _inverse(perm)
+    inv = inverse_permutation(perm)
     new_operands, new_maps = [], []
     for i in range(n_ins):
         if i in full:
@@ -313,14 +284,12 @@ def _sink_through_generic(op: ir.Operation) -> bool:
             new_operands.append(operands[i])
             new_maps.append(ir.AffineMap.get(n, 0, exprs))
     new_maps.append(ir.AffineMap.get_identity(n))
-    from .normalize import clone_remapped
-
     out_arg = body.arguments[n_ins]
     out_used = any(True for _ in out_arg.uses)
     with ir.InsertionPoint(op), op.location:
         init = operands[n_ins]
         if out_used:
-            new_init = _transpose(init, inv)
+            new_init = transpose(init, inv)
         else:
             from mlir.dialects import tensor
 
@@ -336,7 +305,7 @@ def _sink_through_generic(op: ir.Operation) -> bool:
             for inner in body.operations:
                 clone_remapped(inner.operation, mapping)
         # new dim j is old dim inv[j]; old result dim k is new dim perm[k]
-        back = _transpose(new.results[0], perm)
+        back = transpose(new.results[0], perm)
     op.results[0].replace_all_uses_with(back)
     return True
 

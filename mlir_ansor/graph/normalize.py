@@ -47,15 +47,16 @@ from __future__ import annotations
 from mlir import ir
 from mlir.passmanager import PassManager
 
-from .fold_transpose import fold_transposes
-from .layout import convert_layout
-from .split_conv import split_convolutions
+from mlir_ansor.graph.fold_transpose import fold_transposes
+from mlir_ansor.graph.layout import convert_layout
+from mlir_ansor.graph.split_conv import split_convolutions
+from mlir_ansor.ir.attrs import NORMALIZED_ATTR
+from mlir_ansor.ir.rewrite import backward_slice, clone_remapped
 
-__all__ = ["CONVERT_LAYOUT", "backward_slice", "clone_remapped", "drop_dead_results", "drop_unit_broadcasts", "normalize"]
+__all__ = ["CONVERT_LAYOUT", "drop_dead_results", "drop_unit_broadcasts", "normalize"]
 
 _FUNC_PIPELINE = "func.func(canonicalize,cse)"
-NORMALIZED_ATTR = "ansor.normalized"
-"""Unit attribute set on a function once :func:`normalize` ran on it."""
+
 CONVERT_LAYOUT = True
 """Whether :func:`normalize` runs the channel-last layout pass when not told
 (the task extraction behind tune and compile does not tell it). It was off
@@ -81,57 +82,6 @@ def _on_tensors(fn: ir.Operation) -> bool:
 
     fn.walk(visit)
     return not found_memref
-
-
-def backward_slice(block: ir.Block, roots: list[ir.Value]) -> set:
-    """The ops of ``block`` that the values ``roots`` depend on (values read
-    inside their regions included), and those values themselves."""
-    owner_of = {}
-    for inner in block.operations:
-        for r in inner.operation.results:
-            owner_of[r] = inner.operation
-    needed: set = set()
-    stack = list(roots)
-    while stack:
-        v = stack.pop()
-        if v in needed:
-            continue
-        needed.add(v)
-        op = owner_of.get(v)
-        if op is None:
-            continue
-        if op not in needed:
-            needed.add(op)
-            stack.extend(op.operands)
-            # Values read inside nested regions count too.
-
-            def collect(inner: ir.Operation) -> ir.WalkResult:
-                stack.extend(inner.operands)
-                return ir.WalkResult.ADVANCE
-
-            for region in op.regions:
-                for b in region.blocks:
-                    for o in b.operations:
-                        o.operation.walk(collect)
-    return needed
-
-
-def clone_remapped(op: ir.Operation, mapping: dict) -> ir.Operation:
-    """Clone `op` at the current insertion point with every operand (its
-    nested ops' too) found in `mapping` replaced, and map `op`'s results to
-    the clone's; returns the clone."""
-    clone = op.clone()
-
-    def remap(inner: ir.Operation) -> ir.WalkResult:
-        for idx, v in enumerate(inner.operands):
-            if v in mapping:
-                inner.operands[idx] = mapping[v]
-        return ir.WalkResult.ADVANCE
-
-    clone.operation.walk(remap)
-    for a, b in zip(op.results, clone.results):
-        mapping[a] = b
-    return clone
 
 
 def _drop_dead_results_of(op: ir.Operation) -> bool:

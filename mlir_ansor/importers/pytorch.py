@@ -31,8 +31,8 @@ import warnings
 from types import ModuleType
 from typing import Any
 
-from .errors import AnsorError
-from .frontend import Program, load
+from mlir_ansor.errors import AnsorError
+from mlir_ansor.ir.program import Program, load
 
 __all__ = ["TORCH_EXTRA_HINT", "import_module", "load_module", "require_torch"]
 
@@ -86,7 +86,7 @@ def import_module(model: Any, example_inputs: Any, *, func_name: str = "main") -
     Raises :class:`AnsorError` when torch or torch-mlir is missing, or when
     the export or the lowering fails (with torch-mlir's message).
     """
-    _require_torch_mlir("mlir_ansor.torch_import.import_module")
+    _require_torch_mlir("mlir_ansor.importers.pytorch.import_module")
     torch = require_torch()
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)

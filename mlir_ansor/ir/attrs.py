@@ -1,0 +1,27 @@
+"""Names of the attributes mlir-ansor writes into the IR, in one place.
+
+Each one is set by one layer and read by the layers above it: the partition
+into tasks marks ops, the schedule matches them, the lowering reads what the
+graph rewrites and the builder left on functions.
+"""
+
+NORMALIZED_ATTR = "ansor.normalized"
+"""Unit attribute on a function that `graph.normalize.normalize` has brought
+into task shape (the compiled driver functions carry it; the lowering's
+driver rewrites look for it)."""
+
+ANCHOR_ATTR = "ansor.anchor"
+"""Unit attribute on the anchor op of a task (its contraction or reduction)."""
+
+FUSED_ATTR = "ansor.fused"
+"""Unit attribute on an op fused into its task's anchor (a fill, an
+elementwise consumer)."""
+
+OP_ATTR = "ansor.op"
+"""Integer attribute numbering a task's Linalg ops, which a schedule's
+``transform.structured.match`` looks for (`search.sketch.prepare_payload`)."""
+
+FLOPS_ATTR = "ansor.flops"
+"""Integer attribute on a scheduled kernel function: its task's operation
+count, read by the lowering to pick a dynamic OpenMP schedule for large
+kernels (`passes.lowering.dynamic_schedules`)."""

@@ -1,0 +1,111 @@
+"""Public helpers for rewriting Linalg on tensors: slices of a block,
+cloning with remapped operands, transposes and the permutations they make.
+
+The graph rewrites (`mlir_ansor.graph`) and the compiler's driver building
+share them; each works at the caller's insertion point and location.
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+
+
+def backward_slice(block: ir.Block, roots: list[ir.Value]) -> set:
+    """The ops of ``block`` that the values ``roots`` depend on (values read
+    inside their regions included), and those values themselves."""
+    owner_of = {}
+    for inner in block.operations:
+        for r in inner.operation.results:
+            owner_of[r] = inner.operation
+    needed: set = set()
+    stack = list(roots)
+    while stack:
+        v = stack.pop()
+        if v in needed:
+            continue
+        needed.add(v)
+        op = owner_of.get(v)
+        if op is None:
+            continue
+        if op not in needed:
+            needed.add(op)
+            stack.extend(op.operands)
+            # Values read inside nested regions count too.
+
+            def collect(inner: ir.Operation) -> ir.WalkResult:
+                stack.extend(inner.operands)
+                return ir.WalkResult.ADVANCE
+
+            for region in op.regions:
+                for b in region.blocks:
+                    for o in b.operations:
+                        o.operation.walk(collect)
+    return needed
+
+
+def clone_remapped(op: ir.Operation, mapping: dict) -> ir.Operation:
+    """Clone `op` at the current insertion point with every operand (its
+    nested ops' too) found in `mapping` replaced, and map `op`'s results to
+    the clone's; returns the clone."""
+    clone = op.clone()
+
+    def remap(inner: ir.Operation) -> ir.WalkResult:
+        for idx, v in enumerate(inner.operands):
+            if v in mapping:
+                inner.operands[idx] = mapping[v]
+        return ir.WalkResult.ADVANCE
+
+    clone.operation.walk(remap)
+    for a, b in zip(op.results, clone.results):
+        mapping[a] = b
+    return clone
+
+
+def inverse_permutation(perm: list[int]) -> list[int]:
+    """The permutation that undoes `perm`."""
+    inv = [0] * len(perm)
+    for k, p in enumerate(perm):
+        inv[p] = k
+    return inv
+
+
+def static_tensor_type(v: ir.Value) -> ir.RankedTensorType | None:
+    """`v`'s ranked tensor type if it has a static shape, else None."""
+    if not isinstance(v.type, ir.RankedTensorType):
+        return None
+    t = ir.RankedTensorType(v.type)
+    return t if t.has_static_shape else None
+
+
+def transpose(v: ir.Value, perm: list[int]) -> ir.Value:
+    """``linalg.transpose`` of `v` (result dim k is `v`'s dim perm[k]) at the
+    current insertion point, on a fresh ``tensor.empty``."""
+    from mlir.dialects import linalg, tensor
+
+    t = ir.RankedTensorType(v.type)
+    empty = tensor.EmptyOp([t.shape[p] for p in perm], t.element_type)
+    return linalg.transpose(v, outs=[empty.result], permutation=perm).results[0]
+
+
+def permutation_of(v: ir.Value) -> list[int] | None:
+    """The permutation of the ``linalg.transpose`` that produced `v`, if one did."""
+    if isinstance(v, ir.BlockArgument) or v.owner.name != "linalg.transpose":
+        return None
+    return list(ir.DenseI64ArrayAttr(v.owner.attributes["permutation"]))
+
+
+def dense_ints(attr: ir.Attribute) -> list[int]:
+    """The integers of a dense integer elements attribute (strides, dilations)."""
+    return [int(x) for x in ir.DenseIntElementsAttr(attr)]
+
+
+def depends_on_arguments(value: ir.Value, seen: dict) -> bool:
+    """Whether `value` depends on a block argument (not on constants only:
+    a transposed weight is computed once at compile time, not folded)."""
+    if isinstance(value, ir.BlockArgument):
+        return True
+    op = value.owner
+    if op not in seen:
+        seen[op] = False
+        seen[op] = any(depends_on_arguments(v, seen) for v in op.operands)
+    return seen[op]
