@@ -1,0 +1,16 @@
+"""Layer 2: rewrites of the user's whole module, and its partition into tasks.
+
+- `normalize`: brings imported Linalg (torch-mlir's output) into the shape
+  tasks are cut from (dead results, unit broadcasts), running `layout`
+  (channel-last convolutions, transposes sunk until they cancel),
+  `split_conv` (grouped, 3-D and transposed convolutions as plain 2-D ones)
+  and `fold_transpose` (transposes folded into the maps of their readers).
+- `task`: the partition into tasks (anchor op plus fused producers and
+  consumers), workload keys, flops, tolerances (`Task`, `extract_tasks`,
+  `partition`).
+- `constants`: the ops that compute from constants only, evaluated once at
+  compile time (the evaluator is passed in by the compiler).
+
+May import: `errors`, `target`, `ir`. Knows nothing of schedules, lowering
+or measurement.
+"""
