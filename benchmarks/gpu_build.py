@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mlir_ansor.examples import workloads  # noqa: E402
 from mlir_ansor.measure.pool import WorkerPool  # noqa: E402
-from mlir_ansor.search.gpu_sketch import generate_gpu_sketches, sample  # noqa: E402
+from mlir_ansor.search.generate import generate_sketches  # noqa: E402
+from mlir_ansor.search.gpu_sketch import sample  # noqa: E402
 from mlir_ansor.search.space import is_valid, make_assignment  # noqa: E402
 from mlir_ansor.target import Target  # noqa: E402
 
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     pool = WorkerPool(args.workers or 2, memory_limit_mb=8192)
     try:
         for wl in presets(args.preset):
-            sketches = generate_gpu_sketches(wl["mlir"], target)
+            sketches = generate_sketches(wl["mlir"], target)
             share = _split(args.n, [s.name for s in sketches])
             jobs, meta = [], []
             rng = random.Random(args.seed)

@@ -13,6 +13,7 @@ import pytest
 from conftest import INPUTS
 
 from mlir_ansor import AnsorError, InputError, TuneConfig
+from mlir_ansor.examples import workloads
 from mlir_ansor.graph.task import extract_tasks
 from mlir_ansor.records import Database
 from mlir_ansor.search import registry
@@ -47,7 +48,7 @@ def test_extending_examples_run(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     # The rule: registered after the built-ins, selected alone, and its
     # sketch (with the added op) is what was measured and won.
-    assert "'cpu-elementwise', 'tiled-licm']" in out
+    assert "'cuda-contraction', 'tiled-licm']" in out  # after the CPU and the GPU rules
     assert "tiled-licm 4 True" in out
     # The cost model was trained and asked to rank.
     assert "ridge: 4 trials, True (programs scored)" in out
@@ -98,6 +99,90 @@ def test_register_rule_before_and_rule_selection():
     assert all_names == ["cpu-contraction", "cpu-default"]  # `early` skips contractions
     only_default = [s.name for s in generate_sketches(task.mlir, AVX2, rules=("cpu-default",))]
     assert only_default == ["cpu-default"]
+
+
+CUDA = Target.cuda(90)
+F16_MATMUL = workloads.matmul(128, 128, 64, "f16")  # a hand-written task (extraction takes f32/f64): every GPU rule applies
+
+
+def test_rule_selection_applies_to_cuda_targets():
+    """`TuneConfig.rules` / `--rules` select among the GPU rules as among
+    the CPU ones; the target's default schedule is always added, and either
+    default's name may be given."""
+    from mlir_ansor.tools.cli import _parser, config_from_args
+    from mlir_ansor.tuner import task_sketches
+
+    mm = F16_MATMUL
+    every = generate_sketches(mm, CUDA)
+    assert [s.name for s in every] == ["cuda-mma-smem", "cuda-tiled", "cuda-mma", "cuda-contraction", "cuda-default"]
+    staged = [s.name for s in generate_sketches(mm, CUDA, rules=("cuda-staged-matmul",))]
+    assert staged == ["cuda-mma-smem", "cuda-tiled", "cuda-default"]
+    assert [s.name for s in generate_sketches(mm, CUDA, rules=("cuda-mma", "cuda-contraction"))] == [
+        "cuda-mma", "cuda-contraction", "cuda-default"
+    ]
+    for only_default in (("cuda-default",), ("cpu-default",), ("cpu-contraction",)):  # CPU rules skip cuda
+        assert [s.name for s in generate_sketches(mm, CUDA, rules=only_default)] == ["cuda-default"]
+    assert [s.name for s in generate_sketches(mm, AVX2, rules=("cuda-default", "cuda-mma"))] == ["cpu-default"]
+    # Selected sketches are the same sketches (hashes: records stay valid).
+    by_name = {s.name: s.hash for s in every}
+    assert all(s.hash == by_name[s.name] for s in generate_sketches(mm, CUDA, rules=("cuda-staged-matmul",)))
+
+    # The tuner's path: the configuration's rules, from the command line too.
+    args = _parser().parse_args(["tune", "--target", "cuda", "--rules", "cuda-staged-matmul"])
+    config = config_from_args(args, TuneConfig)
+    assert config.rules == ("cuda-staged-matmul",)
+    (task,) = extract_tasks(str(INPUTS / "matmul.mlir"))  # f32: no tensor-core staged sketch
+    assert [s.name for s in task_sketches(task, CUDA, config)] == ["cuda-tiled", "cuda-default"]
+    with pytest.raises(AnsorError, match="cuda-default"):
+        registry.sketch_rules(("nope",))
+
+
+GPU_PLUGIN = textwrap.dedent(
+    """\
+    import dataclasses
+
+    from mlir_ansor.search import registry
+    from mlir_ansor.search.rules.gpu_default import GpuDefaultSchedule
+
+
+    class CseFirst(GpuDefaultSchedule):
+        # The GPU default schedule, CSE first (a sketch of its own); like the
+        # GPU rules, it skips CPU targets (GpuDefaultSchedule.condition).
+
+        name = "cuda-cse-first"
+
+        def apply(self, ctx):
+            (sk,) = super().apply(ctx)
+            head = "{transform.consumed}) {\\n"
+            script = sk.script.replace(head, head + "    transform.apply_cse to %root : !transform.any_op\\n", 1)
+            assert script != sk.script
+            return [dataclasses.replace(sk, name=self.name, script=script)]
+
+
+    registry.register_rule("cuda-cse-first", CseFirst(), before="cuda-contraction")
+    """
+)
+
+
+def test_a_plugin_rule_applies_to_a_cuda_target(tmp_path):
+    """A rule a plugin registers runs for cuda targets where it says it
+    applies (its place in the order kept), is selected by name, and keeps
+    the GPU sketch's limits; a CPU target does not see it."""
+    from mlir_ansor.search.gpu_sketch import GpuSketch
+    from mlir_ansor.tuner import task_sketches
+
+    plugin = tmp_path / "gpu_plugin.py"
+    plugin.write_text(GPU_PLUGIN)
+    registry.load_plugin(str(plugin))
+    assert registry.rules()[-2:] == ["cuda-cse-first", "cuda-contraction"]
+    (task,) = extract_tasks(str(INPUTS / "matmul.mlir"))
+    names = [s.name for s in generate_sketches(task.mlir, CUDA)]
+    assert names == ["cuda-tiled", "cuda-mma", "cuda-cse-first", "cuda-contraction", "cuda-default"]
+    assert "cuda-cse-first" not in [s.name for s in generate_sketches(task.mlir, AVX2)]
+    mine = task_sketches(task, CUDA, TuneConfig(rules=("cuda-cse-first",)))
+    assert [s.name for s in mine] == ["cuda-cse-first", "cuda-default"]
+    assert isinstance(mine[0], GpuSketch) and mine[0].max_threads == CUDA.max_threads_per_block
+    assert mine[0].hash != mine[1].hash and "transform.apply_cse to %root" in mine[0].script
 
 
 def test_no_packing_fixes_the_pack_knob_and_keeps_the_hash():

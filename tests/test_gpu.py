@@ -126,7 +126,7 @@ def test_tune_build_only_records_ptxas_checked_candidates(mlir_side, ptxas, tmp_
     from mlir_ansor.graph.task import extract_tasks
     from mlir_ansor.ir.program import load
     from mlir_ansor.records import Database
-    from mlir_ansor.search.gpu_sketch import generate_gpu_sketches
+    from mlir_ansor.search.generate import generate_sketches
     from mlir_ansor.target import Target
     from mlir_ansor.tuner import TuneConfig
 
@@ -135,7 +135,7 @@ def test_tune_build_only_records_ptxas_checked_candidates(mlir_side, ptxas, tmp_
     res = tune(str(MATMUL_MLIR), target=target, config=cfg, db=tmp_path / "t.db")
     (task,) = res.tasks
     assert res.measured == 16 and task.trials == 16 and not math.isfinite(task.best_latency_s)
-    sketches = {sk.hash: sk for sk in generate_gpu_sketches(extract_tasks(load(str(MATMUL_MLIR)))[0].mlir, target)}
+    sketches = {sk.hash: sk for sk in generate_sketches(extract_tasks(load(str(MATMUL_MLIR)))[0].mlir, target)}
     recs = Database(str(tmp_path / "t.db")).records()
     kinds = {r.error_kind for r in recs}
     assert kinds <= {"not_measured", "ptxas_limit"}, [r.error_msg[:200] for r in recs]
@@ -157,6 +157,58 @@ def test_tune_build_only_records_ptxas_checked_candidates(mlir_side, ptxas, tmp_
     assert again.measured == 4 and len({(r.sketch_hash, r.knobs) for r in recs2}) == 20
 
 
+CSE_PLUGIN = '''
+import dataclasses
+
+from mlir_ansor.search import registry
+from mlir_ansor.search.rules.gpu_default import GpuDefaultSchedule
+
+
+class CseFirst(GpuDefaultSchedule):
+    name = "cuda-cse-first"
+
+    def apply(self, ctx):
+        (sk,) = super().apply(ctx)
+        head = "{transform.consumed}) {\\n"
+        script = sk.script.replace(head, head + "    transform.apply_cse to %root : !transform.any_op\\n", 1)
+        return [dataclasses.replace(sk, name=self.name, script=script)]
+
+
+registry.register_rule("cuda-cse-first", CseFirst(), before="cuda-staged-matmul")
+'''
+
+
+def test_cli_rules_and_a_plugin_rule_steer_cuda_tuning(mlir_side, ptxas, tmp_path, capsys):
+    """`mlir-ansor tune --target cuda --rules ... --plugin ...`: the rule
+    selection and a plugin's rule apply to a cuda target like a CPU one.
+    The plugin's rule goes first, so the random search (which draws from
+    the first sketch) builds its sketch: a GPU sketch that ptxas accepts."""
+    from mlir_ansor.graph.task import extract_tasks
+    from mlir_ansor.records import Database
+    from mlir_ansor.search import registry
+    from mlir_ansor.search.generate import generate_sketches
+    from mlir_ansor.target import Target
+    from mlir_ansor.tools.cli import main
+
+    plugin = tmp_path / "cse_plugin.py"
+    plugin.write_text(CSE_PLUGIN)
+    db = tmp_path / "t.db"
+    with registry.isolated():
+        rc = main(["tune", str(MATMUL_MLIR), "--target", "cuda", "--build-only", "--plugin", str(plugin),
+                   "--rules", "cuda-staged-matmul,cuda-cse-first", "--search", "random", "--trials", "4",
+                   "--batch-size", "4", "--db", str(db), "--progress", "none", "--json"])
+        assert rc == 0, capsys.readouterr().err
+        (task,) = extract_tasks(str(MATMUL_MLIR))
+        every = {s.hash: s.name for s in generate_sketches(task.mlir, Target.cuda(90))}
+        assert list(every.values()) == ["cuda-cse-first", "cuda-tiled", "cuda-mma", "cuda-contraction", "cuda-default"]
+    with Database(db) as d:
+        recs = d.records()
+        assert d.runs()[0]["config"]["rules"] == ["cuda-staged-matmul", "cuda-cse-first"]
+    assert len(recs) == 4 and {r.error_kind for r in recs} <= {"not_measured", "ptxas_limit"}
+    assert "not_measured" in {r.error_kind for r in recs}  # built to a cubin within the limits
+    assert {every[r.sketch_hash] for r in recs} == {"cuda-cse-first"}
+
+
 @pytest.mark.parametrize("wrong", [False, True])
 def test_tune_measures_cuda_candidates_on_a_fake_gpu(wrong, mlir_side, ptxas, tmp_path):
     """The measuring path without a GPU: real builds and cubins, the runner's
@@ -166,9 +218,10 @@ def test_tune_measures_cuda_candidates_on_a_fake_gpu(wrong, mlir_side, ptxas, tm
     import fake_cuda
 
     from mlir_ansor import tune
+    from mlir_ansor.measure.measurer import Measurer
     from mlir_ansor.records import Database
     from mlir_ansor.target import Target
-    from mlir_ansor.tuner import Measurer, TuneConfig
+    from mlir_ansor.tuner import TuneConfig
 
     target = Target.cuda(90)
     cfg = TuneConfig(trials=3, batch_size=3, seed=2)
@@ -206,12 +259,12 @@ def test_evolution_keeps_gpu_limits(mlir_side):
     limits (derived copy knobs recomputed, violators dropped); a bare
     mutation does not, which is why the hook exists."""
     from mlir_ansor.examples import workloads
-    from mlir_ansor.search.gpu_sketch import generate_gpu_sketches
+    from mlir_ansor.search.generate import generate_sketches
     from mlir_ansor.search.strategy import EvolutionarySearch
     from mlir_ansor.search.strategy.evolutionary import mutate
     from mlir_ansor.target import Target
 
-    sks = generate_gpu_sketches(workloads.matmul(128, 256, 64, "f32"), Target.cuda(90))
+    sks = generate_sketches(workloads.matmul(128, 256, 64, "f32"), Target.cuda(90))
     sk = next(s for s in sks if s.name == "cuda-tiled")  # derived copy knobs and register-tile limits
     rng = random.Random(0)
     pop = [(sk, sk.sample(rng)) for _ in range(48)]
@@ -282,14 +335,15 @@ def _tasks(kind: str) -> list[str]:
 
 @pytest.mark.parametrize("kind,per_sketch", [("matmul", 3), ("matmul_f16", 2), ("conv2d", 3), ("softmax", 2)])
 def test_sampled_candidates_assemble(kind, per_sketch, mlir_side, ptxas, tmp_path):
-    from mlir_ansor.search.gpu_sketch import generate_gpu_sketches, sample
+    from mlir_ansor.search.generate import generate_sketches
+    from mlir_ansor.search.gpu_sketch import sample
     from mlir_ansor.target import Target
 
     target = Target.cuda()
     built = 0
     names = set()
     for ti, task in enumerate(_tasks(kind)):
-        for sk in generate_gpu_sketches(task, target):
+        for sk in generate_sketches(task, target):
             names.add(sk.name)
             rng = random.Random(1234 + ti)
             for i in range(per_sketch):
@@ -334,12 +388,12 @@ def test_staged_matmul_accumulates_in_registers(dtype, mlir_side, ptxas, tmp_pat
     neither loads nor stores C: the accumulator stays in registers (no
     spills, no stack frame)."""
     from mlir_ansor.examples import workloads
-    from mlir_ansor.search.gpu_sketch import generate_gpu_sketches
+    from mlir_ansor.search.generate import generate_sketches
     from mlir_ansor.search.space import make_assignment
     from mlir_ansor.target import Target
 
     target = Target.cuda()
-    sketches = {s.name: s for s in generate_gpu_sketches(workloads.matmul(256, 256, 256, dtype), target)}
+    sketches = {s.name: s for s in generate_sketches(workloads.matmul(256, 256, 256, dtype), target)}
     cases = [("cuda-tiled", {"b_d0": 64, "b_d1": 64, "t_d0": 8, "t_d1": 16, "k_d2": 16})]
     if dtype == "f16":
         cases.append(("cuda-mma-smem", {"b_d0": 64, "b_d1": 64, "w_d0": 32, "w_d1": 32, "k_d2": 32}))
@@ -374,12 +428,12 @@ def test_staged_matmul_accumulates_in_registers(dtype, mlir_side, ptxas, tmp_pat
 def test_promotion_and_tensor_core_ptx(mlir_side, ptxas, tmp_path):
     """FileCheck over the PTX of a promoted tile and of the MMA sketch."""
     from mlir_ansor.examples import workloads
-    from mlir_ansor.search.gpu_sketch import generate_gpu_sketches
+    from mlir_ansor.search.generate import generate_sketches
     from mlir_ansor.search.space import make_assignment
     from mlir_ansor.target import Target
 
     target = Target.cuda()
-    sketches = {s.name: s for s in generate_gpu_sketches(workloads.matmul(128, 128, 64, "f16"), target)}
+    sketches = {s.name: s for s in generate_sketches(workloads.matmul(128, 128, 64, "f16"), target)}
     mma, con = sketches["cuda-mma"], sketches["cuda-contraction"]
     a = make_assignment({"b_d0": 64, "b_d1": 64, "k_d2": 16, "smem": 0, "t_d0": 16, "t_d1": 16})
     b = mlir_side.build_cuda(con.payload, con.concrete(a), target, str(tmp_path / "s.cubin"))
@@ -404,11 +458,11 @@ CHECK: mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16
 
 def test_limits_reject_oversized_knobs(mlir_side):
     from mlir_ansor.examples import workloads
-    from mlir_ansor.search.gpu_sketch import generate_gpu_sketches
+    from mlir_ansor.search.generate import generate_sketches
     from mlir_ansor.search.space import make_assignment
     from mlir_ansor.target import Target
 
-    sketches = {s.name: s for s in generate_gpu_sketches(workloads.matmul(1024, 1024, 1024, "f32"), Target.cuda())}
+    sketches = {s.name: s for s in generate_sketches(workloads.matmul(1024, 1024, 1024, "f32"), Target.cuda())}
     con = sketches["cuda-contraction"]
     too_much_smem = make_assignment({"b_d0": 256, "b_d1": 256, "k_d2": 64, "smem": 0, "t_d0": 32, "t_d1": 32})
     assert "shared memory" in con.violation(too_much_smem)
@@ -526,12 +580,13 @@ def test_lower_to_nvvm_pipeline_element(mlir_side):
     from mlir_ansor.errors import AnsorError
     from mlir_ansor.passes.nvvm import extract_ptx
     from mlir_ansor.schedule.apply import apply_schedule
-    from mlir_ansor.search.gpu_sketch import generate_gpu_sketches, sample
+    from mlir_ansor.search.generate import generate_sketches
+    from mlir_ansor.search.gpu_sketch import sample
     from mlir_ansor.target import Target
     from mlir_ansor.tools.pipeline import run_pipeline
 
     task = _tasks("matmul")[0]
-    sk = generate_gpu_sketches(task, Target.cuda())[-1]
+    sk = generate_sketches(task, Target.cuda())[-1]
     script = sk.concrete(sample(sk, random.Random(0)))
     with ir.Context(), ir.Location.unknown():
         module = apply_schedule(sk.payload, script)

@@ -46,6 +46,85 @@ def test_rule_choice_follows_structure(tmp_path, text, expected):
     assert _sketch_names(text, tmp_path)[0] == expected
 
 
+CUDA = Target.cuda(90)
+
+#: Workloads that between them make every CPU and every GPU rule apply.
+TARGET_CASES = {
+    "matmul": workloads.matmul(64, 64, 32),
+    "matmul_f16": workloads.matmul(128, 128, 64, "f16"),
+    "conv2d": workloads.conv2d_nhwc(1, 10, 10, 8, 16, 3, 3),
+    "reduce": workloads.reduce_last(16, 64),
+    "elementwise": workloads.elementwise_add_relu(16, 64),
+    "softmax": workloads.softmax(16, 64),
+}
+
+
+def _contexts(text: str) -> list:
+    """(task, CPU context, cuda context) of each task of `text` (the f16
+    matmul, which task extraction refuses, as a hand-written task)."""
+    from mlir_ansor.search.rules import SketchContext
+    from mlir_ansor.search.sketch import prepare_payload
+
+    try:
+        tasks = [t.mlir for t in extract_tasks(mlir_ansor.load(text=text))]
+    except mlir_ansor.AnsorError:
+        tasks = [text]
+    out = []
+    for t in tasks:
+        payload, ops = prepare_payload(t)
+        anchor = next((o for o in ops if o.role == "anchor"), ops[-1])
+        out.append((t, SketchContext(payload, ops, anchor, AVX2), SketchContext(payload, ops, anchor, CUDA)))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(TARGET_CASES))
+def test_rules_serve_their_own_kind_of_target(name):
+    """Each rule's condition reads the target: a CPU rule (the default
+    included) skips every cuda task, a GPU rule every CPU task; and each
+    workload's sketches on either target come from that target's rules."""
+    from mlir_ansor.search.registry import sketch_rules
+    from mlir_ansor.search.rules import CPU_RULES, DEFAULT_RULE, GPU_DEFAULT_RULE, GPU_RULES, RuleResult
+
+    assert [r.name for r in sketch_rules()] == [r.name for r in CPU_RULES + GPU_RULES]
+    for task, cpu_ctx, cuda_ctx in _contexts(TARGET_CASES[name]):
+        for rule in [*CPU_RULES, DEFAULT_RULE]:
+            assert rule.condition(cuda_ctx) is RuleResult.SKIP, (name, rule.name)
+        for rule in [*GPU_RULES, GPU_DEFAULT_RULE]:
+            assert rule.condition(cpu_ctx) is RuleResult.SKIP, (name, rule.name)
+        assert DEFAULT_RULE.condition(cpu_ctx) is GPU_DEFAULT_RULE.condition(cuda_ctx) is RuleResult.APPLY
+        cpu_names = [s.name for s in generate_sketches(task, AVX2)]
+        cuda_names = [s.name for s in generate_sketches(task, CUDA)]
+        assert cpu_names[-1] == "cpu-default" and all(n.startswith("cpu-") for n in cpu_names), cpu_names
+        assert cuda_names[-1] == "cuda-default" and all(n.startswith("cuda-") for n in cuda_names), cuda_names
+
+
+def test_every_rule_applies_somewhere():
+    """The skip test above is not vacuous: on its own kind of target, every
+    rule applies to one of the workloads."""
+    from mlir_ansor.search.rules import CPU_RULES, GPU_RULES, RuleResult
+
+    applied = set()
+    for text in TARGET_CASES.values():
+        for _, cpu_ctx, cuda_ctx in _contexts(text):
+            applied |= {r.name for r in CPU_RULES if r.condition(cpu_ctx) is not RuleResult.SKIP}
+            applied |= {r.name for r in GPU_RULES if r.condition(cuda_ctx) is not RuleResult.SKIP}
+    assert applied == {r.name for r in CPU_RULES + GPU_RULES}
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (workloads.matmul(128, 128, 64, "f16"), ["cuda-mma-smem", "cuda-tiled", "cuda-mma", "cuda-contraction", "cuda-default"]),
+        (workloads.matmul(64, 64, 32), ["cuda-tiled", "cuda-mma", "cuda-contraction", "cuda-default"]),
+        (workloads.conv2d_nhwc(1, 10, 10, 8, 16, 3, 3), ["cuda-contraction", "cuda-default"]),
+        (workloads.reduce_last(16, 64), ["cuda-default"]),
+        (workloads.elementwise_add_relu(16, 64), ["cuda-default"]),
+    ],
+)
+def test_gpu_rule_choice_follows_structure(text, expected):
+    assert [s.name for s in generate_sketches(_contexts(text)[0][0], CUDA)] == expected
+
+
 def test_reduction_sketch_knobs(tmp_path):
     path = tmp_path / "r.mlir"
     path.write_text(workloads.reduce_last(16, 64))

@@ -3,7 +3,8 @@
 The rules (`search.rules`, one per file) say whether they apply to a task's
 op on a target and write its sketches; the registry (`search.registry`)
 holds them in priority order, with any a plugin adds. This module sits above
-both: it is the one place that asks the registry for rules and runs them.
+both: it is the one place that asks the registry for rules and runs them,
+for CPU and CUDA targets alike (each rule's condition reads the target).
 """
 
 from __future__ import annotations
@@ -12,11 +13,23 @@ from collections.abc import Mapping, Sequence
 
 from mlir_ansor.errors import UnsupportedError
 from mlir_ansor.search.registry import sketch_rules
-from mlir_ansor.search.rules import DEFAULT_RULE, RuleResult, SketchContext
-from mlir_ansor.search.sketch import Sketch, fix_knobs, prepare_payload
+from mlir_ansor.search.rules import RuleResult, SketchContext, default_rule
+from mlir_ansor.search.sketch import OpStructure, Sketch, fix_knobs, prepare_payload
 from mlir_ansor.target import Target
 
 __all__ = ["generate_sketches"]
+
+
+def _anchor(ops: tuple[OpStructure, ...], target: Target) -> OpStructure:
+    """The op the rules schedule around: the one task extraction tagged.
+    Untagged (a hand-written module): on a CPU the first op; on a GPU the
+    last op with a reduction, else the last op."""
+    tagged = [o for o in ops if o.role == "anchor"]
+    if tagged:
+        return tagged[0]
+    if target.kind == "cuda":
+        return ([o for o in ops if o.reductions] or list(ops))[-1]
+    return ops[0]
 
 
 def generate_sketches(
@@ -26,8 +39,9 @@ def generate_sketches(
     rules: Sequence[str] | None = None,
     fixed: Mapping[str, int] | None = None,
 ) -> list[Sketch]:
-    """All sketches for one task: those of the rules that apply, in rule
-    order, then the default schedule last.
+    """All sketches for one task on `target` (a CPU or a cuda target): those
+    of the rules that apply, in rule order, then the target's default
+    schedule (``cpu-default`` or ``cuda-default``) last.
 
     rules: names of the rules to run (`mlir_ansor.search.registry.rules()` lists
       them); None runs every registered rule. The default schedule is
@@ -36,11 +50,11 @@ def generate_sketches(
       ``rules.NO_PACKING`` drops the packing alternative.
     """
     selected = sketch_rules(rules)
+    default = default_rule(target)
     payload, ops = prepare_payload(task_mlir)
-    anchors = [o for o in ops if o.role == "anchor"] or list(ops[:1])
-    if not anchors:
+    if not ops:
         raise UnsupportedError("task has no Linalg operation")
-    ctx = SketchContext(payload, ops, anchors[0], target)
+    ctx = SketchContext(payload, ops, _anchor(ops, target), target)
     sketches: list[Sketch] = []
     for rule in selected:
         verdict = rule.condition(ctx)
@@ -49,7 +63,7 @@ def generate_sketches(
         sketches.extend(rule.apply(ctx))
         if verdict is RuleResult.APPLY_AND_SKIP_REST:
             break
-    sketches.extend(DEFAULT_RULE.apply(ctx))
+    sketches.extend(default.apply(ctx))
     if fixed:
         sketches = [fix_knobs(sk, fixed) for sk in sketches]
     return sketches

@@ -18,7 +18,10 @@ What each registry holds (``docs/extending.md`` has a worked example of each):
 
 * rules: :class:`~mlir_ansor.search.rules.Rule` *instances*, in priority order
   (``before=`` inserts ahead of a named rule; by default a new rule goes
-  last). The default schedule (``cpu-default``) is not in this list: it is
+  last): the CPU rules, then the GPU rules, then plugins'. One list serves
+  both kinds of target: each rule's condition reads ``ctx.target`` (the CPU
+  rules skip a cuda target, the GPU rules a CPU). The default schedules
+  (``cpu-default``, ``cuda-default``) are not in this list: the target's is
   always appended, so every task keeps a sound sketch.
 * cost models: ``factory(config: TuneConfig) -> CostModel``.
 * search strategies: ``factory(config: TuneConfig) -> SearchStrategy`` (one
@@ -60,6 +63,7 @@ _plugin_errors: list[str] = []
 __all__ = [
     "ENTRY_POINT_GROUP",
     "cost_models",
+    "default_rule_names",
     "discover_plugins",
     "isolated",
     "load_plugin",
@@ -112,10 +116,10 @@ def _load_builtins() -> None:
         return
     _builtins_loaded = True
     from mlir_ansor.search.cost_model import RandomModel, XGBModel
-    from mlir_ansor.search.rules import CPU_RULES
+    from mlir_ansor.search.rules import CPU_RULES, GPU_RULES
     from mlir_ansor.search.task_scheduler import RandomTaskScheduler, TaskScheduler
 
-    for rule in CPU_RULES:
+    for rule in [*CPU_RULES, *GPU_RULES]:
         _RULES.setdefault(rule.name, rule)
     _STRATEGIES.setdefault("random", _random_search)
     _STRATEGIES.setdefault("evolutionary", _evolutionary)
@@ -147,7 +151,9 @@ def register_rule(name: str, rule: Any, *, before: str | None = None, replace: b
     """Add a sketch rule (a :class:`~mlir_ansor.search.rules.Rule` instance)
     under `name`, tried before the rule named `before` (default: after every
     registered rule, still before the default schedule). The rule's
-    sketches are named by ``rule.name``; `name` is what users select."""
+    sketches are named by ``rule.name``; `name` is what users select. Its
+    condition sees ``ctx.target``: a rule for cuda targets only skips the
+    others, as the built-in GPU rules do."""
     from mlir_ansor.search.rules import Rule
 
     _check_name(name)
@@ -250,17 +256,28 @@ def _unknown(what: str, name: str, known: Sequence[str], option: str) -> AnsorEr
     return AnsorError(f"unknown {what} {name!r} ({option}): expected one of {', '.join(known)}{extra}")
 
 
+def default_rule_names() -> list[str]:
+    """Names of the default schedules ("cpu-default", "cuda-default"): not
+    registered rules, but accepted wherever rules are named."""
+    from mlir_ansor.search.rules import DEFAULT_RULES
+
+    return [r.name for r in DEFAULT_RULES.values()]
+
+
 def sketch_rules(names: Sequence[str] | None = None) -> list[Any]:
     """The rules to run, in priority order: all registered ones (None), or
-    those named (their registry order is kept; "cpu-default" may be named and
-    is ignored: the default schedule is always added)."""
+    those named (their registry order is kept; "cpu-default" and
+    "cuda-default" may be named and are ignored: the target's default
+    schedule is always added). The same names serve CPU and cuda targets:
+    a rule for the other kind of target skips the task."""
     _ready()
     if names is None:
         return list(_RULES.values())
     wanted = set(names)
+    defaults = default_rule_names()
     for n in names:
-        if n not in _RULES and n != "cpu-default":
-            raise _unknown("sketch rule", n, list(_RULES) + ["cpu-default"], "--rules / TuneConfig.rules")
+        if n not in _RULES and n not in defaults:
+            raise _unknown("sketch rule", n, list(_RULES) + defaults, "--rules / TuneConfig.rules")
     return [r for n, r in _RULES.items() if n in wanted]
 
 

@@ -1,6 +1,7 @@
-"""The sound default for any task: parallel outer tiles over ``scf.forall``
-with the whole task fused in, the rest lowered as loops (LLVM may still
-vectorize them). Always applies; it is the fallback of every other rule."""
+"""``cpu-default``: the sound default for any task on a CPU target: parallel
+outer tiles over ``scf.forall`` with the whole task fused in, the rest
+lowered as loops (LLVM may still vectorize them). Always applies on a CPU;
+it is the fallback of every other CPU rule (`gpu_default` is the cuda one)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ class DefaultSchedule(Rule):
     name = "cpu-default"
 
     def condition(self, ctx: SketchContext) -> RuleResult:
-        return RuleResult.APPLY
+        return RuleResult.APPLY if ctx.target.kind == "cpu" else RuleResult.SKIP
 
     def apply(self, ctx: SketchContext) -> list[Sketch]:
         root = ctx.root

@@ -29,6 +29,8 @@ class ElementwiseVectorize(Rule):
     name = "cpu-elementwise"
 
     def condition(self, ctx: SketchContext) -> RuleResult:
+        if ctx.target.kind != "cpu":
+            return RuleResult.SKIP  # the GPU rules' (rules/gpu_*.py)
         ok = all(o.is_elementwise for o in ctx.ops) and all(d is not None for d in ctx.root.output_dims)
         if ok and _reads_across_vector_loop(ctx):
             # Transposes: vectorized, their permuted transfers sent the vector

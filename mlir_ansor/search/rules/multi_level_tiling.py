@@ -142,6 +142,8 @@ class MultiLevelTiling(Rule):
 
     def condition(self, ctx: SketchContext) -> RuleResult:
         a = ctx.anchor
+        if ctx.target.kind != "cpu":
+            return RuleResult.SKIP  # the GPU rules' (rules/gpu_*.py)
         if not a.reductions or any(d is None for d in a.output_dims):
             return RuleResult.SKIP
         if a.compound_dims:

@@ -42,6 +42,8 @@ class ReductionVectorize(Rule):
 
     def condition(self, ctx: SketchContext) -> RuleResult:
         a = ctx.anchor
+        if ctx.target.kind != "cpu":
+            return RuleResult.SKIP  # the GPU rules' (rules/gpu_*.py)
         if not a.reductions or a.compound_dims or a.is_mul_add:
             return RuleResult.SKIP
         if any(d is None for d in a.output_dims) or not a.operand_dims or None in a.operand_dims[0]:

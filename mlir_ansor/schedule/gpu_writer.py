@@ -1,0 +1,102 @@
+"""Building transform-dialect schedules for NVIDIA targets.
+
+:class:`GpuScheduleWriter` is the :class:`~mlir_ansor.schedule.writer.ScheduleWriter`
+with the steps GPU sketches are made of: tiling with a device mapping
+(``#gpu.block``, ``#gpu.warp``, ``#gpu.thread``), promoting operand tiles to
+copies in shared (workgroup) memory and spreading copies over the block's
+threads, bufferizing with device copies, and rewriting a matmul as
+tensor-core ``mma.sync``. The GPU sketch rules (`search/rules/gpu_*.py`)
+write with it; `passes/nvvm.py` lowers what it produces.
+"""
+
+from __future__ import annotations
+
+from mlir_ansor.schedule.writer import ANY, PARAM, ScheduleWriter, Size
+
+__all__ = ["GpuScheduleWriter"]
+
+
+class GpuScheduleWriter(ScheduleWriter):
+    """A :class:`ScheduleWriter` with the mapped tiling and promotion steps
+    GPU sketches are made of."""
+
+    def tile_forall_mapped(
+        self, op: str, sizes: list[Size], mapping: list[str], *, num_threads: bool = False
+    ) -> tuple[str, str]:
+        """`tile_using_forall` with a device mapping (one entry per non-zero
+        size); `num_threads`: the sizes are thread counts, not tile sizes."""
+        text, params = self._sizes(sizes)
+        t, loop = self._fresh("t"), self._fresh("forall")
+        in_types = ", ".join([ANY] + [PARAM] * len(params))
+        kind = "num_threads" if num_threads else "tile_sizes"
+        self.emit(
+            f"{t}, {loop} = transform.structured.tile_using_forall {op} {kind} {text} "
+            f"(mapping = [{', '.join(mapping)}]) : ({in_types}) -> ({ANY}, {ANY})"
+        )
+        return t, loop
+
+    def promote_inputs(self, op: str, inputs: list[int], num_operands: int, dtype: str) -> tuple[str, list[str]]:
+        """Copy input operands `inputs` of `op` into fresh buffers (a no-fold
+        `pad` rewritten to `linalg.copy` into `bufferization.alloc_tensor`).
+        Returns the op after padding and, per input, the handle of its copy."""
+        padded, pad, copy = self._fresh("padded"), self._fresh("pad"), self._fresh("copy")
+        zeros = ", ".join([f"0.0 : {dtype}"] * num_operands)
+        nofold = ", ".join("1" if i in inputs else "0" for i in range(num_operands))
+        self.emit(
+            f"{padded}, {pad}, {copy} = transform.structured.pad {op} {{padding_values = [{zeros}], "
+            f'nofold_flags = [{nofold}], copy_back_op = "none"}} '
+            f": ({ANY}) -> ({ANY}, {ANY}, {ANY})"
+        )
+        copies = []
+        for i in inputs:
+            producer = self._fresh("prod")
+            self.emit(f"{producer} = transform.get_producer_of_operand {padded}[{i}] : ({ANY}) -> {ANY}")
+            self.emit(
+                f"transform.structured.rewrite_in_destination_passing_style {producer} : ({ANY}) -> {ANY}"
+            )
+            c = self._fresh("cp")
+            self.emit(f"{c} = transform.get_producer_of_operand {padded}[{i}] : ({ANY}) -> {ANY}")
+            copies.append(c)
+        return padded, copies
+
+    def distribute_linear(self, op: str, sizes: list[Size]) -> str:
+        """Tile `op` into pieces of `sizes` spread over all threads of the
+        block by their linear id (`#gpu.thread<linear_dim_i>`: the forall
+        may have any shape up to the block's thread count); returns the
+        forall."""
+        n = sum(1 for s in sizes if not (isinstance(s, int) and s == 0))
+        mapping = [f"#gpu.thread<linear_dim_{i}>" for i in reversed(range(n))]
+        _, loop = self.tile_forall_mapped(op, sizes, mapping)
+        return loop
+
+    def to_workgroup_memory(self, container: str) -> None:
+        """Put every `bufferization.alloc_tensor` under `container` in
+        workgroup (shared) memory."""
+        allocs = self.match_ops(container, ["bufferization.alloc_tensor"])
+        space = self._fresh("space")
+        self.emit(f"{space} = transform.param.constant #gpu.address_space<workgroup> -> !transform.any_param")
+        self.emit(f'transform.annotate {allocs} "memory_space" = {space} : {ANY}, !transform.any_param')
+
+    def gpu_bufferize(self, root: str) -> str:
+        """Canonicalize, bufferize (copies as `linalg.copy`, which lower to
+        loops on the device), canonicalize again; returns the new root."""
+        func = self.match_func(root)
+        self.emit(f"transform.apply_patterns to {func} {{")
+        self.emit("  transform.apply_patterns.canonicalization")
+        self.emit(f"}} : {ANY}")
+        self.emit(f"transform.apply_cse to {func} : {ANY}")
+        h = self._fresh("buf")
+        self.emit(
+            f"{h} = transform.bufferization.one_shot_bufferize {root} "
+            '{bufferize_function_boundaries = true, function_boundary_type_conversion = 1 : i32, memcpy_op = "linalg.copy"} '
+            f": ({ANY}) -> {ANY}"
+        )
+        func = self.match_func(h)
+        self.emit(f"transform.apply_patterns to {func} {{")
+        self.emit("  transform.apply_patterns.canonicalization")
+        self.emit(f"}} : {ANY}")
+        return h
+
+    def mma_sync(self, root: str) -> None:
+        mm = self.match_ops(root, ["linalg.matmul"])
+        self.emit(f"transform.nvgpu.rewrite_matmul_as_mma_sync {mm} : ({ANY}) -> ()")

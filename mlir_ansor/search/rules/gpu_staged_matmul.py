@@ -1,0 +1,158 @@
+"""``cuda-staged-matmul``: a plain f16/f32 matmul with its operand tiles
+staged in shared memory and its output tile kept in registers across the
+whole K loop (the GPU rule tried first).
+
+Per block (``#gpu.block``) a BM x BN tile of C; a loop over K in steps of
+BK; in each step all threads of the block copy the BM x BK tile of A and the
+BK x BN tile of B to `.shared` in 16-byte pieces (the copy is a forall over
+the block's linear thread id, so the copy's shape does not need to match the
+compute's thread shape; a barrier follows), then compute from shared memory.
+Two sketches:
+
+  * ``cuda-mma-smem`` (f16, sm_80+): each warp (``#gpu.warp``) a WM x WN
+    tile, as a vector contraction that `passes/nvvm.py` unrolls to 16x8x16
+    and turns into ``ldmatrix`` + ``mma.sync``;
+  * ``cuda-tiled`` (f16, f32): each thread (``#gpu.thread``) a register tile
+    of (BM / threads_y) x (BN / threads_x), as a vector contraction lowered
+    to FMAs.
+
+The operand tiles are vectorized here; `passes/nvvm.py` hoists the output
+tile's read and write out of the K loop once the thread foralls are mapped,
+which is what keeps the accumulator in registers.
+"""
+
+from __future__ import annotations
+
+from mlir_ansor.ir.dtypes import element_bytes
+from mlir_ansor.schedule.gpu_writer import GpuScheduleWriter
+from mlir_ansor.search.gpu_sketch import GpuSketch, target_limits
+from mlir_ansor.search.rules.base import Rule, RuleResult, SketchContext
+from mlir_ansor.search.rules.gpu_base import THREAD_COUNTS, fuse_others, is_cuda
+from mlir_ansor.search.sketch import OpStructure, Sketch
+from mlir_ansor.search.space import KnobSpec, divisors
+
+#: The layout of a plain matmul: A(m, k), B(k, n), C(m, n) over loops (m, n, k).
+MATMUL_DIMS = ((0, 2), (2, 1), (0, 1))
+
+
+def is_plain_matmul(op: OpStructure) -> bool:
+    """C(m, n) += A(m, k) * B(k, n), whatever the op is called."""
+    return (
+        op.operand_dims == MATMUL_DIMS
+        and op.iterator_types == ("parallel", "parallel", "reduction")
+        and op.is_mul_add
+        and op.num_inputs == 2
+    )
+
+
+class StagedMatmul(Rule):
+    name = "cuda-staged-matmul"
+
+    def condition(self, ctx: SketchContext) -> RuleResult:
+        a = ctx.anchor
+        if not is_cuda(ctx) or not is_plain_matmul(a) or a.dtype not in ("f16", "f32"):
+            return RuleResult.SKIP
+        if any(o.op_id != a.op_id and o.name != "linalg.fill" for o in ctx.ops):
+            return RuleResult.SKIP  # fused consumers: the contraction rule handles them
+        return RuleResult.APPLY
+
+    def apply(self, ctx: SketchContext) -> list[Sketch]:
+        out: list[Sketch] = []
+        for tensor_cores in (True, False):
+            sk = self._sketch(ctx, tensor_cores=tensor_cores)
+            if sk is not None:
+                out.append(sk)
+        return out
+
+    def _sketch(self, ctx: SketchContext, *, tensor_cores: bool) -> GpuSketch | None:
+        anchor, ops, target = ctx.anchor, ctx.ops, ctx.target
+        if tensor_cores and (anchor.dtype != "f16" or target.arch < 80):
+            return None
+        m, n, k = anchor.loop_ranges
+        nbytes = element_bytes(anchor.dtype)
+        vw = 16 // nbytes  # elements per 16-byte global load
+        if tensor_cores:
+            if m % 16 or n % 8 or k % 16 or n % vw:
+                return None
+            block_m = tuple(x for x in divisors(m) if x % 16 == 0 and 32 <= x <= 256)
+            block_n = tuple(x for x in divisors(n) if x % 8 == 0 and x % vw == 0 and 32 <= x <= 256)
+            k_opts = tuple(x for x in divisors(k) if x % 16 == 0 and x <= 64)
+        else:
+            if k % vw or n % vw:
+                return None
+            block_m = tuple(x for x in divisors(m) if 8 <= x <= 256)
+            block_n = tuple(x for x in divisors(n) if x % vw == 0 and 16 <= x <= 256)
+            k_opts = tuple(x for x in divisors(k) if x % vw == 0 and x <= 64)
+        if not block_m or not block_n or not k_opts:
+            return None
+        specs = [
+            KnobSpec("b_d0", block_m, doc="block tile of M (#gpu.block<y>)"),
+            KnobSpec("b_d1", block_n, doc="block tile of N (#gpu.block<x>)"),
+        ]
+        if tensor_cores:
+            specs += [
+                KnobSpec("w_d0", tuple(x for x in (16, 32, 64, 128) if m % x == 0), divides="b_d0",
+                         doc="warp tile of M (#gpu.warp<y>)"),
+                KnobSpec("w_d1", tuple(x for x in (8, 16, 32, 64, 128) if n % x == 0), divides="b_d1",
+                         doc="warp tile of N (#gpu.warp<x>)"),
+            ]
+        else:
+            specs += [
+                KnobSpec("t_d0", THREAD_COUNTS, divides="b_d0", doc="threads along M (#gpu.thread<y>)"),
+                KnobSpec("t_d1", THREAD_COUNTS, divides="b_d1", doc="threads along N (#gpu.thread<x>)"),
+            ]
+        specs.append(KnobSpec("k_d2", k_opts, doc="reduction tile of K (one shared-memory stage)"))
+        rows = tuple(x for x in divisors(max(m, k)) if x <= 256)
+        copies = [("cp_a", "b_d0", "k_d2"), ("cp_b", "k_d2", "b_d1")]
+        what = {"cp_a": "the A tile copy", "cp_b": "the B tile copy", "cp_c": "the zero fill of C"}
+        if tensor_cores:
+            copies.append(("cp_c", "b_d0", "b_d1"))
+        for name, *_ in copies:
+            specs.append(KnobSpec(name, rows, doc=f"rows per thread and piece of {what[name]} (derived)"))
+
+        w = GpuScheduleWriter()
+        h = {sp.name: w.knob(sp.name, sp.options) for sp in specs}
+        _, forall = w.tile_forall_mapped(
+            w.match_op_id("%root", anchor.op_id), [h["b_d0"], h["b_d1"]], ["#gpu.block<y>", "#gpu.block<x>"]
+        )
+        forall = fuse_others(w, ops, anchor, forall)
+        a_h = w.match_op_id(forall, anchor.op_id)
+        a_h, _ = w.tile_for(a_h, [0, 0, h["k_d2"]])
+        padded, (copy_a, copy_b) = w.promote_inputs(a_h, [0, 1], 3, anchor.dtype)
+        w.distribute_linear(copy_a, [h["cp_a"], vw])
+        w.distribute_linear(copy_b, [h["cp_b"], vw])
+        w.to_workgroup_memory(forall)
+        fills = [o for o in ops if o.op_id != anchor.op_id]
+        if tensor_cores:
+            w.tile_forall_mapped(padded, [h["w_d0"], h["w_d1"]], ["#gpu.warp<y>", "#gpu.warp<x>"])
+            for o in fills:
+                w.distribute_linear(w.match_op_id(forall, o.op_id), [h["cp_c"], vw])
+        else:
+            # The fill gets the compute's thread tiles, so each thread zeroes
+            # exactly its own accumulator tile (LLVM then forwards the zeros).
+            mapping = ["#gpu.thread<y>", "#gpu.thread<x>"]
+            w.tile_forall_mapped(padded, [h["t_d0"], h["t_d1"]], mapping, num_threads=True)
+            for o in fills:
+                w.tile_forall_mapped(w.match_op_id(forall, o.op_id), [h["t_d0"], h["t_d1"]], mapping, num_threads=True)
+        func = w.vectorize_children(w.match_func("%root"))
+        w.cleanup(func)
+        w.gpu_bufferize("%root")
+
+        common = dict(
+            **target_limits(target),
+            smem_tiles=((nbytes, (("b_d0",), ("k_d2",))), (nbytes, (("k_d2",), ("b_d1",)))),
+            staged=True,
+            derived=tuple((name, r, c, vw) for name, r, c in copies),
+            min_threads=32,
+        )
+        if tensor_cores:
+            return GpuSketch(
+                "cuda-mma-smem", ctx.payload, w.text(), tuple(specs),
+                warps=(("b_d0", "w_d0"), ("b_d1", "w_d1")), max_mma_per_warp=32, **common,
+            )
+        return GpuSketch(
+            "cuda-tiled", ctx.payload, w.text(), tuple(specs),
+            threads=(("y", "t_d0"), ("x", "t_d1")),
+            register_tile=(("b_d0", "t_d0"), ("b_d1", "t_d1")),
+            max_register_tile=64, min_register_dim=2, **common,
+        )
