@@ -10,7 +10,8 @@ import pytest
 from mlir import ir
 
 from mlir_ansor.measure.runner import Kernel
-from mlir_ansor.passes.lowering import emit_shared_library, lower_to_llvm
+from mlir_ansor.passes.artifacts import emit_shared_library
+from mlir_ansor.passes.lowering import lower_to_llvm
 from mlir_ansor.passes.math_approx import expand_math
 
 N = 1024

@@ -79,11 +79,12 @@ def test_upstream_only_stdin_and_print_after_all(monkeypatch, capsys, tmp_path):
     assert "linalg.generic" in text and "linalg.matmul" not in text
 
 
+@pytest.mark.slow
 def test_tune_apply_best_lower_in_one_pipeline(tmp_path, capsys):
     """ansor-tune, then the best record applied and spliced in, then lowered;
     the result runs and matches numpy."""
     from mlir_ansor.measure.runner import Kernel
-    from mlir_ansor.passes.lowering import emit_shared_library
+    from mlir_ansor.passes.artifacts import emit_shared_library
 
     db = tmp_path / "p.db"
     out = tmp_path / "llvm.mlir"

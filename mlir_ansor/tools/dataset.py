@@ -3,7 +3,7 @@
 :func:`export_dataset` turns a records database into a folder (the format is
 documented in ``docs/dataset.md``): for every measured candidate whose
 sketch the registered rules still generate, the task (MLIR text), the
-concrete transform script, the feature rows of `search/features.py` and the
+concrete transform script, the feature rows of `search/features/` and the
 measured costs with the error kind. :func:`load` reads it back as a
 :class:`Dataset`; :func:`train_cost_model` fits a cost model on it, whose
 saved file `TuneConfig.pretrained_model` loads (transfer learning).

@@ -162,7 +162,8 @@ def _build(mlir_text: str, name: str, threads: int, workdir: str):
     from mlir import ir
 
     from mlir_ansor.measure.runner import Kernel
-    from mlir_ansor.passes.lowering import emit_shared_library, lower_to_llvm
+    from mlir_ansor.passes.artifacts import emit_shared_library
+    from mlir_ansor.passes.lowering import lower_to_llvm
 
     so = os.path.join(workdir, f"{name}_{threads}.so")
     with ir.Context(), ir.Location.unknown():

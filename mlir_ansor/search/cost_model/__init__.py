@@ -2,7 +2,7 @@
 
 `base.py` holds the interface (:class:`CostModel`) and the ranking metric;
 `xgb_model.py` the learned model (XGBoost over the statement features of
-`search/features.py`); `random_model.py` the baseline that knows nothing.
+`search/features/`); `random_model.py` the baseline that knows nothing.
 """
 
 from mlir_ansor.search.cost_model.base import CostModel, pairwise_accuracy

@@ -1,7 +1,7 @@
 """The cost-model interface, and how ranking quality is measured.
 
 A program's features are its statement rows (an array of shape
-``(statements, N_FEATURES)``, see `search/features.py`); a cost model scores
+``(statements, N_FEATURES)``, see `search/features/`); a cost model scores
 whole programs: the higher the score, the faster it predicts the program.
 Only the order of scores matters to the search.
 """

@@ -10,7 +10,7 @@ Roadmap: :class:`EvolutionarySearch` is the strategy; its knobs live in
   2. otherwise an initial population is the best measured candidates (this
      run's and the database's, ``ctx.history``) plus random samples;
   3. for ``generations`` rounds, every member is scored by the model (over
-     the features of `search/features.py`, a whole population at once),
+     the features of `search/features/`, a whole population at once),
      parents are drawn with probability rising with their score, and
      children are made by :func:`mutate` (one knob: a tile size, the
      parallel granularity ``p_*``, the unroll ``u_*``, the vector width
@@ -78,13 +78,9 @@ class EvolutionConfig:
     local_share: share of every batch taken from the neighbours of the best
       measured candidate (one knob moved to an adjacent option), the
       best-scored first: the diverse rest explores, this part refines. Off
-      by default: the idea was that on a flat space (the ResNet 3x3
-      convolution, where the rule's default point is within a few percent
-      of the best) the winners sit one or two knobs from the incumbent, but
-      measured at 0.25 (64 trials, 3 seeds, `benchmarks/ablation.py`) it
-      lost on GEMM 1024 (71.9 vs 76.7 GFLOP/s in the search, 62.7 vs 74.7
-      re-timed) and did not clearly win on the convolution (91.5 vs 89.4,
-      86.3 vs 88.2 re-timed). `mlir-ansor tune --local-share 0.25`.
+      by default: at 0.25 it lost on GEMM 1024 and did not clearly win on
+      the ResNet 3x3 convolution (the figures are in ``docs/tuning.md``,
+      under `evolution`). `mlir-ansor tune --local-share 0.25`.
     """
 
     population: int = 256

@@ -1,0 +1,143 @@
+"""The entry point: :class:`FeatureExtractor` (one per sketch, cached by
+sketch hash, :func:`extractor_for`) makes a template per structural key
+lazily, by applying the sketch to probe assignments (in an isolated worker
+process by default) and fitting them; :func:`extract_features` gives the
+feature rows of a population.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mlir_ansor.search.features.reader import read_program
+from mlir_ansor.search.features.rows import N_FEATURES, program_features
+from mlir_ansor.search.features.template import (
+    Template,
+    fit_template,
+    probe_assignments,
+    remainder_name,
+    structural_knobs,
+)
+from mlir_ansor.search.sketch import Sketch
+from mlir_ansor.search.space import Assignment
+
+# --------------------------------------------------------------------------
+# Probes and the extractor of a sketch.
+
+
+def _probe_worker(payload: str, script: str, assignments: list[Assignment]) -> list:
+    """Apply the sketch to each assignment; returns, per assignment, its
+    (structure, quantities) or None when the schedule failed."""
+    from mlir import ir
+
+    from mlir_ansor.schedule.apply import BuildError, apply_schedule
+    from mlir_ansor.search.sketch import select_knobs
+
+    out = []
+    for a in assignments:
+        try:
+            with ir.Context(), ir.Location.unknown():
+                module = apply_schedule(payload, select_knobs(script, dict(a)))
+                out.append(read_program(module))
+        except (BuildError, ValueError, ir.MLIRError):
+            out.append(None)
+    return out
+
+
+
+@dataclass
+class FeatureExtractor:
+    """Features for the candidates of one sketch (templates made lazily, one
+    per structural key).
+
+    n_probes: probe assignments applied per structural key.
+    isolate: apply probes in an isolated worker process (a crash in MLIR
+      cannot kill the caller).
+    seed: the probes' random stream.
+    """
+
+    sketch: Sketch
+    n_probes: int = 14
+    isolate: bool = True
+    seed: int = 0
+    templates: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.struct = structural_knobs(self.sketch.knobs)
+        self.multiples = tuple((k.name, k.multiple_of, remainder_name(k)) for k in self.sketch.knobs if k.multiple_of)
+
+    def key_of(self, assignment: Assignment) -> tuple[tuple[str, int], ...]:
+        """The structural knobs' values, then the remainder of each tile
+        that is not a multiple of its parent (none in most sketches)."""
+        d = dict(assignment)
+        rests = tuple(
+            (name, d[child] % d[parent])
+            for child, parent, name in self.multiples
+            if child in d and d.get(parent) and d[child] % d[parent]
+        )
+        return tuple((k, d[k]) for k in self.struct) + rests
+
+    def template(self, key: tuple[tuple[str, int], ...]) -> Template:
+        if key not in self.templates:
+            rng = random.Random(f"{self.seed}:{self.sketch.hash}:{key}")
+            probes = probe_assignments(self.sketch.knobs, dict(key), rng, self.n_probes)
+            read = _run_probes(self.sketch.payload, self.sketch.script, probes, self.isolate)
+            self.templates[key] = fit_template(self.sketch.knobs, probes, read)
+        return self.templates[key]
+
+    def features(self, assignments: Sequence[Assignment]) -> list[np.ndarray]:
+        """One (statements, N_FEATURES) array per assignment."""
+        out: list[np.ndarray | None] = [None] * len(assignments)
+        by_key: dict = {}
+        for i, a in enumerate(assignments):
+            by_key.setdefault(self.key_of(a), []).append(i)
+        for key, idx in by_key.items():
+            t = self.template(key)
+            if t.structure is None:
+                for i in idx:
+                    out[i] = np.zeros((1, N_FEATURES))
+                continue
+            vals = np.array([[dict(assignments[i])[k] for k in t.knobs] for i in idx], dtype=float)
+            feats = program_features(t.structure, t.quantities(vals), len(idx))
+            for j, i in enumerate(idx):
+                out[i] = feats[j]
+        return out  # type: ignore[return-value]
+
+
+def _run_probes(payload: str, script: str, probes: list[Assignment], isolate: bool) -> list:
+    if not isolate:
+        return _probe_worker(payload, script, probes)
+    from mlir_ansor.measure.pool import WorkerPool
+
+    # All probes in one job; if the worker crashes, again one probe per job
+    # (a crash then loses only that probe).
+    with WorkerPool(1) as pool:
+        res = pool.run(_probe_worker, (payload, script, probes), timeout_s=300.0)
+        if res.ok:
+            return res.value
+        out = []
+        for a in probes:
+            one = pool.run(_probe_worker, (payload, script, [a]), timeout_s=120.0)
+            out.extend(one.value if one.ok else [None])
+        return out
+
+
+_EXTRACTORS: dict[str, FeatureExtractor] = {}
+
+
+def extractor_for(sketch: Sketch, *, isolate: bool = True) -> FeatureExtractor:
+    """The cached extractor of a sketch (by sketch hash)."""
+    fx = _EXTRACTORS.get(sketch.hash)
+    if fx is None:
+        fx = _EXTRACTORS[sketch.hash] = FeatureExtractor(sketch, isolate=isolate)
+    return fx
+
+
+def extract_features(sketch: Sketch, assignments: Sequence[Assignment], *, isolate: bool = True) -> list[np.ndarray]:
+    """Features of candidates of `sketch`: one (statements, N_FEATURES)
+    array per assignment (a program's features are its statement rows)."""
+    return extractor_for(sketch, isolate=isolate).features(assignments)
