@@ -45,8 +45,7 @@ print(json.dumps({"median_s": statistics.median(ts)}))
 RETIMER = """
 import json, sys, statistics
 from mlir_ansor.measure.builder import build
-from mlir_ansor.measure.jobs import random_inputs
-from mlir_ansor.measure.runner import Kernel, TimingPolicy, time_callable
+from mlir_ansor.measure.runner import Kernel, TimingPolicy, random_inputs, time_callable
 import numpy as np
 payload, script, threads, so, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 build(open(payload).read(), open(script).read(), threads, so)

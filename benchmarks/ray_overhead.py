@@ -31,7 +31,7 @@ import time
 
 from mlir_ansor import TuneConfig, tune
 from mlir_ansor.examples import workloads as wl
-from mlir_ansor.measure.executor import LOCAL_RAY_CONFIG
+from mlir_ansor.measure.ray_executor import LOCAL_RAY_CONFIG
 from mlir_ansor.measure.runner import TimingPolicy
 from mlir_ansor.records import Database
 

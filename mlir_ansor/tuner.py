@@ -1,17 +1,17 @@
 """The tuning loop: tasks in, verified best schedules out.
 
 Roadmap: :func:`tune` is the entry point. It loads the input
-(`frontend.load`), splits it into tasks (`search.task.extract_tasks`), makes
-the sketches of each task (`search.sketch.generate_sketches`), prepares the
+(`ir.program.load`), splits it into tasks (`graph.task.extract_tasks`), makes
+the sketches of each task (`search.generate.generate_sketches`), prepares the
 reference and the untuned baseline of each task in a worker, then spends the
 trial budget in batches: sample knob assignments (`search.space.sample`),
 build them in parallel worker processes, measure the new binaries one at a
 time in a separate runner process, and commit every outcome, valid or not, to
-the records database. :class:`Measurer` owns the executor (worker processes
-on this machine, or a Ray cluster: `measure.executor`).
+the records database. `measure.measurer.Measurer` owns the executor (worker
+processes on this machine, or a Ray cluster: `measure.executor`).
 
-CUDA targets (``Target.cuda()``): the sketches come from
-`search.gpu_sketch.generate_gpu_sketches`; a build lowers to PTX and runs
+CUDA targets (``Target.cuda()``): the sketches come from the GPU rules
+(`search/rules/gpu_*.py`, through the same `generate_sketches`); a build lowers to PTX and runs
 ptxas (`jobs.build_cuda_candidate`), and a candidate that ptxas's figures
 rule out (spills, a stack frame, shared memory or registers past the
 block's limits) is a ``ptxas_limit`` record, never measured; the runner
@@ -31,36 +31,25 @@ parallel, then the batch is timed serially with the machine otherwise idle.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import json
 import logging
 import math
 import os
 import platform
-import shutil
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 from mlir_ansor.errors import AnsorError
 from mlir_ansor.graph.task import Task, extract_tasks
 from mlir_ansor.ir.program import Program, load
-from mlir_ansor.measure import gpu_measure, jobs
-from mlir_ansor.measure.executor import (
-    BuildJob,
-    Executor,
-    LocalExecutor,
-    Outcome,
-    ReferenceJob,
-    RunJob,
-    make_executor,
-)
+from mlir_ansor.measure import gpu_measure
+from mlir_ansor.measure.local_executor import LocalExecutor
+from mlir_ansor.measure.measurer import Candidate, Measurement, Measurer, arg_specs
 from mlir_ansor.measure.pool import ErrorKind, JobResult
 from mlir_ansor.measure.runner import TimingPolicy
 from mlir_ansor.records.database import RETIME_KEY, Database, Record
@@ -80,117 +69,72 @@ log = logging.getLogger("mlir_ansor")
 class TuneConfig:
     """Everything that steers a tuning run; defaults suit a 2-core machine.
 
-    trials: candidates measured for the whole module (split over its tasks).
-    threads: threads the kernels run on (OpenMP), also when measured.
-    seed: the same seed gives the same candidates.
-    batch_size: candidates built (in parallel) before measuring them; at
-      most an equal share of `trials` per task, so that the warm-up reaches
-      every task of a model.
-    build_workers: builder processes; None = one per core (with `overlap`,
-      one per core the kernels leave free).
-    build_timeout_s / run_timeout_s: a candidate past these is a recorded
-      timeout (a hang in the compiler or in the kernel).
-    timing: how each candidate is timed (warm-up, repeats, minimum time).
-    baseline_timing: how the untuned lowering is timed (it can be slow).
-    opt_level: LLVM optimization level of the builds.
-    strategy: the search strategy, by name: "evolutionary" (random points
-      first, then evolution guided by the cost model;
-      `benchmarks/search_curve.py`: on GEMM 1024 it reached random search's
-      200-trial best in 43 trials, median of 3 seeds),
-      "random", or one registered with `mlir_ansor.search.registry.register_strategy`.
-    max_sample_tries: attempts to draw a not-yet-measured assignment.
-    memory_limit_mb: a worker (builder or runner) whose resident memory
-      passes this is killed, and its candidate recorded as a crash.
-    overlap: build the next batch while measuring this one, on the cores
-      the kernels leave free (in-search timings then run on a busier machine;
-      benchmarks re-time the best in a fresh process).
-    cutoff_factor: a candidate whose checking run is this many times slower
-      than the best so far is costed by that one run (it cannot win).
-    hang_factor / min_run_timeout_s: with a best known, a run longer than
-      max(min_run_timeout_s, hang_factor * best) is a timeout.
-    task_scheduler: which task gets the next batch: "gradient" (Ansor's
-      gradient-based allocation after a round-robin warm-up, see
-      `search.task_scheduler`), "round-robin", "random", or a registered one.
-    cost_model: the evolutionary strategy's cost model, by name: "xgb",
-      "random" (the no-cost-model ablation), or a registered one.
-    rules: names of the sketch rules to run (`registry.rules()`); None runs
-      every registered rule. The default schedule is always added.
-    packing: False holds the packing alternative of multi-level tiling at
-      "read in place" (the no-packing ablation, `rules.NO_PACKING`).
-    default_candidate: measure each task's default point (the rule's
-      preferred knobs, `sketch.default_assignment`: what `compile` gives an
-      untuned task) in its first batch; False is an ablation (random points
-      only).
-    share_best: a task's next batch starts with the best schedule found so
-      far by another task whose sketch has the same knobs (`_siblings`: the
-      same anchor loops, so every assignment means the same tiling): one
-      shape of convolution with different fused consumers, or the
-      fill-initialized first depth slice of a split 3-D convolution and the
-      accumulating ones. At most one such seed per batch. Off by default:
-      on a BERT layer with 160 trials (batches of 2, elementwise tasks with
-      up to a dozen siblings each) it gave 28.9 and 33.4 ms against 25.2
-      without it (torch 25.5-27.3), and on C3D no gain beyond noise.
-    evolution: settings of the evolutionary strategy (its `max_tries` is
-      taken from `max_sample_tries`); `crossover=False` is an ablation.
-    pretrained_model: a saved cost model (`CostModel.save`, e.g. trained on
-      an exported dataset) loaded into the cost model at the start of each
-      task's search (transfer learning): the evolutionary strategy ranks
-      with it from the first batch.
-    executor: where candidates are built and measured
-      (`measure.executor.make_executor`): "local" (worker processes on this
-      machine), "auto" (Ray: this process's instance, a running cluster, or
-      a new local one) or "ray://HOST:PORT" (a Ray cluster's client address).
-    runner_resource: Ray only: the runner (the actor that measures) also
-      asks for one unit of this custom resource, so it runs on a node that
-      offers it (builds run anywhere); None: any node with `threads` free
-      CPUs (and a GPU for cuda targets).
-    build_only: build (and for CUDA, assemble and filter with ptxas) every
-      candidate, measure none: each is recorded as ``not_measured`` (or with
-      its build error or ``ptxas_limit``). For a machine without a GPU; a
-      measuring run on the same database measures what this one built.
-    retime_top / retime_rounds: when the search ends, each task's
-      `retime_top` best schedules are timed `retime_rounds` more times,
-      taking turns (one run of each, then again), and recorded as re-timings
-      (`Record.retime`). A schedule's latency is the median over all its
-      timings (`Database.best`), so the pick is no longer the luckiest
-      single timing of a few hundred (the winner's curse: on a shared
-      machine the search's best timed 15-25% slower once re-timed). The best
-      libraries are kept during the search, so little is built again.
-      ``retime_rounds=0`` turns it off; build-only runs time nothing.
+    One line per field below; `docs/tuning.md` says more of each, and why
+    the defaults are what they are, with the measurements behind them.
     """
 
     trials: int = 64
+    """Candidates measured for the whole module (split over its tasks)."""
     threads: int = 1
+    """Threads the kernels run on (OpenMP), also when measured."""
     seed: int = 0
+    """Seed of the search's random choices: the same seed gives the same candidates."""
     batch_size: int = 16
+    """Candidates built (in parallel) before measuring them; at most an equal share of `trials` per task."""
     build_workers: int | None = None
+    """Builder processes; None: one per core (with `overlap`, one per core the kernels leave free)."""
     build_timeout_s: float = 120.0
+    """Seconds a build may take; past them the candidate is a recorded timeout (a compiler hang)."""
     run_timeout_s: float = 60.0
+    """Seconds a measurement may take; past them the candidate is a recorded timeout (a kernel hang)."""
     timing: TimingPolicy = field(default_factory=TimingPolicy)
+    """How each candidate is timed (warm-up, repeats, minimum time): `TimingPolicy`'s defaults."""
     baseline_timing: TimingPolicy = field(
         default_factory=lambda: TimingPolicy(warmup=0, min_repeat=1, max_repeat=3, min_time_s=0.5)
     )
+    """How the untuned lowering is timed (it can be slow): 1 to 3 runs, until 0.5 s, no warm-up."""
     opt_level: int = 3
+    """LLVM optimization level of the builds (0-3)."""
     strategy: str = "evolutionary"
+    """Search strategy by name: "evolutionary" (cost-model guided), "random", or a registered one."""
     max_sample_tries: int = 200
+    """Attempts to draw a not-yet-measured assignment (the strategies' `max_tries`)."""
     overlap: bool = True
+    """Build the next batch while measuring this one, on the cores the kernels leave free."""
     memory_limit_mb: int = 6144
+    """Resident memory (MiB) past which a worker (builder or runner) is killed, its candidate a crash."""
     cutoff_factor: float = 2.0
+    """A candidate whose checking run is this many times the best so far's is costed by that run alone."""
     hang_factor: float = 50.0
+    """With a best known, a run longer than max(min_run_timeout_s, hang_factor * best) is a timeout."""
     min_run_timeout_s: float = 5.0
+    """Seconds: the least timeout `hang_factor` gives a run."""
     task_scheduler: str = "gradient"
+    """Which task gets the next batch: "gradient" (Ansor's), "round-robin", "random", or a registered one."""
     cost_model: str = "xgb"
+    """The evolutionary strategy's cost model: "xgb", "random" (the ablation), or a registered one."""
     rules: tuple[str, ...] | None = None
+    """Sketch rules to run, by name (`registry.rules()`); None: all. The default schedule is always added."""
     packing: bool = True
+    """False holds multi-level tiling's packing at "read in place" (`rules.NO_PACKING`, an ablation)."""
     default_candidate: bool = True
+    """Measure each task's default point (what `compile` gives it untuned) in its first batch."""
     share_best: bool = False
+    """Seed a task's batch with the best schedule of a task with the same knobs (one per batch)."""
     evolution: EvolutionConfig = field(default_factory=EvolutionConfig)
+    """Settings of the evolutionary strategy (its `max_tries` comes from `max_sample_tries`)."""
     pretrained_model: str | None = None
+    """A saved cost model (`CostModel.save`) loaded at the start of each task's search; None: none."""
     executor: str = "local"
+    """Where candidates are built and measured: "local" (processes here), "auto" (Ray), "ray://HOST:PORT"."""
     runner_resource: str | None = None
+    """Ray only: a custom resource the runner also asks one unit of; None: any node with the CPUs."""
     build_only: bool = False
+    """Build (for CUDA, and check with ptxas) every candidate, measure none (``not_measured`` records)."""
     retime_top: int = 4
+    """Schedules of each task re-timed when the search ends (its best ones)."""
     retime_rounds: int = 3
+    """Timings more of each of those, taking turns; the pick is the median of all; 0: no re-timing."""
 
 
 @dataclass
@@ -351,139 +295,6 @@ def _versions(seed: int = 0, run_id: int | None = None, retime: int | None = Non
 
 
 @dataclass
-class Candidate:
-    state: _TaskState
-    sketch: Sketch
-    knobs: Assignment
-    script: str = ""
-    so_path: str = ""  # where the local executor writes the library ("" = a path of its own)
-    artifact: Any = None  # the built library's handle (`Outcome.artifact`), set by `Measurer.build`
-
-
-class Measurer:
-    """Builds and measures candidates through an executor
-    (`measure.executor`): worker processes on this machine by default
-    (``config.executor == "local"``), or a Ray cluster.
-
-    `build_fn` and `run_fn` are module-level functions with the signatures of
-    `jobs.build_candidate` and `jobs.run_candidate`; tests substitute their
-    own to check that crashes and hangs become recorded errors. `executor`:
-    one made by the caller, with its own job functions (left open by
-    `close`); else one is made from ``config.executor`` for `target` (a GPU
-    runner for a cuda target), running `build_fn`, `run_fn` and
-    `reference_fn` (signature of `jobs.prepare_reference`; None: the
-    target's). For a cuda target the default job functions are the CUDA ones
-    (`jobs.build_cuda_candidate`, `jobs.run_cuda_candidate`,
-    `jobs.prepare_cuda_reference`).
-    """
-
-    def __init__(
-        self,
-        config: TuneConfig,
-        *,
-        build_fn: Callable = jobs.build_candidate,
-        run_fn: Callable = jobs.run_candidate,
-        executor: Executor | None = None,
-        target: Target | None = None,
-        reference_fn: Callable | None = None,
-    ) -> None:
-        gpu = target is not None and target.kind == "cuda"
-        if gpu:
-            if build_fn is jobs.build_candidate:
-                build_fn = functools.partial(jobs.build_cuda_candidate, target=target)
-            if run_fn is jobs.run_candidate:
-                run_fn = jobs.run_cuda_candidate
-        if reference_fn is None:
-            if gpu and config.build_only:  # kept for `gpu_measure`; needs no GPU
-                reference_fn = jobs.prepare_offline_cuda_reference
-            else:
-                reference_fn = jobs.prepare_cuda_reference if gpu else jobs.prepare_reference
-        self.config = config
-        self.build_fn = build_fn
-        self.run_fn = run_fn
-        self.suffix = ".cubin-bundle" if gpu else ".so"  # what a candidate's build writes
-        self._own_executor = executor is None
-        self.executor = executor or make_executor(
-            config.executor,
-            config.threads,
-            build_workers=config.build_workers,
-            overlap=config.overlap,
-            memory_limit_mb=config.memory_limit_mb,
-            runner_resource=config.runner_resource,
-            gpu=gpu,
-            build_fn=build_fn,
-            run_fn=run_fn,
-            reference_fn=reference_fn,
-        )
-        # Overlap builds with measurement only when the kernels leave a core
-        # free (the executor knows where its runner is).
-        self.overlap = self.executor.overlap
-        self.workdir = tempfile.mkdtemp(prefix="mlir-ansor-")
-
-    @property
-    def host(self) -> str:
-        """CPU model (or GPU name) of the machine candidates are measured on;
-        records are compared only with records of the same host."""
-        return self.executor.host
-
-    def close(self) -> None:
-        if self._own_executor:
-            self.executor.close()
-        shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> Measurer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def path(self, name: str) -> str:
-        return os.path.join(self.workdir, name)
-
-    def build(self, cands: list[Candidate]) -> list[Outcome]:
-        """Build the candidates (in parallel); each gets its library's handle
-        (``artifact``). Outcomes in input order, errors included."""
-        cfg = self.config
-        specs = [BuildJob(c.sketch.payload, c.script, cfg.threads, cfg.opt_level, c.so_path or None) for c in cands]
-        outs = self.executor.build(specs, cfg.build_timeout_s)
-        for c, o in zip(cands, outs):
-            c.artifact = o.artifact
-        return outs
-
-    def reference(self, payload: str, task: Task, seed: int, index: int) -> tuple[Any, Outcome]:
-        """Lower `payload` (the task, tagged) without a schedule, compute the
-        reference outputs on seeded inputs and time the untuned kernel, on the
-        runner. Returns the handle of the data candidates are checked against,
-        and the job's result (``value["costs"]``: the baseline timings).
-        `index` is kept for callers that number their tasks."""
-        cfg = self.config
-        job = ReferenceJob(payload, _arg_specs(task.inputs), _arg_specs(task.outputs), seed, cfg.threads, cfg.baseline_timing)
-        res = self.executor.prepare_reference(job, max(600.0, cfg.run_timeout_s))
-        return res.artifact, res
-
-    def run(self, cand: Candidate, tol: float, best_s: float = math.inf) -> Outcome:
-        """Check and time one candidate. With a best latency known, a
-        candidate whose checking run is `cutoff_factor` times slower is not
-        timed further, and one `hang_factor` times slower is a timeout.
-        ``Outcome.host`` is the machine that ran it."""
-        cfg = self.config
-        cutoff = cfg.cutoff_factor * best_s
-        timeout = cfg.run_timeout_s
-        if math.isfinite(best_s):
-            timeout = min(timeout, max(cfg.min_run_timeout_s, cfg.hang_factor * best_s))
-        return self.executor.run(RunJob(cand.artifact, cand.state.data_path, cfg.timing, tol, cutoff), timeout)
-
-    def release(self, cand: Candidate) -> None:
-        """Free a measured candidate's library."""
-        if cand.artifact is not None:
-            self.executor.release(cand.artifact)
-            cand.artifact = None
-        if cand.so_path:
-            with contextlib.suppress(OSError):
-                os.unlink(cand.so_path)
-
-
-@dataclass
 class _TaskState:
     task: Task
     sketches: list[Sketch]
@@ -491,7 +302,7 @@ class _TaskState:
     result: TaskResult
     data_path: str = ""
     tol: float = 1e-4
-    binaries: dict = field(default_factory=dict)  # binary hash -> costs
+    binaries: dict = field(default_factory=dict)  # binary hash -> its Measurement
     kept: list = field(default_factory=list)  # [(latency, Candidate)]: the best built libraries, kept for `_retime`
     bundle_dir: str = ""  # build-only CUDA: where this task's bundles are kept (`gpu_measure`)
 
@@ -505,19 +316,19 @@ def make_strategy(config: TuneConfig) -> SearchStrategy:
 
 def task_sketches(task: Task, target: Target, config: TuneConfig) -> list[Sketch]:
     """The task's sketches under the configuration's rule selection and
-    ablations (`rules`, `packing`). A cuda target gets the GPU sketches
-    (`gpu_sketch.generate_gpu_sketches`; `rules` and `packing` are CPU
-    rules' and do not apply), less those with no assignment within the
-    target's limits (a tile space too small for a warp-sized block)."""
+    ablations (`rules`, `packing`), for a CPU or a cuda target alike (the
+    registered rules serve both; `packing` fixes a knob only CPU sketches
+    have). A cuda target's sketches with no assignment within the target's
+    limits (a tile space too small for a warp-sized block) are dropped."""
+    sketches = generate_sketches(task.mlir, target, rules=config.rules, fixed=None if config.packing else NO_PACKING)
     if target.kind != "cuda":
-        return generate_sketches(task.mlir, target, rules=config.rules, fixed=None if config.packing else NO_PACKING)
+        return sketches
     import random
 
     from mlir_ansor.errors import UnsupportedError
-    from mlir_ansor.search.gpu_sketch import generate_gpu_sketches
 
     out: list[Sketch] = []
-    for sk in generate_gpu_sketches(task.mlir, target):
+    for sk in sketches:
         try:
             sk.sample(random.Random(0))
         except UnsupportedError as e:
@@ -737,11 +548,6 @@ def _best_from_db(st: _TaskState, database: Database, target: Target, config: Tu
             r.best_script = sk.concrete(rec.knobs)
 
 
-def _arg_specs(specs) -> tuple[tuple[tuple[int, ...], str], ...]:
-    """(shape, dtype) of each of a task's `TensorSpec`s, as jobs take them."""
-    return tuple((tuple(t.shape), t.dtype) for t in specs)
-
-
 def _keep_reference(st: _TaskState, payload: str, target: Target, config: TuneConfig, m: Measurer, folder: str, index: int) -> None:
     """A build-only CUDA task: compute its reference here (the untuned CPU
     lowering) and keep it in `folder` with the task's description, where the
@@ -756,7 +562,7 @@ def _keep_reference(st: _TaskState, payload: str, target: Target, config: TuneCo
             return
         gpu_measure.export_task(
             folder, data, workload_key=task.workload_key, name=task.name, target=target.key, seed=config.seed,
-            inputs=_arg_specs(task.inputs), outputs=_arg_specs(task.outputs), input_range=res.value["input_range"], tol=st.tol,
+            inputs=arg_specs(task.inputs), outputs=arg_specs(task.outputs), input_range=res.value["input_range"], tol=st.tol,
             flops=task.flops,
         )
     st.bundle_dir = folder
@@ -861,7 +667,7 @@ class _Batches:
             cands = []
             for sk, knobs in drawn:
                 self.counter += 1
-                c = Candidate(st, sk, knobs, so_path=self.m.path(f"c{self.counter}{self.m.suffix}"))
+                c = Candidate(sk, knobs, st.data_path, so_path=self.m.path(f"c{self.counter}{self.m.suffix}"))
                 c.script = sk.concrete(knobs)
                 cands.append(c)
             return st, cands
@@ -940,17 +746,19 @@ def _search(
     return measured
 
 
-def _record(st: _TaskState, c: Candidate, out: dict, build_s: float, target: Target, config: TuneConfig, versions: str) -> Record:
+def _record(
+    st: _TaskState, c: Candidate, out: Measurement, build_s: float, target: Target, config: TuneConfig, versions: str
+) -> Record:
     """The record of one measurement of `c` (`_measure_one`'s `out`)."""
     return Record(
         workload_key=st.task.workload_key,
         target=target.key,
         sketch_hash=c.sketch.hash,
         knobs=c.knobs,
-        costs=tuple(out["costs"]),
-        error_kind=out["error_kind"],
-        error_msg=out["error_msg"][-2000:],
-        host=out.get("host") or target.model,
+        costs=out.costs,
+        error_kind=out.error_kind,
+        error_msg=out.error_msg[-2000:],
+        host=out.host or target.model,
         threads=config.threads,
         build_s=build_s,
         timestamp=time.time(),
@@ -995,7 +803,7 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
                 if c is None:  # measured by an earlier run, or displaced: built again
                     sk = by_hash[rec.sketch_hash]
                     so_path = m.path(f"r{attempt}-{i}-{len(todo)}{m.suffix}")
-                    c = Candidate(st, sk, rec.knobs, script=sk.concrete(rec.knobs), so_path=so_path)
+                    c = Candidate(sk, rec.knobs, st.data_path, script=sk.concrete(rec.knobs), so_path=so_path)
                 todo.append((i, c))
             for c in kept.values():  # no longer among the best
                 m.release(c)
@@ -1017,7 +825,7 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
             for rnd in range(config.retime_rounds):
                 versions = _versions(config.seed, run_id, retime=rnd)
                 for c in cands:
-                    out = _run_checked(c, st, m)
+                    out = m.measure(c, st.tol)
                     database.commit_record(_record(st, c, out, 0.0, target, config, versions))
             for c in cands:
                 retimed[i].add((c.sketch.hash, c.knobs))
@@ -1045,15 +853,20 @@ def _ptxas_json(value: dict) -> str:
     return json.dumps({"ptxas": value.get("ptxas", {}), "launches": value.get("launches", [])})
 
 
-def _measure_one(c: Candidate, b: JobResult, st: _TaskState, target: Target, config: TuneConfig, m: Measurer) -> dict:
-    if not b.ok:
-        kind = ErrorKind.BUILD_ERROR if b.error_kind == ErrorKind.EXCEPTION else b.error_kind
-        # Nothing ran: the record belongs to the host kind this run measures on.
-        return {"costs": [], "error_kind": kind.value, "error_msg": b.error_msg, "host": m.host}
+def _measure_one(
+    c: Candidate, b: JobResult, st: _TaskState, target: Target, config: TuneConfig, m: Measurer
+) -> Measurement:
+    """Measure a built candidate (`b`: its build's outcome): a failed build,
+    one ptxas rules out, or one a build-only run keeps is recorded as such
+    (nothing ran: on the host kind this run measures on); machine code
+    measured before reuses that measurement; else `Measurer.measure`."""
+    failed = Measurement.of_build(b, m.host)
+    if failed is not None:
+        return failed
     if b.value.get("dropped"):
         # ptxas's figures rule it out (`nvvm.check_limits`): not worth running.
         msg = f"dropped after ptxas: {b.value['dropped']}; {_ptxas_json(b.value)}"
-        return {"costs": [], "error_kind": ErrorKind.PTXAS_LIMIT.value, "error_msg": msg, "host": m.host}
+        return Measurement.failed(ErrorKind.PTXAS_LIMIT, msg, m.host)
     if config.build_only:
         fig = f"; {_ptxas_json(b.value)}" if "ptxas" in b.value else ""
         msg = f"built, not measured (build-only run){fig}"
@@ -1062,33 +875,13 @@ def _measure_one(c: Candidate, b: JobResult, st: _TaskState, target: Target, con
                 gpu_measure.keep_bundle(st.bundle_dir, c.artifact, target.key, c.sketch.hash, c.knobs)
             except OSError as e:
                 log.warning("cannot keep a bundle in %s for gpu_measure: %s", st.bundle_dir, e)
-        return {"costs": [], "error_kind": ErrorKind.NOT_MEASURED.value, "error_msg": msg, "host": m.host}
+        return Measurement.failed(ErrorKind.NOT_MEASURED, msg, m.host)
     bhash = b.value.get("binary_hash")
     if bhash in st.binaries:
         # Same machine code as a candidate already measured: reuse its result.
-        prev = st.binaries[bhash]
-        return dict(prev)
-    out = _run_checked(c, st, m, st.result.best_latency_s)
+        return st.binaries[bhash]
+    out = m.measure(c, st.tol, st.result.best_latency_s)
     st.binaries[bhash] = out
-    return out
-
-
-def _run_checked(c: Candidate, st: _TaskState, m: Measurer, best_s: float = math.inf) -> dict:
-    """Check and time a built candidate on the runner (`Measurer.run`): its
-    costs, or why it failed, and the host that ran it."""
-    r = m.run(c, st.tol, best_s)
-    if not r.ok:
-        kind = ErrorKind.RUN_ERROR if r.error_kind == ErrorKind.EXCEPTION else r.error_kind
-        out = {"costs": [], "error_kind": kind.value, "error_msg": r.error_msg}
-    elif not r.value["ok"]:
-        out = {
-            "costs": [],
-            "error_kind": ErrorKind.WRONG_ANSWER.value,
-            "error_msg": f"relative error {r.value['error']:.3g} exceeds tolerance {st.tol:.3g}",
-        }
-    else:
-        out = {"costs": r.value["costs"], "error_kind": ErrorKind.NONE.value, "error_msg": ""}
-    out["host"] = getattr(r, "host", "")  # the machine that ran it
     return out
 
 

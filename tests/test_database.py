@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from mlir_ansor.errors import AnsorError, DatabaseError, InputError
-from mlir_ansor.records import Database, Record
+from mlir_ansor.records import Database, JsonlWriter, Record, knobs_text
 
 WK = "wk-matmul-64"
 TGT = "cpu:znver3:avx2"
@@ -190,6 +190,73 @@ def test_jsonl_carries_runs_and_renumbers_them(tmp_path):
         # Importing the same file again adds neither a run nor a record.
         assert db.import_jsonl(tmp_path / "out.jsonl") == 0
         assert len(db.runs()) == 3
+
+
+def test_jsonl_writer_appends_what_import_reads(tmp_path):
+    """`JsonlWriter` writes runs and records as `export_jsonl` does, each
+    line on its own: its runs are numbered after the reserved ids and its
+    own, it reads back what it holds, and importing the file gives the
+    records with their run renumbered into the database."""
+    out = tmp_path / "gpu.jsonl"
+    w = JsonlWriter(out, reserved_run_ids=[1, 4])
+    assert w.records() == [] and w.run_ids() == []
+    run = w.add_run(7, TGT, {"b": 1, "a": {"y": 2, "x": 1}}, 100.0)
+    assert run == 5
+    r = rec({"t": 1, "v": True}, (2e-3, 1e-3), ts=3.0, host="GPU", versions=json.dumps({"run": run}))
+    w.commit_record(r)
+    w.commit_record(rec({"t": 2}, (), err="wrong_answer", ts=4.0, error_msg="relative error 1"))
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert lines[0] == {"kind": "run", "id": 5, "started": 100.0, "seed": 7, "target": TGT,
+                        "info": {"a": {"x": 1, "y": 2}, "b": 1}}
+    assert lines[1] == {"kind": "record", **r.to_json()}
+    again = JsonlWriter(out, reserved_run_ids=[1])
+    assert again.run_ids() == [5] and again.records()[0] == r and len(again.records()) == 2
+    assert again.add_run(8, TGT, {}, 101.0) == 6
+    with Database(tmp_path / "dst.db") as db:
+        db.add_run(1, TGT, {}, started=1.0)
+        assert db.import_jsonl(out) == 2
+        got = db.records()
+        assert [dataclasses.replace(x, versions="") for x in got] == [
+            dataclasses.replace(x, versions="") for x in again.records()
+        ]
+        assert json.loads(got[0].versions) == {"run": db.runs()[1]["id"]}
+    out.write_text(out.read_text() + "{not json\n")
+    with pytest.raises(InputError, match=r"gpu\.jsonl:5"):
+        JsonlWriter(out).records()
+
+
+def test_knobs_text_is_canonical():
+    assert knobs_text({"b": 2, "a": True}) == knobs_text([("a", True), ("b", 2)]) == '[["a",true],["b",2]]'
+
+
+def test_readonly_and_existing_only(tmp_path):
+    """``readonly=True`` reads an existing database and writes nothing;
+    ``create=False`` opens only an existing one. Neither makes a file."""
+    path = tmp_path / "r.db"
+    with Database(path) as db:
+        db.add_run(3, TGT, {"config": {"trials": 2}}, started=1.0)
+        for i in range(3):
+            db.commit_record(rec({"t": i}, ts=float(i)))
+    before = path.read_bytes()
+    with Database(path, readonly=True) as db:
+        numbered = db.records_with_ids()
+        assert [r for _, r in numbered] == db.records() and len(numbered) == 3
+        assert [i for i, _ in numbered] == sorted(i for i, _ in numbered)
+        assert db.runs()[0]["config"] == {"trials": 2}
+        with pytest.raises(DatabaseError, match="commit_record"):
+            db.commit_record(rec({"t": 9}, ts=9.0))
+        with pytest.raises(DatabaseError):
+            db.add_run(1, TGT, {}, started=2.0)
+    assert path.read_bytes() == before
+    with Database(path, create=False) as db:
+        assert db.count() == 3
+    for kw in ({"readonly": True}, {"create": False}):
+        with pytest.raises(DatabaseError, match="no such tuning database"):
+            Database(tmp_path / "missing.db", **kw)
+        assert not (tmp_path / "missing.db").exists()
+        (tmp_path / "empty.db").write_bytes(b"")
+        with pytest.raises(DatabaseError, match="empty"):
+            Database(tmp_path / "empty.db", **kw)
 
 
 def test_import_bad_line(tmp_path):

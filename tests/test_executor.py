@@ -17,14 +17,9 @@ from mlir_ansor.examples import workloads as wl
 from mlir_ansor.graph.task import extract_tasks
 from mlir_ansor.ir.dtypes import tolerance
 from mlir_ansor.ir.program import load
-from mlir_ansor.measure.executor import (
-    BuildJob,
-    LocalExecutor,
-    ReferenceJob,
-    RunJob,
-    make_executor,
-    parse_executor,
-)
+from mlir_ansor.measure.executor import BuildJob, ReferenceJob, RunJob, parse_executor
+from mlir_ansor.measure.local_executor import LocalExecutor
+from mlir_ansor.measure.measurer import make_executor
 from mlir_ansor.measure.pool import ErrorKind
 from mlir_ansor.measure.runner import TimingPolicy
 from mlir_ansor.records import Database, Record
@@ -114,10 +109,48 @@ def test_cores_follow_cpu_affinity():
     code = (
         "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))});"
         "from mlir_ansor.target import usable_cores, Target;"
-        "from mlir_ansor.measure.executor import LocalExecutor;"
+        "from mlir_ansor.measure.local_executor import LocalExecutor;"
         "ex = LocalExecutor(threads=1);"
         "print(usable_cores(), Target.host().cores, ex.overlap); ex.close()"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", "1", "False"]
+
+
+def test_the_executor_interface_imports_no_mlir():
+    """`measure.executor` (the interface, its jobs' data, `host_model`) is
+    importable where MLIR is not: only the executors import the jobs."""
+    code = "import sys, mlir_ansor.measure.executor; print(sorted(n for n in sys.modules if n.split('.')[0] == 'mlir'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_measurement_of_builds_and_runs():
+    """A build's or a run's outcome as the measurement a record holds: an
+    exception in a build is a build_error, in a run a run_error; a run past
+    the tolerance is a wrong answer; the host is the run's."""
+    import dataclasses
+
+    from mlir_ansor.measure.executor import Outcome
+    from mlir_ansor.measure.measurer import Measurement
+
+    assert Measurement.of_build(Outcome(value={"binary_hash": "x"})) is None
+    failed = Measurement.of_build(Outcome(error_kind=ErrorKind.EXCEPTION, error_msg="boom"), "CPU")
+    assert (failed.error_kind, failed.error_msg, failed.host, failed.costs) == (ErrorKind.BUILD_ERROR, "boom", "CPU", ())
+    assert not failed.valid and failed.latency_s == float("inf")
+    assert Measurement.of_build(Outcome(error_kind=ErrorKind.TIMEOUT), "CPU").error_kind == ErrorKind.TIMEOUT
+    ok = Measurement.of_run(Outcome(value={"ok": True, "costs": [3e-3, 1e-3, 2e-3], "error": 1e-7}, host="H"), 1e-4)
+    assert ok.valid and ok.costs == (3e-3, 1e-3, 2e-3) and ok.latency_s == 2e-3
+    assert (ok.error_kind, ok.error_msg, ok.host, ok.rel_error) == (ErrorKind.NONE, "", "H", 1e-7)
+    wrong = Measurement.of_run(Outcome(value={"ok": False, "costs": [], "error": 0.5}, host="H"), 1e-4)
+    assert wrong.error_kind == ErrorKind.WRONG_ANSWER and wrong.rel_error == 0.5
+    assert wrong.error_msg == "relative error 0.5 exceeds tolerance 0.0001"
+    crashed = Measurement.of_run(Outcome(error_kind=ErrorKind.CRASH, error_msg="killed by SIGSEGV"), 1e-4)
+    assert (crashed.error_kind, crashed.host) == (ErrorKind.CRASH, "")
+    assert Measurement.of_run(Outcome(error_kind=ErrorKind.EXCEPTION), 1e-4).error_kind == ErrorKind.RUN_ERROR
+    assert Measurement(error_kind="not_measured").error_kind is ErrorKind.NOT_MEASURED
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ok.costs = ()  # type: ignore[misc]
+    rec = Record("wk", "cpu:avx2", "sk", {}, ok.costs, ok.error_kind, host=ok.host)
+    assert rec.error_kind == "none" and rec.latency_s == ok.latency_s

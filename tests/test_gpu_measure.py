@@ -2,9 +2,10 @@
 
 The build side (MLIR + ptxas) builds a tiny matmul's candidates into a
 database and keeps their bundles and the reference next to it; the measure
-side runs `mlir_ansor/measure/gpu_measure.py` as a script, in a process
-where `mlir` and `mlir_ansor` cannot be imported (as on the GPU host), on
-the fake device of `fake_cuda.py` (computes A @ B itself; 0.1 ms a run).
+side runs ``python -m mlir_ansor.measure.gpu_measure`` in a process where
+`mlir` cannot be imported and `mlir_ansor` is a copy of the package (as on
+the GPU host, where the package is copied and MLIR is absent), on the fake
+device of `fake_cuda.py` (computes A @ B itself; 0.1 ms a run).
 
 Without MLIR (a GPU host), the database is made from the prebuilt copy in
 tests/inputs/gpu_db: its SQL text (t.sql) and its bundles and reference
@@ -28,19 +29,28 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).parent
 SCRIPT = ROOT / "mlir_ansor" / "measure" / "gpu_measure.py"
+MODULE = "mlir_ansor.measure.gpu_measure"
 PREBUILT = TESTS / "inputs" / "gpu_db" / "t.db"  # its .gpu folder is committed; the database itself as SQL text:
 PREBUILT_SQL = PREBUILT.with_suffix(".sql")
 M, N, K = 64, 128, 64  # the f32 matmul built: 64x64 @ 64x128
 
 _BLOCKER = '''
+import os
 import sys
+from importlib.machinery import PathFinder
 
 class _NoMlir:
-    """This process stands for a GPU host: no MLIR, nothing of mlir_ansor installed."""
+    """This process stands for a GPU host: no MLIR, and mlir_ansor only as
+    the copy of the package in $GPU_HOST (not the one installed here)."""
 
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("mlir", "mlir_ansor"):
+        if name.split(".")[0] == "mlir":
             raise ModuleNotFoundError(f"{name} is not installed here (a GPU host without MLIR)", name=name)
+        if name == "mlir_ansor":
+            spec = PathFinder.find_spec(name, sys.path)
+            if spec is None or not spec.origin.startswith(os.environ["GPU_HOST"] + os.sep):
+                raise ModuleNotFoundError(f"{name}: only the copy in $GPU_HOST is here", name=name)
+            return spec
         return None
 
 sys.meta_path.insert(0, _NoMlir())
@@ -48,35 +58,68 @@ sys.meta_path.insert(0, _NoMlir())
 
 
 @pytest.fixture(scope="module")
-def no_mlir(tmp_path_factory) -> dict:
-    """Environment for a subprocess that cannot import mlir or mlir_ansor
-    (a sitecustomize on PYTHONPATH, inherited by the worker too), and that
-    finds `fake_cuda`."""
+def gpu_host(tmp_path_factory) -> Path:
+    """A folder standing for the GPU host: a copy of the whole `mlir_ansor`
+    package (as README says to copy there), nothing else."""
+    d = tmp_path_factory.mktemp("gpu_host")
+    shutil.copytree(ROOT / "mlir_ansor", d / "mlir_ansor", ignore=shutil.ignore_patterns("__pycache__"))
+    return d
+
+
+@pytest.fixture(scope="module")
+def no_mlir(tmp_path_factory, gpu_host) -> dict:
+    """Environment for a subprocess that cannot import mlir (a sitecustomize
+    on PYTHONPATH, inherited by the worker too), imports `mlir_ansor` only
+    from the copy in `gpu_host`, and finds `fake_cuda`."""
     d = tmp_path_factory.mktemp("no_mlir")
     (d / "sitecustomize.py").write_text(_BLOCKER)
-    return {**os.environ, "PYTHONPATH": f"{d}{os.pathsep}{TESTS}"}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (d, gpu_host, TESTS))), "GPU_HOST": str(gpu_host)}
 
 
 def _measure(db: Path, env: dict, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(SCRIPT), str(db), *args], capture_output=True, text=True, env=env, timeout=timeout,
+        [sys.executable, "-m", MODULE, str(db), *args], capture_output=True, text=True, env=env, timeout=timeout,
         cwd=db.parent,
     )
 
 
-def test_gpu_measure_imports_without_mlir(no_mlir):
+def test_gpu_measure_imports_without_mlir(no_mlir, gpu_host):
+    """gpu_measure, the database it writes through (`mlir_ansor.records`)
+    and the runner it draws inputs with import no MLIR: with MLIR installed
+    none of them imports it, and where it is absent the copied package runs
+    as ``python -m mlir_ansor.measure.gpu_measure``."""
     imports = re.findall(r"^\s*(?:import|from)\s+(\S+)", SCRIPT.read_text(), re.M)
-    assert not [m for m in imports if m.split(".")[0] in ("mlir", "mlir_ansor", "")], imports
-    code = (
-        "import runpy, sys\n"
-        f"m = runpy.run_path({str(SCRIPT)!r}, run_name='gpu_measure')\n"
-        "assert m['_cuda_runner']().relative_error.__module__ == 'ansor_cuda_runner'\n"
-        "assert not [n for n in sys.modules if n.split('.')[0] in ('mlir', 'mlir_ansor')]\n"
-        "print('ok')\n"
+    assert not [m for m in imports if m.split(".")[0] in ("mlir", "")], imports
+    assert {"mlir_ansor.records.database", "mlir_ansor.measure.runner"} <= set(imports), imports
+    loaded = (
+        "import sys\n"
+        "import mlir_ansor.records, mlir_ansor.measure.runner, mlir_ansor.measure.gpu_measure as gm\n"
+        "assert gm.Database is mlir_ansor.records.Database and gm.random_inputs is mlir_ansor.measure.runner.random_inputs\n"
+        "print(gm.__file__, sorted(n for n in sys.modules if n.split('.')[0] == 'mlir'))\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=no_mlir, timeout=60)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
-    r = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, env=no_mlir, timeout=60)
+    # Where MLIR is installed: nothing of it is imported.
+    r = subprocess.run([sys.executable, "-c", loaded], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.split()[1:] == ["[]"], r.stdout + r.stderr
+    # Where it is absent (the blocker says so), from the copied package.
+    r = subprocess.run(
+        [sys.executable, "-c", "import mlir_ansor.records\nimport mlir"], capture_output=True, text=True, env=no_mlir,
+        timeout=60, cwd=gpu_host,
+    )
+    assert r.returncode == 1 and "ModuleNotFoundError: mlir is not installed here" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-c", loaded], capture_output=True, text=True, env=no_mlir, timeout=60,
+                       cwd=gpu_host)
+    assert r.returncode == 0, r.stderr
+    path, mods = r.stdout.split()
+    assert Path(path).is_relative_to(gpu_host) and mods == "[]", r.stdout
+    r = subprocess.run([sys.executable, "-m", MODULE, "--help"], capture_output=True, text=True, env=no_mlir,
+                       timeout=60, cwd=gpu_host)
+    assert r.returncode == 0 and "not_measured" in r.stdout, r.stderr
+    # The script form of earlier releases still runs: it imports the package
+    # it is in (here the only one: the copy is not on PYTHONPATH).
+    script = gpu_host / "mlir_ansor" / "measure" / "gpu_measure.py"
+    env = {**no_mlir, "PYTHONPATH": no_mlir["PYTHONPATH"].replace(str(gpu_host), str(gpu_host / "nowhere"))}
+    r = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, env=env, timeout=60,
+                       cwd=gpu_host.parent)
     assert r.returncode == 0 and "not_measured" in r.stdout, r.stderr
 
 
@@ -149,8 +192,9 @@ def _records(db: Path):
 def test_build_only_keeps_bundles_and_reference(built, mlir_side):
     """Every not_measured record has its bundle (named by target, sketch and
     knobs); the task's reference matches A @ B on the inputs drawn again
-    from the seed, which are `jobs.random_inputs`'s."""
-    from mlir_ansor.measure import cuda_runner, gpu_measure, jobs
+    from the seed, which are `runner.random_inputs`'s, as the build host's."""
+    from mlir_ansor.measure import cuda_runner, gpu_measure
+    from mlir_ansor.measure.runner import random_inputs
 
     recs, _ = _records(built)
     todo = [r for r in recs if r.error_kind == "not_measured"]
@@ -164,7 +208,7 @@ def test_build_only_keeps_bundles_and_reference(built, mlir_side):
         assert image[:4] == b"\x7fELF" and [b["shape"] for b in entry["buffers"]] == [[M, K], [K, N], [M, N]]
     spec, inputs, refs = gpu_measure.load_task(task_dir)
     assert spec["seed"] == 2 and spec["target"] == "cuda:sm_90" and spec["tol"] > 0
-    for a, b in zip(inputs, jobs.random_inputs([((M, K), "f32"), ((K, N), "f32")], 2)):
+    for a, b in zip(inputs, random_inputs([((M, K), "f32"), ((K, N), "f32")], 2)):
         np.testing.assert_array_equal(a, b)
     exact = inputs[0].astype(np.float64) @ inputs[1].astype(np.float64)
     assert cuda_runner.relative_error(refs[0], exact) < 1e-5

@@ -14,18 +14,19 @@ import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install -e '.[ray]')")
+pytestmark = pytest.mark.slow  # starts Ray and tunes
 
 import ray_faults  # noqa: E402
 
 from mlir_ansor import TuneConfig, tune  # noqa: E402
 from mlir_ansor.examples import workloads as wl  # noqa: E402
 from mlir_ansor.measure.builder import build  # noqa: E402
-from mlir_ansor.measure.executor import LOCAL_RAY_CONFIG, RayExecutor  # noqa: E402
+from mlir_ansor.measure.measurer import Measurer  # noqa: E402
+from mlir_ansor.measure.ray_executor import LOCAL_RAY_CONFIG, RayExecutor  # noqa: E402
 from mlir_ansor.measure.runner import Kernel, TimingPolicy  # noqa: E402
 from mlir_ansor.records import Database  # noqa: E402
 from mlir_ansor.search.generate import generate_sketches  # noqa: E402
 from mlir_ansor.target import Target  # noqa: E402
-from mlir_ansor.tuner import Measurer  # noqa: E402
 
 FAST = TimingPolicy(warmup=1, min_repeat=2, max_repeat=5, min_time_s=0.005)
 TESTS = Path(__file__).parent

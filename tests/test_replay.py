@@ -18,6 +18,8 @@ from mlir_ansor.tools.replay import replay
 
 TINY = TimingPolicy(warmup=1, min_repeat=2, max_repeat=3, min_time_s=0.005)
 
+pytestmark = pytest.mark.slow  # every test reads a tuned database
+
 
 @pytest.fixture(scope="module")
 def tiny_db(tmp_path_factory):

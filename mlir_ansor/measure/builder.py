@@ -14,7 +14,8 @@ from pathlib import Path
 
 from mlir import ir
 
-from mlir_ansor.passes.lowering import emit_shared_library, lower_to_llvm
+from mlir_ansor.passes.artifacts import emit_shared_library
+from mlir_ansor.passes.lowering import lower_to_llvm
 from mlir_ansor.schedule.apply import BuildError, apply_schedule
 
 

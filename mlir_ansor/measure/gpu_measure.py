@@ -15,11 +15,15 @@ on a host with MLIR and ptxas but no GPU) records its candidates as
 The reference is the one a measuring `tune` checks against: the untuned CPU
 lowering's outputs on seeded inputs, computed on the build host (it needs
 MLIR). Only the outputs are kept; the inputs are drawn again here from the
-seed (:func:`random_inputs`, as `jobs.random_inputs`) and checked against
-the digest. On the GPU host, with numpy, cuda-python (or pycuda) and this
-file beside ``cuda_runner.py`` (no MLIR, nothing installed)::
+seed (`runner.random_inputs`, as on the build host) and checked against the
+digest. On the GPU host, with numpy, cuda-python (or pycuda) and the
+``mlir_ansor`` package (copied there, or installed without its MLIR
+dependencies: importing this module imports no MLIR)::
 
-    python3 mlir_ansor/measure/gpu_measure.py X.db [--bundles DIR] [--jsonl OUT]
+    python -m mlir_ansor.measure.gpu_measure X.db [--bundles DIR] [--jsonl OUT]
+
+(``python3 mlir_ansor/measure/gpu_measure.py X.db`` works too: run as a
+script, it imports the package it is in.)
 
 measures every ``not_measured`` CUDA candidate (checked against the
 reference, timed with CUDA events by `cuda_runner.run`, each in a worker
@@ -28,7 +32,9 @@ and adds one record per candidate, as a measuring `tune` on this host would:
 the GPU's name as host, ``none``/``wrong_answer``/``run_error``/``timeout``/
 ``crash``, the build run's timing policy and limits, and a ``runs`` row
 (``info["measure_only"]``). The ``not_measured`` records stay (as after a
-measuring `tune`). Each record is committed on its own; a candidate that
+measuring `tune`). The database is read and written through
+`records.database` (`Database`, or a `JsonlWriter` for ``--jsonl``), CUDA
+runs go through `cuda_runner`. Each record is committed on its own; a candidate that
 already has a record from this GPU is not measured again, so the command
 resumes. ``--jsonl OUT`` leaves the database as it is and appends the run and
 its records to OUT instead, for ``Database(X.db).import_jsonl(OUT)`` on the
@@ -41,7 +47,6 @@ import argparse
 import contextlib
 import hashlib
 import importlib
-import importlib.util
 import json
 import math
 import os
@@ -49,8 +54,6 @@ import platform
 import select
 import shutil
 import signal
-import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,6 +62,18 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+
+if __name__ == "__main__" and not __package__:
+    # Run as a script (python3 mlir_ansor/measure/gpu_measure.py): import the
+    # package it is in, not its folder's modules as top-level ones.
+    if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from mlir_ansor.errors import AnsorError  # noqa: E402
+from mlir_ansor.measure import cuda_runner  # noqa: E402
+from mlir_ansor.measure.runner import random_inputs  # noqa: E402
+from mlir_ansor.records.database import Database, JsonlWriter, Record, knobs_text  # noqa: E402
 
 TASK_FORMAT = "mlir-ansor-gpu-task 1"
 BUNDLE_SUFFIX = ".cubin-bundle"
@@ -74,22 +89,6 @@ _DEFAULTS = {
 }
 
 
-def _cuda_runner():
-    """`cuda_runner`, imported as part of the package where that works, else
-    loaded by its path (a GPU host without MLIR cannot import mlir_ansor)."""
-    if __package__:
-        with contextlib.suppress(ImportError):
-            return importlib.import_module(".cuda_runner", __package__)
-    name = "ansor_cuda_runner"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("cuda_runner.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
-
-
 # --------------------------------------------------------------------------
 # The folder of a build-only run (written on the build host by `tuner`)
 
@@ -97,12 +96,6 @@ def _cuda_runner():
 def bundle_dir(db_path: str | os.PathLike) -> str:
     """Where a build-only run into `db_path` keeps its bundles and references."""
     return os.fspath(db_path) + ".gpu"
-
-
-def knobs_text(knobs) -> str:
-    """The canonical text of an assignment (as the database stores it)."""
-    items = knobs.items() if isinstance(knobs, dict) else knobs
-    return json.dumps([[str(k), v] for k, v in sorted((str(k), v) for k, v in items)], separators=(",", ":"))
 
 
 def bundle_name(target: str, sketch_hash: str, knobs) -> str:
@@ -181,21 +174,6 @@ def keep_bundle(task_dir: str | os.PathLike, artifact: str, target: str, sketch_
 # Inputs and reference on the GPU host
 
 
-def random_inputs(specs, seed: int, low: float = -1.0, high: float = 1.0) -> list[np.ndarray]:
-    """Seeded inputs, uniform in [low, high) (integers in [-8, 8)): the same
-    arrays as `jobs.random_inputs`."""
-    np_dtype = _cuda_runner().np_dtype
-    rng = np.random.default_rng(seed)
-    arrays = []
-    for shape, dtype in specs:
-        dt = np_dtype(dtype)
-        if np.issubdtype(dt, np.floating):
-            arrays.append(rng.uniform(low, high, size=tuple(shape)).astype(dt))
-        else:
-            arrays.append(rng.integers(-8, 8, size=tuple(shape)).astype(dt))
-    return arrays
-
-
 def load_task(task_dir: str | os.PathLike) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
     """A kept task's description, inputs (drawn again from its seed and
     checked against their digest) and reference outputs."""
@@ -230,7 +208,7 @@ def _open_backend(spec: str | None, device: int):
     """The CUDA backend (`cuda_runner.open_backend`), or ``module:callable``
     (a stand-in device, for tests)."""
     if not spec:
-        return _cuda_runner().open_backend(device)
+        return cuda_runner.open_backend(device)
     mod, _, attr = spec.partition(":")
     return getattr(importlib.import_module(mod), attr)()
 
@@ -242,7 +220,6 @@ def _worker_main(backend_spec: str | None, device: int) -> None:  # pragma: no c
     def send(obj: dict) -> None:
         out.write(json.dumps(obj) + "\n")
 
-    cr = _cuda_runner()
     try:
         be = _open_backend(backend_spec, device)
     except Exception as e:  # noqa: BLE001 - reported to the parent
@@ -258,11 +235,11 @@ def _worker_main(backend_spec: str | None, device: int) -> None:  # pragma: no c
                 spec, inputs, refs = load_task(job["task_dir"])
                 tasks[job["task_dir"]] = (inputs, refs)
             inputs, refs = tasks[job["task_dir"]]
-            entry, image = cr.read_bundle(job["bundle"])
+            entry, image = cuda_runner.read_bundle(job["bundle"])
             p = job["policy"]
             cutoff = job["cutoff_s"]
             slow = min(cutoff, 1.0) if cutoff is not None else 1.0
-            r = cr.run(
+            r = cuda_runner.run(
                 be, entry, os.path.dirname(job["bundle"]), inputs, refs, job["tol"],
                 warmup=p["warmup"], min_repeat=p["min_repeat"], max_repeat=p["max_repeat"],
                 min_time_s=p["min_time_s"], slow_s=slow, image=image,
@@ -272,7 +249,7 @@ def _worker_main(backend_spec: str | None, device: int) -> None:  # pragma: no c
             elif r.error.startswith("wrong answer"):
                 send({"result": "wrong", "error": r.max_rel_err})
             else:
-                raise cr.CudaRunError(r.error)
+                raise cuda_runner.CudaRunError(r.error)
         except Exception as e:  # noqa: BLE001 - the candidate's run error
             send({"result": "exception", "message": _format_exception(e)})
             return  # a driver error can leave the context unusable: start afresh
@@ -285,12 +262,25 @@ def _signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
+# The worker's command: this module's `main`, from the very package the
+# parent imported (its folder goes on the worker's path when missing there).
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_WORKER_BOOT = (
+    "import sys\n"
+    "root = sys.argv.pop(1)\n"
+    "if root not in sys.path:\n"
+    "    sys.path.insert(0, root)\n"
+    "from mlir_ansor.measure.gpu_measure import main\n"
+    "sys.exit(main())\n"
+)
+
+
 class _Worker:
     """The parent's handle on a worker subprocess."""
 
     def __init__(self, backend: str | None, device: int, init_timeout_s: float = 120.0) -> None:
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in kill()
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--device", str(device)]
+        cmd = [sys.executable, "-c", _WORKER_BOOT, _PACKAGE_ROOT, "--worker", "--device", str(device)]
         if backend:
             cmd += ["--backend", backend]
         self.proc = subprocess.Popen(
@@ -377,107 +367,16 @@ def gpu_name(device: int = 0) -> str:
     return ""
 
 
-def _connect(path: str, readonly: bool) -> sqlite3.Connection:
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such tuning database")
-    if readonly:
-        import urllib.parse
-
-        uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
-        con = sqlite3.connect(uri, uri=True, timeout=30.0, isolation_level=None)
-    else:
-        con = sqlite3.connect(path, timeout=30.0, isolation_level=None)
-        con.execute("PRAGMA synchronous=FULL")
-    con.row_factory = sqlite3.Row
-    meta = dict(con.execute("SELECT key, value FROM meta").fetchall())
-    if meta.get("format") != "mlir-ansor-db" or meta.get("schema_version") != "1":
-        con.close()
-        raise ValueError(f"{path}: not an mlir-ansor tuning database of schema version 1 ({meta})")
-    return con
+def _key(rec: Record) -> tuple:
+    """What names a candidate across runs and hosts (as resuming `tune` does)."""
+    return (rec.workload_key, rec.target, rec.sketch_hash, rec.knobs, rec.threads)
 
 
-def _key(row) -> tuple:
-    return (row["workload_key"], row["target"], row["sketch_hash"], knobs_text(json.loads(row["knobs"])), row["threads"])
-
-
-def _latency(costs: list[float], kind: str) -> float | None:
-    return statistics.median(costs) if kind == "none" and costs else None
-
-
-class _Sink:
-    """Where the new run and its records go: the database (each record its
-    own transaction, as `Database.commit_record`), or a JSON-lines file in
-    `Database.export_jsonl`'s format."""
-
-    def __init__(self, con: sqlite3.Connection, jsonl: str | None) -> None:
-        self.con, self.jsonl = con, jsonl
-        self.done: set[tuple] = set()
-        if jsonl and os.path.exists(jsonl):
-            for line in Path(jsonl).read_text().splitlines():
-                d = json.loads(line) if line.strip() else {}
-                if d.get("kind", "record") == "record" and d:
-                    self.done.add((d["workload_key"], d["target"], d["sketch_hash"], knobs_text(d["knobs"]),
-                                   int(d.get("threads", 1)), d.get("host", "")))
-
-    def add_run(self, started: float, seed: int, target: str, info: dict) -> int:
-        text = json.dumps(info, sort_keys=True, default=str)
-        if self.jsonl is None:
-            self.con.execute("BEGIN IMMEDIATE")
-            cur = self.con.execute(
-                "INSERT INTO runs (started, seed, target, info) VALUES (?, ?, ?, ?)", (started, seed, target, text)
-            )
-            self.con.execute("COMMIT")
-            return int(cur.lastrowid)
-        ids = [r[0] for r in self.con.execute("SELECT id FROM runs")]
-        if os.path.exists(self.jsonl):
-            for line in Path(self.jsonl).read_text().splitlines():
-                d = json.loads(line) if line.strip() else {}
-                if d.get("kind") == "run":
-                    ids.append(int(d["id"]))
-        run_id = max(ids, default=0) + 1
-        self._append({"kind": "run", "id": run_id, "started": started, "seed": seed, "target": target,
-                      "info": json.loads(text)})
-        return run_id
-
-    def _append(self, obj: dict) -> None:
-        with open(self.jsonl, "a", encoding="utf-8") as f:
-            f.write(json.dumps(obj) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-
-    def add_record(self, rec: dict) -> None:
-        if self.jsonl is not None:
-            self._append({"kind": "record", **rec})
-            return
-        self.con.execute("BEGIN IMMEDIATE")
-        try:
-            self.con.execute(
-                "INSERT OR IGNORE INTO records (workload_key, target, sketch_hash, knobs, costs, latency_s, "
-                "error_kind, error_msg, host, threads, build_s, timestamp, versions) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    rec["workload_key"], rec["target"], rec["sketch_hash"], knobs_text(rec["knobs"]),
-                    json.dumps([float(c) for c in rec["costs"]]), _latency(rec["costs"], rec["error_kind"]),
-                    rec["error_kind"], rec["error_msg"], rec["host"], int(rec["threads"]), float(rec["build_s"]),
-                    float(rec["timestamp"]), rec["versions"],
-                ),
-            )
-        except BaseException:
-            self.con.execute("ROLLBACK")
-            raise
-        self.con.execute("COMMIT")
-
-
-def _run_config(con: sqlite3.Connection) -> dict[int, dict]:
-    """Per run id: its stored config (what a measuring run is timed by) and seed."""
-    out = {}
-    for r in con.execute("SELECT id, seed, info FROM runs"):
-        try:
-            info = json.loads(r["info"] or "{}")
-        except ValueError:
-            info = {}
-        out[int(r["id"])] = {"seed": int(r["seed"]), "config": info.get("config") or {}, "info": info}
-    return out
+def _config(run: dict) -> dict:
+    """A run's stored config (a `Database.runs` entry's): what a measuring
+    run is timed by."""
+    config = run.get("config")
+    return config if isinstance(config, dict) else {}
 
 
 def _setting(config: dict, name: str):
@@ -507,11 +406,9 @@ def measure_database(
     `limit`: measure at most this many. Returns a summary: per task
     counts and best latency, ``measured``, ``skipped`` (with reasons), ``host``."""
     bundles = bundles or bundle_dir(db)
-    con = _connect(db, readonly=jsonl is not None)
-    try:
-        pending = con.execute(
-            "SELECT * FROM records WHERE error_kind = 'not_measured' AND target LIKE 'cuda:%' ORDER BY id"
-        ).fetchall()
+    with Database(db, readonly=jsonl is not None, create=False) as database:
+        records = database.records_with_ids()
+        pending = [(i, r) for i, r in records if r.error_kind == "not_measured" and r.target.startswith("cuda:")]
         summary: dict = {"measured": 0, "skipped": [], "tasks": {}, "host": "", "run_ids": []}
         if not pending:
             log("nothing to measure: no not_measured CUDA record")
@@ -524,22 +421,27 @@ def measure_database(
             worker = _Worker(backend, device)
             host = worker.device
         summary["host"] = host
-        sink = _Sink(con, jsonl)
-        done = {(*_key(r), r["host"]) for r in con.execute("SELECT * FROM records WHERE error_kind != 'not_measured'")}
-        done |= sink.done
-        done = {k[:5] for k in done if k[5] == host}
-        runs = _run_config(con)
-        best: dict[tuple, float] = {}
-        for r in con.execute("SELECT workload_key, target, threads, MIN(latency_s) FROM records "
-                             "WHERE latency_s IS NOT NULL AND host = ? GROUP BY workload_key, target, threads", (host,)):
-            best[(r[0], r[1], r[2])] = float(r[3])
+        # Where the run and its records go: the database, or a JSON-lines
+        # file for `Database.import_jsonl` (its new runs numbered after the
+        # database's).
+        runs = {int(r["id"]): r for r in database.runs()}
+        sink = database if jsonl is None else JsonlWriter(jsonl, reserved_run_ids=runs)
+        measured = [r for _, r in records if r.error_kind != "not_measured"]
+        if isinstance(sink, JsonlWriter):
+            measured += sink.records()
+        done = {_key(r) for r in measured if r.host == host}
+        best: dict[tuple, float] = {}  # (workload, target, threads) -> the best latency measured on this host
+        for _, r in records:
+            if r.valid and r.host == host:
+                k = (r.workload_key, r.target, r.threads)
+                best[k] = min(best.get(k, math.inf), r.latency_s)
         todo, seen = [], set()
-        for r in pending:
+        for i, r in pending:
             k = _key(r)
             if k in done or k in seen:
                 continue
             seen.add(k)
-            todo.append(r)
+            todo.append((i, r))
         if limit is not None:
             todo = todo[:limit]
         log(f"{len(todo)} candidate(s) to measure on {host} ({len(pending) - len(todo)} measured before or repeated)")
@@ -550,15 +452,15 @@ def measure_database(
         if worker is None:
             worker = _Worker(backend, device)
         build_runs = []
-        for r in todo:
-            rid = _versions(r["versions"]).get("run")
+        for _, r in todo:
+            rid = _versions(r.versions).get("run")
             if rid not in build_runs:
                 build_runs.append(rid)
-        first = runs.get(build_runs[0], {"seed": 0, "config": {}, "info": {}})
+        first = runs.get(build_runs[0], {"seed": 0})
         info = {
-            "config": first["config"],
-            "versions": first["info"].get("versions", {}),
-            "target_info": first["info"].get("target_info", {}),
+            "config": _config(first),
+            "versions": first.get("versions", {}),
+            "target_info": first.get("target_info", {}),
             "host": {"model": host, "node": platform.node(), "platform": platform.platform(),
                      "machine": platform.machine(), "cpu_count": os.cpu_count(),
                      "python_implementation": platform.python_implementation()},
@@ -571,18 +473,17 @@ def measure_database(
 
         def run_id(target: str) -> int:
             if target not in run_ids:
-                tasks = sorted({r["workload_key"] for r in todo if r["target"] == target})
-                run_ids[target] = sink.add_run(time.time(), first["seed"], target, {**info, "tasks": tasks})
+                tasks = sorted({r.workload_key for _, r in todo if r.target == target})
+                run_ids[target] = sink.add_run(int(first["seed"]), target, {**info, "tasks": tasks}, time.time())
                 summary["run_ids"].append(run_ids[target])
             return run_ids[target]
 
         binaries: dict[tuple, dict] = {}  # (workload, target, cubin hash) -> outcome, as tune's per-task reuse
         specs: dict[str, dict | str] = {}
         try:
-            for r in todo:
-                task_dir = os.path.join(bundles, r["workload_key"])
-                knobs = json.loads(r["knobs"])
-                bundle = os.path.join(task_dir, bundle_name(r["target"], r["sketch_hash"], knobs))
+            for rid, r in todo:
+                task_dir = os.path.join(bundles, r.workload_key)
+                bundle = os.path.join(task_dir, bundle_name(r.target, r.sketch_hash, r.knobs))
                 if task_dir not in specs:
                     # A task whose reference is missing or does not apply is
                     # no candidate's fault: its records stay not_measured.
@@ -600,18 +501,18 @@ def measure_database(
                     except (OSError, ValueError, RuntimeError) as e:
                         why = f"unreadable bundle ({e})"
                 if why:
-                    summary["skipped"].append({"record": r["id"], "why": f"{why} in {task_dir}"})
+                    summary["skipped"].append({"record": rid, "why": f"{why} in {task_dir}"})
                     continue
-                versions = _versions(r["versions"])
-                cfg = runs.get(versions.get("run"), {}).get("config", {})
-                bkey = (r["workload_key"], r["target"], r["threads"])
+                versions = _versions(r.versions)
+                cfg = _config(runs.get(versions.get("run"), {}))
+                bkey = (r.workload_key, r.target, r.threads)
                 best_s = best.get(bkey, math.inf)
                 limit_s = timeout_s if timeout_s is not None else _setting(cfg, "run_timeout_s")
                 if math.isfinite(best_s):
                     limit_s = min(limit_s, max(_setting(cfg, "min_run_timeout_s"), _setting(cfg, "hang_factor") * best_s))
                 cutoff = _setting(cfg, "cutoff_factor") * best_s
                 tol = float(spec["tol"])
-                bin_key = (r["workload_key"], r["target"], image_hash)
+                bin_key = (r.workload_key, r.target, image_hash)
                 if bin_key in binaries:
                     out = dict(binaries[bin_key])
                 else:
@@ -623,18 +524,17 @@ def measure_database(
                            "cutoff_s": cutoff if math.isfinite(cutoff) else None}
                     out, worker = _run_one(worker, job, limit_s, tol)
                     binaries[bin_key] = out
-                versions["run"] = run_id(r["target"])
-                rec = {
-                    "workload_key": r["workload_key"], "target": r["target"], "sketch_hash": r["sketch_hash"],
-                    "knobs": [[k, v] for k, v in knobs], "costs": out["costs"], "error_kind": out["error_kind"],
-                    "error_msg": out["error_msg"][-2000:], "host": host, "threads": r["threads"],
-                    "build_s": r["build_s"], "timestamp": time.time(), "versions": json.dumps(versions),
-                }
-                sink.add_record(rec)
+                versions["run"] = run_id(r.target)
+                rec = Record(
+                    workload_key=r.workload_key, target=r.target, sketch_hash=r.sketch_hash, knobs=r.knobs,
+                    costs=out["costs"], error_kind=out["error_kind"], error_msg=out["error_msg"][-2000:], host=host,
+                    threads=r.threads, build_s=r.build_s, timestamp=time.time(), versions=json.dumps(versions),
+                )
+                sink.commit_record(rec)
                 summary["measured"] += 1
-                lat = _latency(out["costs"], out["error_kind"])
-                t = summary["tasks"].setdefault(r["workload_key"], {"name": spec.get("name", ""), "measured": 0,
-                                                                    "errors": {}, "best_s": None})
+                lat = rec.latency_s if rec.valid else None
+                t = summary["tasks"].setdefault(r.workload_key, {"name": spec.get("name", ""), "measured": 0,
+                                                                 "errors": {}, "best_s": None})
                 t["measured"] += 1
                 if lat is None:
                     t["errors"][out["error_kind"]] = t["errors"].get(out["error_kind"], 0) + 1
@@ -642,14 +542,12 @@ def measure_database(
                     best[bkey] = min(best_s, lat)
                     if t["best_s"] is None or lat < t["best_s"]:
                         t["best_s"] = lat
-                log(f"  {spec.get('name', r['workload_key'])[:40]:<40} {r['sketch_hash'][:10]} "
+                log(f"  {spec.get('name', r.workload_key)[:40]:<40} {r.sketch_hash[:10]} "
                     + (f"{lat * 1e6:10.1f} us" if lat is not None else f"{out['error_kind']:>13}"))
         finally:
             if worker is not None:
                 worker.kill()
         return summary
-    finally:
-        con.close()
 
 
 def _versions(text: str) -> dict:
@@ -661,7 +559,7 @@ def _versions(text: str) -> dict:
 
 
 def _cubin_hash(bundle: str) -> str:
-    _, image = _cuda_runner().read_bundle(bundle)
+    _, image = cuda_runner.read_bundle(bundle)
     return hashlib.sha256(image).hexdigest()[:20]
 
 
@@ -698,7 +596,7 @@ def _run_one(worker: _Worker, job: dict, limit_s: float, tol: float) -> tuple[di
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="gpu_measure.py",
+        prog="python -m mlir_ansor.measure.gpu_measure",
         description="Measure the not_measured CUDA candidates of a build-only tuning database on this GPU "
         "(needs numpy and cuda-python or pycuda; no MLIR).",
     )
@@ -721,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         s = measure_database(args.db, bundles=args.bundles, jsonl=args.jsonl, timeout_s=args.timeout,
                              device=args.device, backend=args.backend, limit=args.limit, log=quiet)
-    except (OSError, ValueError, RuntimeError, sqlite3.Error) as e:
+    except (OSError, ValueError, RuntimeError, AnsorError) as e:
         print(f"gpu_measure: {e}", file=sys.stderr)
         return 2
     if args.json:
@@ -740,7 +638,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run as a script: its folder (builder.py, runner.py, ...) is no top-level package.
-    if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
-        del sys.path[0]
     sys.exit(main())

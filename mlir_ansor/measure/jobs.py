@@ -7,7 +7,7 @@
 - :func:`build_candidate`: apply a concrete schedule and emit a library.
 - :func:`run_candidate`: check a library against the reference and time it.
 
-For CUDA targets (`tuner.Measurer` picks these for ``target.kind == "cuda"``):
+For CUDA targets (`measurer.Measurer` picks these for ``target.kind == "cuda"``):
 
 - :func:`prepare_cuda_reference`: first make sure this host sees a GPU
   (else fail with the reason: the tuner stops before building anything),
@@ -43,25 +43,11 @@ from mlir_ansor.measure.runner import (
     aligned_full,
     load_data,
     np_dtype,
+    random_inputs,
     run,
     time_callable,
 )
 from mlir_ansor.target import Target
-
-
-def random_inputs(
-    specs: list[tuple[tuple[int, ...], str]], seed: int, low: float = -1.0, high: float = 1.0
-) -> list[np.ndarray]:
-    """Seeded inputs, uniform in [low, high) (integers in [-8, 8))."""
-    rng = np.random.default_rng(seed)
-    arrays = []
-    for shape, dtype in specs:
-        dt = np_dtype(dtype)
-        if np.issubdtype(dt, np.floating):
-            arrays.append(rng.uniform(low, high, size=shape).astype(dt))
-        else:
-            arrays.append(rng.integers(-8, 8, size=shape).astype(dt))
-    return arrays
 
 
 def prepare_reference(

@@ -24,6 +24,23 @@ def np_dtype(dtype: str) -> np.dtype:
     return np.dtype(_NP_DTYPES[dtype])
 
 
+def random_inputs(
+    specs: list[tuple[tuple[int, ...], str]], seed: int, low: float = -1.0, high: float = 1.0
+) -> list[np.ndarray]:
+    """Seeded inputs, uniform in [low, high) (integers in [-8, 8)): those a
+    task's reference is computed on (`jobs.prepare_reference`), drawn again
+    from the seed where candidates are checked (`gpu_measure` on a GPU host)."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for shape, dtype in specs:
+        dt = np_dtype(dtype)
+        if np.issubdtype(dt, np.floating):
+            arrays.append(rng.uniform(low, high, size=tuple(shape)).astype(dt))
+        else:
+            arrays.append(rng.integers(-8, 8, size=tuple(shape)).astype(dt))
+    return arrays
+
+
 ALIGNMENT = 64
 """Bytes every buffer a kernel is timed or called on is aligned to (a cache
 line). numpy's own buffers are only 16-byte aligned, at an offset that

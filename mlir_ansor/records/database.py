@@ -14,6 +14,11 @@ Every :meth:`Database.commit_record` is its own committed transaction
 committed. A file that exists is inspected read-only before anything is
 written: a file that is not SQLite, is corrupt, or is someone else's SQLite
 database raises :class:`~mlir_ansor.errors.DatabaseError` and is left untouched.
+``Database(path, readonly=True)`` only reads (an existing database).
+
+:class:`JsonlWriter` appends runs and records to a JSON-lines file in
+:meth:`Database.export_jsonl`'s format instead, each line synced on its own
+(`measure.gpu_measure --jsonl` writes one for `Database.import_jsonl`).
 """
 
 from __future__ import annotations
@@ -26,13 +31,13 @@ import sqlite3
 import statistics
 import threading
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Self
 
 from mlir_ansor.errors import DatabaseError, InputError
 
-__all__ = ["FORMAT", "RETIME_KEY", "SCHEMA_VERSION", "Database", "Record"]
+__all__ = ["FORMAT", "RETIME_KEY", "SCHEMA_VERSION", "Database", "JsonlWriter", "Record", "knobs_text"]
 
 FORMAT = "mlir-ansor-db"
 SCHEMA_VERSION = 1
@@ -113,6 +118,12 @@ def _knobs_json(knobs: tuple[tuple[str, Any], ...]) -> str:
 
 def _knobs_from_json(text: str) -> tuple[tuple[str, Any], ...]:
     return tuple((str(k), v) for k, v in json.loads(text))
+
+
+def knobs_text(knobs: Any) -> str:
+    """The canonical text of an assignment (a dict or ``(name, value)``
+    pairs), as the database stores it: equal assignments, equal texts."""
+    return _knobs_json(_norm_knobs(knobs))
 
 
 @dataclass(frozen=True)
@@ -283,21 +294,37 @@ def _inspect_existing(path: str) -> None:
 
 
 class Database:
-    """The tuning records of one or more workloads and targets."""
+    """The tuning records of one or more workloads and targets.
 
-    def __init__(self, path: str | os.PathLike):
+    `path` is created when missing, unless `create` is False (then only an
+    existing database opens; a missing or empty file raises DatabaseError).
+    `readonly`: open an existing database for reading only (nothing is
+    written to it, its schema neither; writing raises DatabaseError)."""
+
+    def __init__(self, path: str | os.PathLike, *, readonly: bool = False, create: bool = True):
         self.path = os.fspath(path)
+        self.readonly = readonly
         memory = self.path == ":memory:"
-        if not memory and os.path.exists(self.path):
+        exists = not memory and os.path.exists(self.path)
+        if exists:
             if os.path.isdir(self.path):
                 raise DatabaseError(
                     f"{self.path}: is a directory, not a tuning database"
                 )
             _inspect_existing(self.path)
+        if readonly or not create:
+            if not exists:
+                raise DatabaseError(f"{self.path}: no such tuning database")
+            if os.path.getsize(self.path) == 0:
+                raise DatabaseError(f"{self.path}: an empty file, not a tuning database")
         try:
-            con = sqlite3.connect(
-                self.path, timeout=30.0, check_same_thread=False, isolation_level=None
-            )
+            if readonly:
+                uri = "file:" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"
+                con = sqlite3.connect(uri, uri=True, timeout=30.0, check_same_thread=False, isolation_level=None)
+            else:
+                con = sqlite3.connect(
+                    self.path, timeout=30.0, check_same_thread=False, isolation_level=None
+                )
         except sqlite3.Error as exc:
             raise DatabaseError(
                 f"{self.path}: cannot open the tuning database: {exc}"
@@ -305,6 +332,8 @@ class Database:
         con.row_factory = sqlite3.Row
         self._con: sqlite3.Connection | None = con
         self._lock = threading.RLock()
+        if readonly:
+            return
         try:
             with self._wrap("open"):
                 if not memory:
@@ -412,12 +441,18 @@ class Database:
         self, workload_key: str | None = None, target: str | None = None
     ) -> list[Record]:
         """All records, optionally of one workload and/or target, in insertion order."""
+        return [rec for _, rec in self.records_with_ids(workload_key, target)]
+
+    def records_with_ids(
+        self, workload_key: str | None = None, target: str | None = None
+    ) -> list[tuple[int, Record]]:
+        """`records`, each with its row id (which names it in messages)."""
         where, params = self._where(workload_key, target)
         with self._lock, self._wrap("records"):
             rows = self._c.execute(
                 f"SELECT * FROM records{where} ORDER BY id", params
             ).fetchall()
-        return [_row_to_record(r) for r in rows]
+        return [(int(r["id"]), _row_to_record(r)) for r in rows]
 
     def count(self, workload_key: str | None = None, target: str | None = None) -> int:
         """Candidates measured: records that are not re-timings (`Record.retime`)."""
@@ -638,3 +673,71 @@ class Database:
 
     def __repr__(self) -> str:
         return f"Database({self.path!r})"
+
+
+class JsonlWriter:
+    """Appends tuning runs and records to a JSON-lines file in
+    :meth:`Database.export_jsonl`'s format, for :meth:`Database.import_jsonl`
+    on another host. Each line is flushed and synced to disk on its own, as
+    each :meth:`Database.commit_record` is committed; the writing methods are
+    the database's (`add_run`, `commit_record`), so a caller writes to either.
+
+    `reserved_run_ids`: ids taken already (those of the database the file is
+    for): a new run takes the id after them and after the file's own runs.
+    """
+
+    def __init__(self, path: str | os.PathLike, reserved_run_ids: Iterable[int] = ()) -> None:
+        self.path = os.fspath(path)
+        self.reserved_run_ids = [int(i) for i in reserved_run_ids]
+
+    def _lines(self) -> list[dict]:
+        if not os.path.exists(self.path):
+            return []
+        out = []
+        with open(self.path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    d = json.loads(line)
+                    if not isinstance(d, dict):
+                        raise ValueError("not an object")
+                except ValueError as exc:
+                    raise InputError(f"{self.path}:{lineno}: not a JSON-lines record: {exc}") from exc
+                out.append(d)
+        return out
+
+    def records(self) -> list[Record]:
+        """The records the file holds already (a line without ``kind`` is one)."""
+        out = []
+        for d in self._lines():
+            if d.get("kind", "record") == "record":
+                try:
+                    out.append(Record.from_json(d))
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise InputError(f"{self.path}: not a tuning record: {exc}") from exc
+        return out
+
+    def run_ids(self) -> list[int]:
+        """The ids of the runs the file holds."""
+        return [int(d["id"]) for d in self._lines() if d.get("kind") == "run"]
+
+    def add_run(self, seed: int, target: str, info: Mapping[str, Any], started: float) -> int:
+        """Append a run (as `Database.add_run`); returns its id."""
+        run_id = max([*self.reserved_run_ids, *self.run_ids()], default=0) + 1
+        info = json.loads(json.dumps(info, sort_keys=True, default=str))
+        self._append({"kind": "run", "id": run_id, "started": started, "seed": seed, "target": target, "info": info})
+        return run_id
+
+    def commit_record(self, rec: Record) -> None:
+        """Append a record (as `Database.commit_record`)."""
+        self._append({"kind": "record", **rec.to_json()})
+
+    def _append(self, obj: dict) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(obj) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def __repr__(self) -> str:
+        return f"JsonlWriter({self.path!r})"

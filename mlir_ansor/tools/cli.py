@@ -241,8 +241,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         if target.kind == "cuda":
             from mlir_ansor.measure.gpu_measure import bundle_dir
 
-            print(f"or, on a GPU host without MLIR, with {result.db_path} and {bundle_dir(result.db_path)}/ copied "
-                  f"there: python3 mlir_ansor/measure/gpu_measure.py {result.db_path}")
+            print(f"or, on a GPU host without MLIR, with {result.db_path}, {bundle_dir(result.db_path)}/ and the "
+                  f"mlir_ansor package copied there: python -m mlir_ansor.measure.gpu_measure {result.db_path}")
     return 0
 
 
@@ -382,8 +382,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from mlir_ansor.compiler import compile as compile_module
     from mlir_ansor.compiler import compile_untuned
     from mlir_ansor.ir.dtypes import tolerance
-    from mlir_ansor.measure.jobs import random_inputs
-    from mlir_ansor.measure.runner import TimingPolicy, relative_error, time_callable
+    from mlir_ansor.measure.runner import TimingPolicy, random_inputs, relative_error, time_callable
     from mlir_ansor.target import Target
 
     _load_plugins(args)

@@ -2,7 +2,7 @@
 
 :func:`replay` takes the `top` best valid records of every task (for this
 host's target), regenerates their sketches, builds each concrete schedule
-and times it again through the tuner's :class:`~mlir_ansor.tuner.Measurer`
+and times it again through the tuner's measurer, `measure.measurer.Measurer`
 (builders and the runner in isolated worker processes, the output checked
 against the untuned lowering on seeded inputs, exactly as during tuning).
 Drift is new latency / recorded latency: 1.0 means the measurement
@@ -16,9 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 from mlir_ansor.errors import InputError
 from mlir_ansor.measure.runner import TimingPolicy
@@ -103,9 +101,11 @@ def replay(
     (on `threads` threads only, when given) on this machine."""
     from mlir_ansor.graph.task import extract_tasks
     from mlir_ansor.ir.program import load
+    from mlir_ansor.measure.measurer import Candidate, Measurement, Measurer
+    from mlir_ansor.measure.pool import ErrorKind
     from mlir_ansor.records import Database
     from mlir_ansor.search.generate import generate_sketches
-    from mlir_ansor.tuner import Candidate, Measurer, TuneConfig, package_versions
+    from mlir_ansor.tuner import TuneConfig, package_versions
 
     target = target or Target.host()
     db_path = os.fspath(db_path)
@@ -165,7 +165,7 @@ def replay(
                     tol = task.tolerance
                     data[w["workload_key"]] = (path, tol)
                 path, tol = data[w["workload_key"]]
-                c = Candidate(SimpleNamespace(data_path=path), sk, tuple(rec.knobs), so_path=m.path(f"r{i}.so"))
+                c = Candidate(sk, tuple(rec.knobs), path, so_path=m.path(f"r{i}.so"))
                 try:
                     c.script = sk.concrete(rec.knobs)
                 except Exception as e:  # noqa: BLE001 - knobs the sketch no longer accepts
@@ -178,12 +178,13 @@ def replay(
                     row.error = f"build: {b.error_kind.value}: {_last_line(b.error_msg)}"
                     continue
                 r = m.run(c, tol)
-                if not r.ok:
-                    row.error = f"run: {r.error_kind.value}: {_last_line(r.error_msg)}"
-                elif not r.value["ok"]:
-                    row.error = f"wrong answer: relative error {r.value['error']:.3g} > {tol:.3g}"
+                meas = Measurement.of_run(r, tol)
+                if meas.error_kind == ErrorKind.WRONG_ANSWER:
+                    row.error = f"wrong answer: relative error {meas.rel_error:.3g} > {tol:.3g}"
+                elif meas.error_kind != ErrorKind.NONE:  # named by the run's own kind, as before
+                    row.error = f"run: {r.error_kind.value}: {_last_line(meas.error_msg)}"
                 else:
-                    row.new_latency_s = statistics.median(r.value["costs"])
+                    row.new_latency_s = meas.latency_s
     rows.sort(key=lambda r: (r.name, r.threads, r.rank))
     return ReplayReport(rows, target.key, skipped)
 
