@@ -55,7 +55,9 @@ from mlir_ansor.ir.dtypes import ELEMENT_BYTES
 from mlir_ansor.ir.program import Program, load
 from mlir_ansor.measure.pool import WorkerPool
 from mlir_ansor.measure.runner import Kernel, aligned_copy, aligned_empty, np_dtype
-from mlir_ansor.passes.lowering import BUFFERIZE, emit_shared_library, linalg_inits, lower_to_llvm
+from mlir_ansor.passes.artifacts import emit_shared_library
+from mlir_ansor.passes.drivers import linalg_inits
+from mlir_ansor.passes.lowering import BUFFERIZE, lower_to_llvm
 from mlir_ansor.target import Target, usable_cores
 
 __all__ = ["CompiledModule", "KernelPlan", "ScheduledModule", "compile", "compile_untuned", "plan_kernels", "schedule_module"]
@@ -116,7 +118,7 @@ class CompiledModule:
     writes, as new arrays (the caller's arrays are not modified).
 
     Not reentrant: the library keeps the intermediate results of its drivers
-    in static buffers (`passes.lowering.static_driver_buffers`), so one
+    in static buffers (`passes.drivers.static_driver_buffers`), so one
     compiled module must not run on two threads at once.
     """
 
