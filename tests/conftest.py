@@ -1,10 +1,14 @@
-"""Shared test helpers: FileCheck, and paths of the small test inputs."""
+"""Shared test helpers: FileCheck, the PyTorch path's fixture, and paths of
+the small test inputs."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,18 +21,49 @@ def _filecheck_exe() -> str:
     if exe.exists():
         return str(exe)
     found = shutil.which("filecheck")
-    if not found:
-        pytest.skip("the `filecheck` package (dev extra) is not installed")
+    if not found:  # pytest and filecheck come in the same extra: no reason to skip
+        pytest.fail("the `filecheck` package (dev extra) is not installed: pip install -e '.[dev]'")
     return found
 
 
-def filecheck(text: str, checks: str, tmp_path: Path) -> None:
-    """Run FileCheck patterns `checks` (CHECK lines) over `text`; fail with
-    FileCheck's own report when they do not match."""
-    check_file = tmp_path / "checks.txt"
-    check_file.write_text(checks)
-    proc = subprocess.run([_filecheck_exe(), str(check_file)], input=text, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def filecheck(text: str, checks: str, tmp_path: Path | None = None) -> None:
+    """Run FileCheck patterns `checks` (CHECK, CHECK-NEXT, CHECK-NOT, ...
+    lines, as in LLVM's FileCheck) over `text`; fail with FileCheck's own
+    report when they do not match. `tmp_path` (optional) is where the
+    patterns are written.
+
+    The `filecheck` package (a Python clone of LLVM's FileCheck) checks a
+    CHECK-NOT up to the end of the next match, where LLVM's stops at its
+    start: keep the excluded text out of the line matched next (or put the
+    CHECK-NOTs in a call of their own, which then covers all of `text`)."""
+    with tempfile.TemporaryDirectory(dir=tmp_path) as folder:
+        check_file = Path(folder) / "checks.txt"
+        check_file.write_text(checks)
+        proc = subprocess.run([_filecheck_exe(), str(check_file)], input=text, capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.fail(f"FileCheck failed:\n{proc.stdout}{proc.stderr}", pytrace=False)
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+@pytest.fixture(scope="session")
+def torch():
+    """The `torch` module, for tests of the PyTorch path (torch and torch-mlir:
+    the 'torch' extra). Without them the test is skipped, except in CI (the
+    environment variable CI set), where scripts/setup.sh installs the extra
+    and a missing package is a failure. torch-mlir is only looked up, not
+    imported: its MLIR bindings would clash with ours in this process."""
+    missing = [name for name in ("torch", "torch_mlir") if importlib.util.find_spec(name) is None]
+    if missing:
+        why = f"the PyTorch path needs {' and '.join(missing)} (the 'torch' extra: pip install -e '.[torch]')"
+        if _in_ci():
+            pytest.fail(f"{why}; CI installs it (scripts/setup.sh), so it must be there", pytrace=False)
+        pytest.skip(why)
+    import torch as module
+
+    return module
 
 
 def mlir_opt() -> str:

@@ -44,6 +44,7 @@ def peak_cache(tmp_path, monkeypatch):
     return path
 
 
+@pytest.mark.slow
 def test_progress_display_live_block(tuned):
     _, result, display, text = tuned
     p = display.last
@@ -57,6 +58,7 @@ def test_progress_display_live_block(tuned):
     assert format_eta(75) == "1m15s" and format_eta(float("inf")) == "?"
 
 
+@pytest.mark.slow
 def test_progress_plain_lines_off_a_terminal(tuned, caplog):
     _, _, display, _ = tuned
     stream = io.StringIO()  # not a TTY
@@ -69,6 +71,7 @@ def test_progress_plain_lines_off_a_terminal(tuned, caplog):
     assert "4/4 trials" in msg and "\x1b" not in msg and "matmul_32x16x64_f32" in msg
 
 
+@pytest.mark.slow
 def test_show_without_and_with_peak(tuned, peak_cache, capsys):
     db, result, _, _ = tuned
     assert main(["show", str(db)]) == 0
@@ -110,6 +113,7 @@ def test_summary_counts_errors_by_kind(tmp_path):
     assert c.end_to_end[-1] == pytest.approx(1e-3)
 
 
+@pytest.mark.slow
 def test_plot_writes_a_png(tuned, tmp_path, capsys):
     import matplotlib.image
 
@@ -127,6 +131,7 @@ def test_plot_writes_a_png(tuned, tmp_path, capsys):
     assert main(["plot", str(tmp_path / "missing.db"), "-o", str(out)]) == 2
 
 
+@pytest.mark.slow
 def test_export_applies_with_mlir_opt(tuned, tmp_path, capsys):
     db, result, _, _ = tuned
     r = next(t for t in result.tasks if t.task.name == "matmul_32x16x64_f32")
@@ -170,6 +175,7 @@ def test_peak_command_caches(peak_cache, capsys, monkeypatch):
     assert cached is not None and cached.fma_gflops_1t == res["fma_gflops_1t"] and cached.threads == 2
 
 
+@pytest.mark.slow
 def test_tune_compile_run_cli_on_small_example(tmp_path, capsys):
     db = tmp_path / "cli.db"
     assert main(["tune", MATMUL, "--trials", "2", "--batch-size", "2", "--db", str(db), "--json",

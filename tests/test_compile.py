@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
-import sys
 
 import numpy as np
 import pytest
@@ -24,7 +24,8 @@ from mlir_ansor.measure.runner import (
 )
 from mlir_ansor.tools.cli import main
 
-compile_mod = sys.modules["mlir_ansor.compiler"]
+compile_mod = importlib.import_module("mlir_ansor.compiler")
+
 FAST = TimingPolicy(warmup=1, min_repeat=2, max_repeat=5, min_time_s=0.005)
 
 
@@ -137,6 +138,7 @@ def test_memref_function_returns_named_outputs(tmp_path, op, out_shape, want):
         np.testing.assert_allclose(cm(a, np.zeros(out_shape, np.float32)), want(a), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_best_record_is_applied(tmp_path):
     db = tmp_path / "t.db"
     cfg = TuneConfig(trials=3, batch_size=3, build_workers=2, timing=FAST)

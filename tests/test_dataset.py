@@ -36,6 +36,7 @@ def tuned(tmp_path_factory):
     return db, out
 
 
+@pytest.mark.slow
 def test_exported_dataset_matches_the_database(tuned):
     db_path, out = tuned
     ds = load(out)
@@ -70,6 +71,7 @@ def test_exported_dataset_matches_the_database(tuned):
     assert man["runs"][0]["seed"] == 5
 
 
+@pytest.mark.slow
 def test_train_a_model_on_the_dataset(tuned, tmp_path):
     _, out = tuned
     ds = load(out)
@@ -95,6 +97,7 @@ def test_load_refuses_other_folders(tmp_path):
         load(tmp_path)
 
 
+@pytest.mark.slow
 def test_pretrained_model_is_loaded_and_ranks_the_first_batch(tuned, tmp_path, monkeypatch):
     _, out = tuned
     ds = load(out)
@@ -134,6 +137,7 @@ def test_missing_pretrained_model_is_an_error(tmp_path):
         make_strategy(TuneConfig(strategy="evolutionary", pretrained_model=str(tmp_path / "none.json")))
 
 
+@pytest.mark.slow
 def test_dataset_doc_example_runs(tuned, monkeypatch, capsys):
     import re
     from pathlib import Path

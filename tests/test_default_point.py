@@ -85,6 +85,7 @@ def _default_point(path) -> tuple:
     return sk.hash, default_assignment(sk, 1)
 
 
+@pytest.mark.slow
 def test_first_batch_measures_the_default_point(tmp_path):
     path = tmp_path / "mm.mlir"
     path.write_text(workloads.matmul(64, 64, 32))
@@ -115,6 +116,7 @@ def test_compile_without_records_uses_the_rule_default(tmp_path):
     np.testing.assert_allclose(cm(a, b), a @ b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_another_machines_records_do_not_count_as_measured(tmp_path):
     import sqlite3
 

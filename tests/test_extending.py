@@ -37,6 +37,7 @@ def python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
 
 
+@pytest.mark.slow
 def test_extending_examples_run(tmp_path, monkeypatch, capsys):
     blocks = python_blocks()
     assert len(blocks) == 4
@@ -273,6 +274,7 @@ PLUGIN = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_cli_plugin_file_registers_and_tunes(tmp_path, capsys):
     from mlir_ansor.tools.cli import main
 

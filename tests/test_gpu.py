@@ -114,6 +114,7 @@ def _ptxas_figures(msg: str) -> dict:
     return json.loads(msg[msg.index("{"):])
 
 
+@pytest.mark.slow
 def test_tune_build_only_records_ptxas_checked_candidates(mlir_side, ptxas, tmp_path):
     """Build-only tuning for CUDA: candidates come from the GPU sketches
     within the target's limits, each is built to a cubin, and ptxas's
@@ -178,6 +179,7 @@ registry.register_rule("cuda-cse-first", CseFirst(), before="cuda-staged-matmul"
 '''
 
 
+@pytest.mark.slow
 def test_cli_rules_and_a_plugin_rule_steer_cuda_tuning(mlir_side, ptxas, tmp_path, capsys):
     """`mlir-ansor tune --target cuda --rules ... --plugin ...`: the rule
     selection and a plugin's rule apply to a cuda target like a CPU one.
@@ -209,6 +211,7 @@ def test_cli_rules_and_a_plugin_rule_steer_cuda_tuning(mlir_side, ptxas, tmp_pat
     assert {every[r.sketch_hash] for r in recs} == {"cuda-cse-first"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wrong", [False, True])
 def test_tune_measures_cuda_candidates_on_a_fake_gpu(wrong, mlir_side, ptxas, tmp_path):
     """The measuring path without a GPU: real builds and cubins, the runner's
@@ -240,6 +243,7 @@ def test_tune_measures_cuda_candidates_on_a_fake_gpu(wrong, mlir_side, ptxas, tm
         assert res.tasks[0].best_latency_s == pytest.approx(1e-4)
 
 
+@pytest.mark.slow
 def test_tune_on_the_gpu(mlir_side, ptxas, tmp_path):
     """On a host with a GPU (cuda-python and a device), tuning measures
     real candidates, checked against the reference."""

@@ -5,18 +5,17 @@ untransformed module."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
+from conftest import filecheck
 from mlir import ir
 
 from mlir_ansor.compiler import compile_untuned
+from mlir_ansor.graph import normalize as normalize_mod
 from mlir_ansor.graph.layout import convert_layout
 from mlir_ansor.graph.normalize import normalize
 from mlir_ansor.graph.task import extract_tasks
 from mlir_ansor.ir.program import load
-from mlir_ansor.graph import normalize as normalize_mod
 
 _ID = "affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>"
 _CH = "affine_map<(d0, d1, d2, d3) -> (d1, 0, 0)>"
@@ -196,37 +195,86 @@ def resnet_text() -> str:
     return resnet_like()
 
 
+# Over a whole module: every convolution is channel-last (NHWC input, HWCF
+# filter), and how many there are.
+NO_CHANNEL_FIRST = """
+CHECK-NOT: linalg.conv_2d_nchw_fchw
+CHECK-NOT: linalg.pooling_nchw
+"""
+FOUR_CHANNEL_LAST_CONVS = """
+CHECK-COUNT-4: linalg.conv_2d_nhwc_hwcf
+CHECK-NOT:     linalg.conv_2d
+"""
+
+
 def test_no_transposes_between_consecutive_convolutions(resnet_text):
     program = load(text=resnet_text)
     fn = next(o.operation for o in program.module.body.operations)
     assert convert_layout(fn) > 0
     program.module.operation.verify()
-    ops = _body(program.module)
-    names = [op.name for op in ops]
-    assert "linalg.conv_2d_nchw_fchw" not in names and "linalg.pooling_nchw_max" not in names
-    convs = [k for k, n in enumerate(names) if n == "linalg.conv_2d_nhwc_hwcf"]
-    assert len(convs) == 4 and names.count("linalg.pooling_nhwc_max") == 1
-    acts = _activation_transposes(ops)
-    # one transpose into the first convolution (of the padded input), one
-    # out of the last one (the flatten reads NCHW order); none in between
-    assert len(acts) == 2, [names[k] for k in acts]
-    assert acts[0] < convs[0] and acts[1] > convs[-1]
     text = str(program.module)
-    # the padding moved to the NHWC side: pads of H and W are dims 1 and 2
-    assert "low[0, 1, 1, 0] high[0, 1, 1, 0]" in text
-    # the batch norm reads its per-channel constants on the last loop
-    assert "affine_map<(d0, d1, d2, d3) -> (d3, 0, 0)>" in text
+    # One transpose into the first convolution (of the padded input,
+    # NCHW -> NHWC: [0, 2, 3, 1]), one out of the last one (the flatten reads
+    # NCHW order: [0, 3, 1, 2]); none in between: the filters' transposes
+    # (FCHW -> HWCF) are [2, 3, 1, 0]. The later paddings moved to the NHWC
+    # side (pads of H and W are dims 1 and 2); the batch norm reads its
+    # per-channel constants on the last loop.
+    filecheck(text, r"""
+CHECK-DAG:   #[[ID:\w+]] = affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>
+CHECK-DAG:   #[[CH:\w+]] = affine_map<(d0, d1, d2, d3) -> (d3, 0, 0)>
+CHECK-LABEL: func.func @main(
+CHECK-SAME:    %[[X:\w+]]: tensor<1x3x10x10xf32>) -> tensor<1x5xf32>
+CHECK:         %[[P:\w+]] = tensor.pad %[[X]] low[0, 0, 1, 1] high[0, 0, 1, 1]
+CHECK:         %[[XT:\w+]] = linalg.transpose ins(%[[P]] : tensor<1x3x12x12xf32>) outs(%{{\w+}} : tensor<1x12x12x3xf32>) permutation = [0, 2, 3, 1]
+CHECK:         %[[C1:\w+]] = linalg.conv_2d_nhwc_hwcf
+CHECK-SAME:      ins(%[[XT]], %{{\w+}} : tensor<1x12x12x3xf32>, tensor<3x3x3x8xf32>) outs(%{{\w+}} : tensor<1x10x10x8xf32>)
+CHECK-NOT:     permutation = [0,
+CHECK:         linalg.generic {indexing_maps = [#[[ID]], #[[CH]], #[[ID]]]{{.*}} ins(%[[C1]], %{{\w+}} : tensor<1x10x10x8xf32>, tensor<8x1x1xf32>)
+CHECK-NOT:     permutation = [0,
+CHECK:         tensor.pad %{{\w+}} low[0, 1, 1, 0] high[0, 1, 1, 0]
+CHECK-NOT:     permutation = [0,
+CHECK:         %[[POOL:\w+]] = linalg.pooling_nhwc_max
+CHECK-SAME:      ins(%{{\w+}}, %{{\w+}} : tensor<1x12x12x8xf32>, tensor<3x3xf32>) outs(%{{\w+}} : tensor<1x5x5x8xf32>)
+CHECK-NOT:     permutation = [0,
+CHECK:         linalg.conv_2d_nhwc_hwcf {{.*}}ins(%[[POOL]], %{{\w+}} : tensor<1x5x5x8xf32>, tensor<1x1x8x8xf32>)
+CHECK-NOT:     permutation = [0,
+CHECK:         tensor.pad %{{\w+}} low[0, 1, 1, 0] high[0, 1, 1, 0]
+CHECK-NOT:     permutation = [0,
+CHECK:         linalg.conv_2d_nhwc_hwcf {{.*}}: tensor<1x7x7x8xf32>, tensor<3x3x8x8xf32>)
+CHECK-NOT:     permutation = [0,
+CHECK:         linalg.generic {indexing_maps = [#[[ID]], #[[ID]], #[[ID]]]{{.*}} ins(%{{\w+}}, %[[POOL]] :
+CHECK-NOT:     permutation = [0,
+CHECK:         linalg.conv_2d_nhwc_hwcf {dilations = dense<2> : tensor<2xi64>, strides = dense<2> : tensor<2xi64>}
+CHECK-SAME:      : tensor<1x5x5x8xf32>, tensor<2x2x8x6xf32>) outs(%{{\w+}} : tensor<1x2x2x6xf32>)
+CHECK:         %[[Y:\w+]] = linalg.transpose ins(%{{\w+}} : tensor<1x2x2x6xf32>) outs(%{{\w+}} : tensor<1x6x2x2xf32>) permutation = [0, 3, 1, 2]
+CHECK-NEXT:    tensor.collapse_shape %[[Y]] {{\[\[}}0], [1, 2, 3]] : tensor<1x6x2x2xf32> into tensor<1x24xf32>
+CHECK-NOT:     permutation = [0,
+CHECK:         return
+""")
+    filecheck(text, NO_CHANNEL_FIRST)
+    filecheck(text, FOUR_CHANNEL_LAST_CONVS)
+    # the same by data flow: the transposes of values computed from the
+    # input (not of constant filters) are the first and the last one
+    ops = _body(program.module)
+    convs = [k for k, op in enumerate(ops) if op.name == "linalg.conv_2d_nhwc_hwcf"]
+    acts = _activation_transposes(ops)
+    assert len(acts) == 2 and acts[0] < convs[0] and acts[1] > convs[-1]
 
 
 def test_converted_network_computes_the_same(resnet_text):
     x = np.random.default_rng(1).standard_normal((1, 3, 10, 10)).astype(np.float32)
     want = compile_untuned(load(text=resnet_text))(x)
     got, text = _run(resnet_text, x, layout=True)
-    assert "conv_2d_nhwc_hwcf" in text and "conv_2d_nchw_fchw" not in text
+    filecheck(text, FOUR_CHANNEL_LAST_CONVS)
+    filecheck(text, NO_CHANNEL_FIRST)
     assert np.abs(want).max() > 1e-3
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     off, text = _run(resnet_text, x, layout=False)
-    assert "conv_2d_nchw_fchw" in text and "conv_2d_nhwc_hwcf" not in text
+    filecheck(text, """
+CHECK-COUNT-4: linalg.conv_2d_nchw_fchw
+CHECK-NOT:     linalg.conv_2d
+""")
+    filecheck(text, "CHECK-NOT: linalg.conv_2d_nhwc_hwcf\nCHECK-NOT: linalg.pooling_nhwc")
     np.testing.assert_allclose(off, want, rtol=1e-4, atol=1e-5)
 
 
@@ -235,7 +283,8 @@ def test_sum_pooling_converts_and_computes_the_same():
     x = np.random.default_rng(3).standard_normal((1, 3, 10, 10)).astype(np.float32)
     want = compile_untuned(load(text=text))(x)
     got, out_text = _run(text, x, layout=True)
-    assert "linalg.pooling_nhwc_sum" in out_text and "pooling_nchw" not in out_text
+    filecheck(out_text, r"CHECK: linalg.pooling_nhwc_sum {{.*}}: tensor<1x12x12x8xf32>, tensor<3x3xf32>) outs(%{{\w+}} : tensor<1x5x5x8xf32>)")
+    filecheck(out_text, NO_CHANNEL_FIRST)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
@@ -317,12 +366,7 @@ def test_generic_with_permuted_input_maps_sinks_correctly():
     assert len(acts) == 3 and sum(convs[0] < k < convs[1] for k in acts) == 1
 
 
-def test_tiny_cnn_from_torch():
-    pytest.importorskip("torch", reason="the PyTorch path needs the 'torch' extra (pip install -e '.[torch]')")
-    if importlib.util.find_spec("torch_mlir") is None:  # not imported here: its MLIR would clash with ours
-        pytest.skip("the PyTorch path needs torch-mlir (pip install -e '.[torch]')")
-    import torch
-
+def test_tiny_cnn_from_torch(torch):
     from mlir_ansor.examples.models import tiny_cnn
     from mlir_ansor.importers.pytorch import import_module
 
@@ -332,6 +376,7 @@ def test_tiny_cnn_from_torch():
     text = import_module(model, inputs)
     x = inputs[0].numpy()
     got, out_text = _run(text, x, layout=True)
-    assert "conv_2d_nhwc_hwcf" in out_text and "conv_2d_nchw_fchw" not in out_text
+    filecheck(out_text, "CHECK: linalg.conv_2d_nhwc_hwcf")
+    filecheck(out_text, NO_CHANNEL_FIRST)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(got, compile_untuned(load(text=text))(x), rtol=1e-5, atol=1e-7)

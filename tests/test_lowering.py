@@ -1,4 +1,4 @@
-"""The lowering's own IR rewrites (`passes/lowering.py`)."""
+"""The lowering's own IR rewrites (`passes/lowering.py`, `passes/drivers.py`)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ import re
 
 import numpy as np
 import pytest
+from conftest import filecheck
 from mlir import ir, passmanager
 
 import mlir_ansor
-from mlir_ansor.passes.lowering import _front, forward_output_copies
+from mlir_ansor.passes.drivers import forward_output_copies
+from mlir_ansor.passes.lowering import _front
 
 # A kernel returning a fresh tensor, and drivers that return what it returned.
 KERNEL = """
@@ -47,13 +49,25 @@ def test_driver_result_is_computed_in_the_output_argument():
     %r = call @k(%a) : (tensor<4x8xf32>) -> tensor<4x8xf32>
     return %r : tensor<4x8xf32>
   }""")
-        before = _func(m, "main")
-        assert "memref.copy" in before and "memref.alloc" in before  # what the upstream pass leaves
+        # what the upstream pass leaves: the result in a buffer, copied out
+        filecheck(_func(m, "main"), r"""
+CHECK-LABEL: func.func @main(
+CHECK-SAME:    %[[A:\w+]]: memref<4x8xf32>, %[[OUT:\w+]]: memref<4x8xf32>)
+CHECK-NEXT:    %[[BUF:\w+]] = memref.alloc() : memref<4x8xf32>
+CHECK-NEXT:    call @k(%[[A]], %[[BUF]])
+CHECK-NEXT:    memref.copy %[[BUF]], %[[OUT]]
+CHECK-NEXT:    memref.dealloc %[[BUF]]
+""")
         assert forward_output_copies(m) == 1
         m.operation.verify()
         after = _func(m, "main")
-    assert "memref.copy" not in after and "memref.alloc" not in after and "memref.dealloc" not in after
-    assert "call @k(%arg0, %arg1)" in after
+    # the kernel writes the output argument, and nothing else is left
+    filecheck(after, r"""
+CHECK-LABEL: func.func @main(
+CHECK-SAME:    %[[A:\w+]]: memref<4x8xf32>, %[[OUT:\w+]]: memref<4x8xf32>)
+CHECK-NEXT:    call @k(%[[A]], %[[OUT]])
+CHECK-NEXT:    return
+""")
 
 
 def test_buffer_still_read_after_the_copy_or_a_busy_output_keeps_the_copy():
@@ -68,7 +82,13 @@ def test_buffer_still_read_after_the_copy_or_a_busy_output_keeps_the_copy():
         assert forward_output_copies(m) == 1
         m.operation.verify()
         after = _func(m, "twice")
-    assert after.count("memref.copy") == 1 and "memref.alloc" not in after
+    filecheck(after, r"""
+CHECK-LABEL: func.func @twice(
+CHECK-SAME:    %[[A:\w+]]: memref<4x8xf32>, %[[OUT0:\w+]]: memref<4x8xf32>, %[[OUT1:\w+]]: memref<4x8xf32>)
+CHECK-NEXT:    call @k(%[[A]], %[[OUT1]])
+CHECK-NEXT:    memref.copy %[[OUT1]], %[[OUT0]]
+CHECK-NEXT:    return
+""")
 
 
 def test_compiled_driver_results_match_numpy(tmp_path):
@@ -107,7 +127,7 @@ func.func @main(%a: tensor<8x8xf32>) -> tensor<1x8x8xf32> {
 def _lowered_driver(tmp_path, text: str) -> tuple[str, int, int]:
     """The driver of `text` after compile's front half and the two rewrites,
     with how many copies were forwarded and how many buffers made static."""
-    from mlir_ansor.passes.lowering import static_driver_buffers
+    from mlir_ansor.passes.drivers import static_driver_buffers
 
     path = tmp_path / "m.mlir"
     path.write_text(text)
@@ -126,10 +146,24 @@ def test_driver_buffers_are_static_and_shared_when_lifetimes_do_not_overlap(tmp_
     # the last result is computed in the output (through the expand_shape);
     # r, s and t need buffers: r dies at s, so t takes r's; s lives to u
     assert forwarded == 1 and static == 3
-    driver = text[text.index("func.func @main"):]
-    assert "memref.alloc" not in driver and "memref.dealloc" not in driver and "memref.copy" not in driver
-    assert driver.count("memref.get_global") == 3 and "memref.collapse_shape %arg1" in driver
-    assert text.count('memref.global "private"') == 2
+    # two uninitialized globals (declared in the order the driver takes them)
+    # and a driver with no allocation and no copy: every line is below
+    filecheck(text, r"""
+CHECK:       memref.global "private" @[[BUF0:\w+]] : memref<8x8xf32> = uninitialized
+CHECK-NEXT:  memref.global "private" @[[BUF1:\w+]] : memref<8x8xf32> = uninitialized
+CHECK-NOT:   memref.global
+CHECK-LABEL: func.func @main(
+CHECK-SAME:    %[[A:\w+]]: memref<8x8xf32>, %[[OUT:\w+]]: memref<1x8x8xf32>)
+CHECK-NEXT:    %[[R:\w+]] = memref.get_global @[[BUF0]] : memref<8x8xf32>
+CHECK-NEXT:    call @{{\w+}}(%[[A]], %[[R]])
+CHECK-NEXT:    %[[S:\w+]] = memref.get_global @[[BUF1]] : memref<8x8xf32>
+CHECK-NEXT:    call @{{\w+}}(%[[R]], %[[A]], %[[S]])
+CHECK-NEXT:    %[[T:\w+]] = memref.get_global @[[BUF0]] : memref<8x8xf32>
+CHECK-NEXT:    call @{{\w+}}(%[[S]], %[[A]], %[[T]])
+CHECK-NEXT:    %[[U:\w+]] = memref.collapse_shape %[[OUT]] {{\[\[}}0, 1], [2]] : memref<1x8x8xf32> into memref<8x8xf32>
+CHECK-NEXT:    call @{{\w+}}(%[[T]], %[[S]], %[[U]])
+CHECK-NEXT:    return
+""")
 
 
 def test_static_buffers_give_the_same_results_call_after_call(tmp_path):
@@ -170,28 +204,69 @@ RESHAPING = """
 """
 
 
+# HALVES once bufferized: each slice copied into a buffer for the kernel,
+# each result copied from its buffer into its half of the output.
+HALVES_COPIED = r"""
+CHECK-LABEL: func.func @main(
+CHECK-SAME:    %[[A:\w+]]: memref<4x16xf32>, %[[OUT:\w+]]: memref<4x16xf32>)
+CHECK:         %[[S0:\w+]] = memref.subview %[[A]][0, 0] [4, 8] [1, 1]
+CHECK:         %[[S1:\w+]] = memref.subview %[[A]][0, 8] [4, 8] [1, 1]
+CHECK:         memref.copy %[[S0]], %[[IN0:\w+]] : memref<4x8xf32, strided<[16, 1]>> to memref<4x8xf32>
+CHECK:         call @KERNEL(%[[IN0]], %[[R0:\w+]])
+CHECK:         memref.copy %[[S1]], %[[IN1:\w+]] : memref<4x8xf32, strided<[16, 1], offset: 8>> to memref<4x8xf32>
+CHECK:         call @KERNEL(%[[IN1]], %[[R1:\w+]])
+CHECK:         %[[O0:\w+]] = memref.subview %[[OUT]][0, 0] [4, 8] [1, 1]
+CHECK-NEXT:    memref.copy %[[R0]], %[[O0]] : memref<4x8xf32> to memref<4x8xf32, strided<[16, 1]>>
+CHECK:         %[[O1:\w+]] = memref.subview %[[OUT]][0, 8] [4, 8] [1, 1]
+CHECK-NEXT:    memref.copy %[[R1]], %[[O1]] : memref<4x8xf32> to memref<4x8xf32, strided<[16, 1], offset: 8>>
+CHECK-NOT:     memref.copy
+"""
+
+
 def test_kernels_read_and_write_slices_in_place():
-    from mlir_ansor.passes.lowering import views_into_kernels
+    from mlir_ansor.passes.drivers import views_into_kernels
 
     with ir.Context(), ir.Location.unknown():
         m = _front_ir(HALVES.replace("KERNEL", "k"))
         forward_output_copies(m)
-        before = _func(m, "main")
-        assert before.count("memref.copy") == 4  # two slices in, two results out
+        # two slices copied in, two results copied out
+        filecheck(_func(m, "main"), HALVES_COPIED.replace("KERNEL", "k"))
         assert views_into_kernels(m) == 4
         m.operation.verify()
-        after = _func(m, "main")
         text = str(m)
-    assert "memref.copy" not in after and "memref.alloc" not in after
-    # both calls share one copy of @k taking strided views at any offset
-    strided = "memref<4x8xf32, strided<[16, 1], offset: ?>>"
-    assert after.count("call @k__view") == 2 and len(set(re.findall(r"call @(k__view\d+)", after))) == 1
-    assert f"(%arg0: {strided}, %arg1: {strided})" in text
-    assert "call @k(" not in after
+    # both calls share one copy of @k (inserted before it) taking strided
+    # views at any offset; no copy, no buffer, no call of @k is left
+    filecheck(text, r"""
+CHECK:       func.func private @[[VIEW:k__view\w*]](
+CHECK-SAME:    %{{\w+}}: memref<4x8xf32, strided<[16, 1], offset: ?>>, %{{\w+}}: memref<4x8xf32, strided<[16, 1], offset: ?>>)
+CHECK-NOT:   func.func private @k__view
+CHECK:       func.func private @k(
+CHECK-LABEL: func.func @main(
+CHECK-SAME:    %[[A:\w+]]: memref<4x16xf32>, %[[OUT:\w+]]: memref<4x16xf32>)
+CHECK-NOT:     memref.alloc
+CHECK-NOT:     memref.copy
+CHECK:         memref.subview %[[A]][0, 0] [4, 8] [1, 1]
+CHECK:         memref.subview %[[A]][0, 8] [4, 8] [1, 1]
+CHECK-NOT:     memref.alloc
+CHECK-NOT:     memref.copy
+CHECK:         memref.subview %[[OUT]][0, 0] [4, 8] [1, 1]
+CHECK-NOT:     memref.alloc
+CHECK-NOT:     memref.copy
+CHECK:         call @[[VIEW]]({{.*}}) : (memref<4x8xf32, strided<[16, 1], offset: ?>>, memref<4x8xf32, strided<[16, 1], offset: ?>>) -> ()
+CHECK-NOT:     memref.alloc
+CHECK-NOT:     memref.copy
+CHECK:         memref.subview %[[OUT]][0, 8] [4, 8] [1, 1]
+CHECK-NOT:     memref.alloc
+CHECK-NOT:     memref.copy
+CHECK:         call @[[VIEW]](
+CHECK-NOT:     memref.copy
+CHECK-NOT:     memref.dealloc
+CHECK:         return
+""")
 
 
 def test_a_kernel_that_reshapes_its_arguments_keeps_the_copies():
-    from mlir_ansor.passes.lowering import views_into_kernels
+    from mlir_ansor.passes.drivers import views_into_kernels
 
     with ir.Context(), ir.Location.unknown():
         m = ir.Module.parse("module {" + RESHAPING + HALVES.replace("KERNEL", "r") + "}")
@@ -200,7 +275,10 @@ def test_a_kernel_that_reshapes_its_arguments_keeps_the_copies():
         n = views_into_kernels(m)
         m.operation.verify()
         after = _func(m, "main")
-    assert n == 0 and after.count("memref.copy") == 4 and "r__view" not in str(m)
+        text = str(m)
+    assert n == 0
+    filecheck(after, HALVES_COPIED.replace("KERNEL", "r"))
+    filecheck(text, "CHECK-NOT: r__view")
 
 
 def test_compiled_slices_in_place_match_numpy(tmp_path):
@@ -245,7 +323,7 @@ WRITES_THE_SLICED_BUFFER = ("""
 
 @pytest.mark.parametrize("kernel, call", [WRITES_ITS_COPY, WRITES_THE_SLICED_BUFFER], ids=["writes-its-copy", "writes-the-sliced-buffer"])
 def test_the_copy_stays_when_the_kernel_writes(kernel, call):
-    from mlir_ansor.passes.lowering import views_into_kernels
+    from mlir_ansor.passes.drivers import views_into_kernels
 
     with ir.Context(), ir.Location.unknown():
         m = ir.Module.parse(kernel + """
@@ -258,7 +336,14 @@ def test_the_copy_stays_when_the_kernel_writes(kernel, call):
     return
   }""".replace("CALL", call))
         assert views_into_kernels(m) == 0
-        assert "memref.copy" in _func(m, "main")
+        # the slice is still copied into the buffer the kernel takes
+        filecheck(_func(m, "main"), r"""
+CHECK-LABEL: func.func @main(
+CHECK:         %[[S:\w+]] = memref.subview
+CHECK:         %[[T:\w+]] = memref.alloc() : memref<4x8xf32>
+CHECK-NEXT:    memref.copy %[[S]], %[[T]]
+CHECK-NEXT:    call @{{[uw]}}(%[[T]]
+""")
 
 
 @pytest.mark.parametrize(
@@ -339,7 +424,7 @@ func.func @main(%a: tensor<4x8xf32>) -> tensor<4x8xf32> {
 
 def test_ops_on_masks_stay_out_of_tasks_and_masks_are_stored_as_bytes(tmp_path):
     from mlir_ansor.compiler import compile_untuned
-    from mlir_ansor.passes.lowering import widen_bool_buffers
+    from mlir_ansor.passes.drivers import widen_bool_buffers
 
     path = tmp_path / "masked.mlir"
     path.write_text(MASKED)
@@ -354,7 +439,11 @@ def test_ops_on_masks_stay_out_of_tasks_and_masks_are_stored_as_bytes(tmp_path):
         passmanager.PassManager.parse(f"builtin.module({_front()},convert-linalg-to-loops)").run(m.operation)
         assert widen_bool_buffers(m) == 1
         m.operation.verify()
-        assert "xi1>" not in str(m) and "memref<4x8xi8>" in str(m)
+        filecheck(str(m), """
+CHECK-NOT: xi1>
+CHECK:     memref.alloc() {{.*}}: memref<4x8xi8>
+CHECK-NOT: xi1>
+""")
 
 
 def test_a_folded_value_read_by_a_task_and_by_another_constant_op(tmp_path):
@@ -423,7 +512,7 @@ ACCUMULATE = """
 
 
 def _accumulate(between: str = "", after: str = "", last_input: str = "%c") -> tuple[int, str, str]:
-    from mlir_ansor.passes.lowering import accumulate_in_place
+    from mlir_ansor.passes.drivers import accumulate_in_place
 
     with ir.Context(), ir.Location.unknown():
         text = ACCUMULATE.replace("BETWEEN", between).replace("AFTER", after)
@@ -436,13 +525,24 @@ def _accumulate(between: str = "", after: str = "", last_input: str = "%c") -> t
 def test_accumulating_kernels_add_to_the_output_in_place():
     n, driver, text = _accumulate()
     assert n == 2
-    # every term lands in the output argument: no buffer, no copy
-    assert "memref.alloc" not in driver and "memref.dealloc" not in driver
-    assert "call @first(%arg0, %arg3)" in driver
-    assert "call @acc__inplace(%arg1, %arg3, %arg3)" in driver and "call @acc__inplace(%arg2, %arg3, %arg3)" in driver
-    in_place = text[text.index("func.func private @acc__inplace"):]
-    assert "memref.copy" not in in_place[: in_place.index("return")]
-    assert "call @acc(" not in driver and "func.func private @acc(" not in text  # no call needs it any more
+    # every term lands in the output argument: no buffer, no copy; the
+    # in-place kernel adds to its output without copying its initial value
+    # first, and the original @acc is gone (no call needs it any more)
+    filecheck(text, r"""
+CHECK-NOT:   func.func private @acc(
+CHECK-LABEL: func.func private @acc__inplace(
+CHECK-SAME:    %[[X:\w+]]: memref<4x8xf32>, %{{\w+}}: memref<4x8xf32>, %[[ACC:\w+]]: memref<4x8xf32>)
+CHECK-NEXT:    linalg.add ins(%[[X]], %[[ACC]] : {{.*}}) outs(%[[ACC]] : memref<4x8xf32>)
+CHECK-NEXT:    return
+CHECK-NOT:   func.func private @acc(
+CHECK-LABEL: func.func @main(
+CHECK-SAME:    %[[A:\w+]]: memref<4x8xf32>, %[[B:\w+]]: memref<4x8xf32>, %[[C:\w+]]: memref<4x8xf32>, %[[R:\w+]]: memref<4x8xf32>)
+CHECK-NEXT:    call @first(%[[A]], %[[R]])
+CHECK-NEXT:    call @acc__inplace(%[[B]], %[[R]], %[[R]])
+CHECK-NEXT:    call @acc__inplace(%[[C]], %[[R]], %[[R]])
+CHECK-NEXT:    return
+CHECK-NOT:   func.func private @acc(
+""")
 
 
 @pytest.mark.parametrize(
@@ -459,5 +559,17 @@ def test_accumulating_kernels_add_to_the_output_in_place():
 )
 def test_accumulating_in_place_keeps_the_copy_where_it_would_change_results(between, after, last_input):
     n, driver, _ = _accumulate(between, after, last_input)
-    # the middle call still adds in place; the last one keeps its copy
-    assert n == 1 and driver.count("call @acc(") == 1 and driver.count("call @acc__inplace(") == 1
+    # the middle call still adds in place (into the buffer); the last one
+    # keeps its copy: it calls @acc, which copies its initial value
+    assert n == 1
+    filecheck(driver, r"""
+CHECK-LABEL: func.func @main(
+CHECK-SAME:    %[[A:\w+]]: memref<4x8xf32>, %[[B:\w+]]: memref<4x8xf32>, %{{\w+}}: memref<4x8xf32>, %[[R:\w+]]: memref<4x8xf32>)
+CHECK-NEXT:    %[[T:\w+]] = memref.alloc() : memref<4x8xf32>
+CHECK-NEXT:    call @first(%[[A]], %[[T]])
+CHECK-NEXT:    call @acc__inplace(%[[B]], %[[T]], %[[T]])
+CHECK-NOT:     call @acc__inplace(
+CHECK:         call @acc(%{{\w+}}, %[[T]], %[[R]])
+CHECK-NOT:     call @acc
+CHECK:         memref.dealloc %[[T]]
+""")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).parent.parent / "README.md"
 
 
@@ -12,6 +14,7 @@ def python_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 
 
+@pytest.mark.slow
 def test_readme_python_examples_run(tmp_path, monkeypatch, capsys):
     blocks = python_blocks()
     assert len(blocks) >= 4

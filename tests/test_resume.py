@@ -12,11 +12,14 @@ import sys
 import threading
 import time
 
+import pytest
 from conftest import INPUTS
 
 from mlir_ansor import TuneConfig, tune
 from mlir_ansor.measure.runner import TimingPolicy
 from mlir_ansor.records import Database
+
+pytestmark = pytest.mark.slow  # tunes (200 trials, killed and resumed)
 
 
 def _trials_logged(proc: subprocess.Popen, threshold: int, timeout_s: float) -> str:

@@ -239,6 +239,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_op_family_tunes_and_verifies(tmp_path, name):
     path = tmp_path / f"{name}.mlir"
@@ -304,6 +305,7 @@ def test_six_row_tiles_on_even_rows_match_numpy(tmp_path, p_rows, pack):
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ODD))
 def test_odd_shapes_tune_and_match_numpy(tmp_path, name):
     text, ref_name = ODD[name]
@@ -327,6 +329,7 @@ def test_odd_shapes_tune_and_match_numpy(tmp_path, name):
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4 * float(np.abs(want).max()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(1, 3, 3, 8, 16, 4, 2, 1), (2, 3, 4, 4, 8, 6, 2, 2), (1, 2, 3, 4, 8, 3, 3, 0)])
 def test_transposed_conv_tunes_and_matches_numpy(tmp_path, shape):
     """T2D, which Linalg has no named op for: phases of 1x1 convolutions on

@@ -1,12 +1,13 @@
 """Grouped and 3-D convolutions rewritten as plain 2-D ones, and convolutions
 of inputs with zeros between their pixels (transposed convolutions) as
 phases of 1x1 ones (`graph/split_conv.py`), and strided copies lowered to loops, not to the C
-runner's element-by-element `memrefCopy` (`passes/lowering.py`)."""
+runner's element-by-element `memrefCopy` (`passes/drivers.py`)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import filecheck
 from mlir import ir
 
 import mlir_ansor
@@ -14,7 +15,7 @@ from mlir_ansor.compiler import compile_untuned
 from mlir_ansor.examples import workloads
 from mlir_ansor.graph.split_conv import split_conv3d, split_dilated_input, split_groups
 from mlir_ansor.graph.task import extract_tasks
-from mlir_ansor.passes.lowering import strided_copies_to_linalg
+from mlir_ansor.passes.drivers import strided_copies_to_linalg
 
 
 def _grouped_numpy(x: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -33,12 +34,8 @@ def _lowered_driver(scheduled: str) -> tuple[str, int]:
     have run, and how many of its calls accumulate in place."""
     from mlir import passmanager
 
-    from mlir_ansor.passes.lowering import (
-        _front,
-        accumulate_in_place,
-        forward_output_copies,
-        views_into_kernels,
-    )
+    from mlir_ansor.passes.drivers import accumulate_in_place, forward_output_copies, views_into_kernels
+    from mlir_ansor.passes.lowering import _front
 
     with ir.Context(), ir.Location.unknown():
         m = ir.Module.parse(scheduled)
@@ -51,10 +48,11 @@ def _lowered_driver(scheduled: str) -> tuple[str, int]:
     return driver, in_place
 
 
-def _driver_copies(scheduled: str) -> int:
-    """Copies left in the driver of a compiled module (`_lowered_driver`)."""
-    driver, _ = _lowered_driver(scheduled)
-    return driver.count("memref.copy") + driver.count("linalg.copy")
+# Over all of a driver: no copy is left in it.
+NO_COPIES = """
+CHECK-NOT: memref.copy
+CHECK-NOT: linalg.copy
+"""
 
 
 def test_split_makes_one_plain_conv_per_group():
@@ -64,10 +62,38 @@ def test_split_makes_one_plain_conv_per_group():
         assert split_groups(fn) == 1
         m.operation.verify()
         text = str(m)
-    assert "conv_2d_nhwgc_gfhwc" not in text
-    assert text.count("linalg.conv_2d_nhwc_hwcf") == 3 and text.count("tensor.insert_slice") == 3
-    # the original filled init is gone (every output element is inserted)
-    assert text.count("linalg.fill") == 3
+    # group g: the input's channels g, the filter's group g (transposed to
+    # hwcf), a plain convolution from its own zero fill, inserted at g
+    filecheck(text, r"""
+CHECK-LABEL: func.func @grouped_conv2d(
+CHECK-SAME:    %[[X:\w+]]: tensor<1x9x8x3x4xf32>, %[[W:\w+]]: tensor<3x5x3x2x4xf32>)
+CHECK:         %[[OUT:\w+]] = tensor.empty() : tensor<1x7x7x3x5xf32>
+CHECK:         %[[X0:\w+]] = tensor.extract_slice %[[X]][0, 0, 0, 0, 0] [1, 9, 8, 1, 4] [1, 1, 1, 1, 1] : tensor<1x9x8x3x4xf32> to tensor<1x9x8x4xf32>
+CHECK:         %[[W0:\w+]] = tensor.extract_slice %[[W]][0, 0, 0, 0, 0] [1, 5, 3, 2, 4] [1, 1, 1, 1, 1] : tensor<3x5x3x2x4xf32> to tensor<5x3x2x4xf32>
+CHECK:         %[[F0:\w+]] = linalg.transpose ins(%[[W0]] : tensor<5x3x2x4xf32>) outs(%{{\w+}} : tensor<3x2x4x5xf32>) permutation = [1, 2, 3, 0]
+CHECK:         %[[I0:\w+]] = linalg.fill ins(%{{\w+}} : f32) outs(%{{\w+}} : tensor<1x7x7x5xf32>)
+CHECK:         %[[C0:\w+]] = linalg.conv_2d_nhwc_hwcf
+CHECK-SAME:      ins(%[[X0]], %[[F0]] : tensor<1x9x8x4xf32>, tensor<3x2x4x5xf32>) outs(%[[I0]] : tensor<1x7x7x5xf32>)
+CHECK:         %[[R0:\w+]] = tensor.insert_slice %[[C0]] into %[[OUT]][0, 0, 0, 0, 0] [1, 7, 7, 1, 5] [1, 1, 1, 1, 1]
+CHECK:         tensor.extract_slice %[[X]][0, 0, 0, 1, 0] [1, 9, 8, 1, 4]
+CHECK:         tensor.extract_slice %[[W]][1, 0, 0, 0, 0] [1, 5, 3, 2, 4]
+CHECK:         linalg.fill
+CHECK:         %[[C1:\w+]] = linalg.conv_2d_nhwc_hwcf
+CHECK:         %[[R1:\w+]] = tensor.insert_slice %[[C1]] into %[[R0]][0, 0, 0, 1, 0] [1, 7, 7, 1, 5]
+CHECK:         tensor.extract_slice %[[X]][0, 0, 0, 2, 0] [1, 9, 8, 1, 4]
+CHECK:         tensor.extract_slice %[[W]][2, 0, 0, 0, 0] [1, 5, 3, 2, 4]
+CHECK:         linalg.fill
+CHECK:         %[[C2:\w+]] = linalg.conv_2d_nhwc_hwcf
+CHECK:         %[[R2:\w+]] = tensor.insert_slice %[[C2]] into %[[R1]][0, 0, 0, 2, 0] [1, 7, 7, 1, 5]
+CHECK-NOT:     linalg.conv
+CHECK:         return %[[R2]]
+""")
+    # no grouped convolution is left, nor the original filled init (every
+    # output element is inserted)
+    filecheck(text, """
+CHECK-NOT: linalg.conv_2d_nhwgc_gfhwc
+CHECK-NOT: linalg.fill {{.*}}tensor<1x7x7x3x5xf32>
+""")
 
 
 def test_grouped_conv_compiles_to_merged_tasks_and_matches_numpy(tmp_path):
@@ -85,7 +111,14 @@ def test_grouped_conv_compiles_to_merged_tasks_and_matches_numpy(tmp_path):
     np.testing.assert_allclose(got, _grouped_numpy(x, k), rtol=1e-4, atol=1e-4)
     # each group's convolution reads its slice of the input, and writes its
     # slice of the output, in place (`views_into_kernels`): no copies left
-    assert _driver_copies(cm.mlir) == 0
+    driver, _ = _lowered_driver(cm.mlir)
+    filecheck(driver, r"""
+CHECK-LABEL: func.func @grouped_conv2d(
+CHECK-SAME:    %[[X:\w+]]: memref<1x10x9x3x4xf32>, %{{\w+}}: memref<3x8x3x3x4xf32>, %[[OUT:\w+]]: memref<1x8x7x3x8xf32>)
+CHECK-COUNT-3: call @ansor_conv_2d_nhwc_hwcf_{{\w+}}({{.*}}) : (memref<1x10x9x4xf32, strided<[1080, 108, 12, 1], offset: ?>>, memref<3x3x4x8xf32>, memref<1x8x7x8xf32, strided<[1344, 168, 24, 1], offset: ?>>) -> ()
+CHECK-NOT:     call @ansor_conv
+""")
+    filecheck(driver, NO_COPIES)
     np.testing.assert_allclose(compile_untuned(str(path))(x, k), got, rtol=1e-4, atol=1e-4)
 
 
@@ -101,7 +134,15 @@ def test_strided_copies_become_linalg_copies():
         m = ir.Module.parse(text)
         assert strided_copies_to_linalg(m) == 1
         out = str(m)
-    assert out.count("linalg.copy") == 1 and out.count("memref.copy") == 1  # the contiguous one stays a memcpy
+    # the strided copy becomes a linalg.copy (loops); the contiguous one stays a memcpy
+    filecheck(out, r"""
+CHECK-LABEL: func.func @f(
+CHECK-SAME:    %[[A:\w+]]: memref<4x8xf32>, %[[B:\w+]]: memref<4x4xf32>, %[[C:\w+]]: memref<4x8xf32>)
+CHECK-NEXT:    %[[S:\w+]] = memref.subview %[[A]][0, 2] [4, 4] [1, 1]
+CHECK-NEXT:    linalg.copy {{.*}}ins(%[[S]] : memref<4x4xf32, strided<[8, 1], offset: 2>>) outs(%[[B]] : memref<4x4xf32>)
+CHECK-NEXT:    memref.copy %[[A]], %[[C]] : memref<4x8xf32> to memref<4x8xf32>
+CHECK-NEXT:    return
+""")
 
 
 def test_conv3d_becomes_2d_convs_over_the_depth_window(tmp_path):
@@ -111,7 +152,27 @@ def test_conv3d_becomes_2d_convs_over_the_depth_window(tmp_path):
         assert split_conv3d(m.body.operations[0].operation) == 1
         m.operation.verify()
         out = str(m)
-    assert "conv_3d" not in out and out.count("linalg.conv_2d_nhwc_hwcf") == 3
+    # depth tap d: the input's depths d..d+3 and the filter's tap d, a 2-D
+    # convolution (depth folded into the batch) adding to the previous tap's
+    # result; the last one expanded back to the 3-D output
+    filecheck(out, r"""
+CHECK-LABEL: func.func @conv3d(
+CHECK-SAME:    %[[X:\w+]]: tensor<1x6x8x7x4xf32>, %[[W:\w+]]: tensor<3x3x3x4x8xf32>)
+CHECK:         %[[INIT:\w+]] = linalg.fill ins(%{{\w+}} : f32) outs(%{{\w+}} : tensor<4x6x5x8xf32>)
+CHECK:         tensor.extract_slice %[[X]][0, 0, 0, 0, 0] [1, 4, 8, 7, 4]
+CHECK:         tensor.extract_slice %[[W]][0, 0, 0, 0, 0] [1, 3, 3, 4, 8]
+CHECK:         %[[C0:\w+]] = linalg.conv_2d_nhwc_hwcf {{.*}} outs(%[[INIT]] : tensor<4x6x5x8xf32>)
+CHECK:         tensor.extract_slice %[[X]][0, 1, 0, 0, 0] [1, 4, 8, 7, 4]
+CHECK:         tensor.extract_slice %[[W]][1, 0, 0, 0, 0] [1, 3, 3, 4, 8]
+CHECK:         %[[C1:\w+]] = linalg.conv_2d_nhwc_hwcf {{.*}} outs(%[[C0]] : tensor<4x6x5x8xf32>)
+CHECK:         tensor.extract_slice %[[X]][0, 2, 0, 0, 0] [1, 4, 8, 7, 4]
+CHECK:         tensor.extract_slice %[[W]][2, 0, 0, 0, 0] [1, 3, 3, 4, 8]
+CHECK:         %[[C2:\w+]] = linalg.conv_2d_nhwc_hwcf {{.*}} outs(%[[C1]] : tensor<4x6x5x8xf32>)
+CHECK-NOT:     linalg.conv
+CHECK:         %[[Y:\w+]] = tensor.expand_shape %[[C2]] {{\[\[}}0, 1], [2], [3], [4]] output_shape [1, 4, 6, 5, 8]
+CHECK-NEXT:    return %[[Y]]
+""")
+    filecheck(out, "CHECK-NOT: linalg.conv_3d")
     path = tmp_path / "c3d.mlir"
     path.write_text(text)
     names = sorted(t.name for t in extract_tasks(str(path)))
@@ -128,9 +189,22 @@ def test_conv3d_becomes_2d_convs_over_the_depth_window(tmp_path):
     for _ in range(2):  # the output buffer holds the last call's sum: nothing of it may leak in
         np.testing.assert_allclose(cm(x, k), want, rtol=1e-4, atol=1e-4)
     driver, in_place = _lowered_driver(cm.mlir)
-    assert driver.count("memref.copy") + driver.count("linalg.copy") == 0  # the depth windows are read in place
-    # the second and third depth taps add to the first in the output itself
-    assert in_place == 2 and "memref.alloc" not in driver and driver.count("__inplace(") == 2
+    # the depth windows are read in place (views of the input), and the
+    # second and third depth taps add to the first in the output itself
+    assert in_place == 2
+    filecheck(driver, r"""
+CHECK-LABEL: func.func @conv3d(
+CHECK-SAME:    %[[X:\w+]]: memref<1x6x8x7x4xf32>, %{{\w+}}: memref<3x3x3x4x8xf32>, %[[OUT:\w+]]: memref<1x4x6x5x8xf32>)
+CHECK-DAG:     memref.subview %[[X]][0, 0, 0, 0, 0] [1, 4, 8, 7, 4]
+CHECK-DAG:     %[[Y:\w+]] = memref.collapse_shape %[[OUT]] {{\[\[}}0, 1], [2], [3], [4]] : memref<1x4x6x5x8xf32> into memref<4x6x5x8xf32>
+CHECK:         call @ansor_conv_2d_nhwc_hwcf_{{\w+}}(%{{\w+}}, %{{\w+}}, %[[Y]])
+CHECK:         memref.subview %[[X]][0, 1, 0, 0, 0] [1, 4, 8, 7, 4]
+CHECK:         call @{{\w+}}__inplace(%{{\w+}}, %{{\w+}}, %[[Y]], %[[Y]])
+CHECK:         memref.subview %[[X]][0, 2, 0, 0, 0] [1, 4, 8, 7, 4]
+CHECK:         call @{{\w+}}__inplace(%{{\w+}}, %{{\w+}}, %[[Y]], %[[Y]])
+CHECK-NEXT:    return
+""")
+    filecheck(driver, NO_COPIES + "CHECK-NOT: memref.alloc\n")
 
 
 def _dilated_conv(n, h, w, c, f, k, stride, pad, out_pad=0, bias=False, channel_first=False) -> str:

@@ -24,7 +24,7 @@ def test_missing_torch_mlir_names_the_extra(monkeypatch):
     # None in sys.modules makes an import fail as if the package were absent.
     monkeypatch.setitem(sys.modules, "torch_mlir", None)
     monkeypatch.setitem(sys.modules, "torch_mlir.fx", None)
-    # Without torch (as in CI) the first thing missing is torch itself.
+    # Without torch the first thing missing is torch itself.
     missing = "torch-mlir" if importlib.util.find_spec("torch") is not None else "torch"
     with pytest.raises(AnsorError, match=rf"import_module needs {missing}\b.*pip install -e '\.\[torch\]'"):
         torch_import.import_module(object(), ())
@@ -34,12 +34,7 @@ def test_missing_torch_mlir_names_the_extra(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    pytest.importorskip("torch", reason="the PyTorch path needs the 'torch' extra (pip install -e '.[torch]')")
-    if importlib.util.find_spec("torch_mlir") is None:  # not imported here: its MLIR would clash with ours
-        pytest.skip("the PyTorch path needs torch-mlir (pip install -e '.[torch]')")
-    import torch
-
+def tiny(torch):
     from mlir_ansor.examples.models import tiny_cnn
     from mlir_ansor.importers.pytorch import import_module
 
@@ -70,6 +65,7 @@ def test_import_and_extract_tasks(tiny):
     assert all(s.dtype == "f32" for t in tasks for s in t.inputs + t.outputs)
 
 
+@pytest.mark.slow
 def test_tune_compile_and_compare_with_torch(tiny, tmp_path):
     text, x, expected = tiny
     program = mlir_ansor.load(text=text)
@@ -87,16 +83,12 @@ def test_tune_compile_and_compare_with_torch(tiny, tmp_path):
     np.testing.assert_allclose(out, compile_untuned(mlir_ansor.load(text=text))(x), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel, stride, padding, output_padding", [(4, 2, 1, 0), (3, 2, 1, 1), (2, 2, 0, 0)])
-def test_transposed_conv_from_torch_skips_the_zeros(tmp_path, kernel, stride, padding, output_padding):
+def test_transposed_conv_from_torch_skips_the_zeros(torch, tmp_path, kernel, stride, padding, output_padding):
     """torch-mlir writes ConvTranspose2d as a convolution of the input with
     zeros inserted between its pixels; normalization turns it into phases of
     1x1 convolutions that skip them (graph/split_conv.py)."""
-    pytest.importorskip("torch", reason="the PyTorch path needs the 'torch' extra (pip install -e '.[torch]')")
-    if importlib.util.find_spec("torch_mlir") is None:
-        pytest.skip("the PyTorch path needs torch-mlir (pip install -e '.[torch]')")
-    import torch
-
     from mlir_ansor.importers.pytorch import import_module
 
     torch.manual_seed(0)
@@ -117,14 +109,9 @@ def test_transposed_conv_from_torch_skips_the_zeros(tmp_path, kernel, stride, pa
 
 
 @pytest.mark.parametrize("layer", ["group_norm", "bilinear", "attention"])
-def test_layers_with_integer_or_boolean_steps_compile(layer):
+def test_layers_with_integer_or_boolean_steps_compile(torch, layer):
     """Index arithmetic (i64) and masks (i1) stay out of tasks, lowered as
     loops, masks stored as bytes; the float ops around them are tasks."""
-    pytest.importorskip("torch", reason="the PyTorch path needs the 'torch' extra (pip install -e '.[torch]')")
-    if importlib.util.find_spec("torch_mlir") is None:
-        pytest.skip("the PyTorch path needs torch-mlir (pip install -e '.[torch]')")
-    import torch
-
     from mlir_ansor.importers.pytorch import import_module
 
     torch.manual_seed(0)

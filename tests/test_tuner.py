@@ -13,11 +13,11 @@ from conftest import INPUTS
 
 from mlir_ansor import TuneConfig, tune
 from mlir_ansor.measure.builder import build
+from mlir_ansor.measure.measurer import Measurer
 from mlir_ansor.measure.runner import Kernel, TimingPolicy
 from mlir_ansor.records import Database
 from mlir_ansor.search.generate import generate_sketches
 from mlir_ansor.target import Target
-from mlir_ansor.tuner import Measurer
 
 FAST = TimingPolicy(warmup=1, min_repeat=2, max_repeat=5, min_time_s=0.005)
 
@@ -28,6 +28,7 @@ def _config(**kw) -> TuneConfig:
     return TuneConfig(**base)
 
 
+@pytest.mark.slow
 def test_tune_small_matmul_and_check_against_numpy(tmp_path):
     db = tmp_path / "t.db"
     result = tune(str(INPUTS / "matmul.mlir"), config=_config(), db=db)
@@ -64,6 +65,7 @@ class _CountingMeasurer(Measurer):
         return super().build(cands)
 
 
+@pytest.mark.slow
 def test_the_best_schedules_are_re_timed_in_turns(tmp_path):
     """When the search ends, each task's best schedules are timed again,
     `retime_rounds` times each, from the libraries the search kept (nothing
@@ -95,6 +97,7 @@ def test_the_best_schedules_are_re_timed_in_turns(tmp_path):
         assert not any(x.retime for x in d.records()) and off.tasks[0].retimed == 0
 
 
+@pytest.mark.slow
 def test_same_seed_same_candidates(tmp_path):
     def knobs(db_name):
         tune(str(INPUTS / "matmul.mlir"), config=_config(trials=3, seed=11), db=tmp_path / db_name)
@@ -104,6 +107,7 @@ def test_same_seed_same_candidates(tmp_path):
     assert knobs("a.db") == knobs("b.db")
 
 
+@pytest.mark.slow
 def test_resume_measures_nothing_twice(tmp_path):
     db = tmp_path / "r.db"
     tune(str(INPUTS / "matmul.mlir"), config=_config(trials=3), db=db)
@@ -114,6 +118,7 @@ def test_resume_measures_nothing_twice(tmp_path):
     assert len(recs) == 6 and len(set(keys)) == 6
 
 
+@pytest.mark.slow
 def test_crashes_hangs_and_wrong_answers_become_records(tmp_path):
     db = tmp_path / "f.db"
     config = _config(trials=24, batch_size=8, build_timeout_s=4, seed=3)
@@ -171,6 +176,7 @@ def test_cli_refuses_a_foreign_database(tmp_path):
     assert bogus.read_text() == "not a database\n"
 
 
+@pytest.mark.slow
 def test_cli_tune_json_from_stdin_and_show(tmp_path):
     db = tmp_path / "cli.db"
     text = (INPUTS / "matmul.mlir").read_text()
@@ -186,12 +192,14 @@ def test_cli_tune_json_from_stdin_and_show(tmp_path):
     assert show.returncode == 0 and "matmul_128x256x64_f32" in show.stdout
 
 
+@pytest.mark.slow
 def test_random_search_warns_that_a_cost_model_is_unused(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="mlir_ansor"):
         tune(str(INPUTS / "matmul.mlir"), config=_config(trials=1, strategy="random", cost_model="random"), db=tmp_path / "w.db")
     assert any("only take effect with --search evolutionary" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_a_strategy_that_is_learning_sees_results_before_its_next_batch(tmp_path):
     """Builds of the next batch overlap measurement, except while a strategy
     says it still needs the current results (`prefetch_ok` False)."""
@@ -219,6 +227,7 @@ def test_a_strategy_that_is_learning_sees_results_before_its_next_batch(tmp_path
     assert calls[:6] == ["generate", "notify", "generate", "notify", "generate", "notify"]
 
 
+@pytest.mark.slow
 def test_a_small_budget_still_reaches_every_task(tmp_path):
     """Batches are capped at an equal share of the budget, so the warm-up
     gives every task of a model a batch: 4 trials over 2 tasks with batches
@@ -248,6 +257,7 @@ func.func @f(%a: tensor<32x40xf32>, %b: tensor<40x48xf32>, %c: tensor<32x40xf32>
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("share", [True, False])
 def test_tasks_with_the_same_knobs_share_their_best(tmp_path, share):
     """A matmul and the same matmul with a fused ReLU are two tasks whose
