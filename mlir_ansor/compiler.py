@@ -2,7 +2,7 @@
 
 Roadmap: :func:`compile` is the entry point.
 
-1. ``search.task.partition`` splits every function into task occurrences and
+1. ``graph.task.partition`` splits every function into task occurrences and
    says which of the function's values feed each task's ``@kernel`` and which
    values its results stand for.
 2. :func:`plan_kernels` picks one schedule per *distinct* task (identical

@@ -379,7 +379,7 @@ def tune(
 ) -> TuneResult:
     """Tune every task of a module; returns the best verified schedules.
 
-    `source`: a path, "-" (stdin), MLIR text wrapped by `frontend.load`, an
+    `source`: a path, "-" (stdin), MLIR text wrapped by `ir.program.load`, an
     `ir.Module` (any context) or a loaded `Program`.
     `db`: the records database (created if missing; a run resumes from it).
     `on_batch`: called with the task's result after each measured batch.

@@ -50,7 +50,7 @@ def test_import_and_extract_tasks(tiny):
     tasks = mlir_ansor.extract_tasks(mlir_ansor.load(text=text))
     kinds = [t.kind for t in tasks]
     # conv + batch norm + ReLU is one task (the norm's arithmetic fused after
-    # the convolution), channel-last (search.layout), the linear layer
+    # the convolution), channel-last (graph.layout), the linear layer
     # another (bias fused), then softmax
     (conv,) = [t for t in tasks if t.kind == "convolution"]
     assert conv.anchor_op == "linalg.conv_2d_nhwc_hwcf"

@@ -25,7 +25,7 @@ def apply_schedule(payload: str, script: str | None) -> ir.Module:
 
     The current MLIR context is used; returns the transformed module. Each
     function of it carries the payload's Linalg operation count
-    (`lowering.FLOPS_ATTR`, from which the lowering picks the OpenMP
+    (`ir.attrs.FLOPS_ATTR`, from which the lowering picks the OpenMP
     schedule)."""
     module = ir.Module.parse(payload)
     flops = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), linalg_flops(module))
