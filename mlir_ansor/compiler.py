@@ -187,6 +187,19 @@ def _symbol(task: Task) -> str:
     return "ansor_" + "".join(c if c.isalnum() or c == "_" else "_" for c in task.name)
 
 
+def knob_problem(sketch, knobs) -> str | None:
+    """What is wrong with a record's knobs for `sketch` (a knob it lacks,
+    or a value its knob does not offer); None: nothing."""
+    values = dict(knobs)
+    for spec in sketch.knobs:
+        if spec.name not in values:
+            return f"no value for knob {spec.name} of sketch {sketch.name}"
+        v = values[spec.name]
+        if isinstance(v, bool) or v not in spec.options:
+            return f"knob {spec.name} is {v!r}, not one of the options of sketch {sketch.name} {spec.options}"
+    return None
+
+
 def plan_kernels(
     tasks: list[Task], *, db: str | os.PathLike | None, target: Target, threads: int, default: str = "sketch"
 ) -> list[KernelPlan]:
@@ -198,8 +211,8 @@ def plan_kernels(
 
     database = None
     if db is not None:
-        if os.path.exists(db):
-            database = Database(db)
+        if os.path.exists(db) and os.path.getsize(db) > 0:
+            database = Database(db, readonly=True)  # only read: a database that cannot be written will do
         else:
             log.warning("compile: no records database at %s; every task gets the default schedule", db)
     plans: list[KernelPlan] = []
@@ -222,6 +235,10 @@ def plan_kernels(
                 for rec in database.best(task.workload_key, target.key, threads=threads, k=16, prefer_host=target.model):
                     sk = by_hash.get(rec.sketch_hash)
                     if sk is None:
+                        continue
+                    problem = knob_problem(sk, rec.knobs)
+                    if problem is not None:
+                        log.warning("compile: %s: record %s is invalid and is skipped: %s", db, rec.row_id, problem)
                         continue
                     plan = KernelPlan(
                         task, sym, "tuned", sk.payload, sk.concrete(rec.knobs), sk.name, tuple(rec.knobs), rec.latency_s

@@ -14,7 +14,18 @@ Every :meth:`Database.commit_record` is its own committed transaction
 committed. A file that exists is inspected read-only before anything is
 written: a file that is not SQLite, is corrupt, or is someone else's SQLite
 database raises :class:`~mlir_ansor.errors.DatabaseError` and is left untouched.
-``Database(path, readonly=True)`` only reads (an existing database).
+``Database(path, readonly=True)`` only reads (an existing database), also
+one that cannot be written (``mode=ro``; ``immutable=1`` where SQLite cannot
+even make its ``-shm`` file, in a read-only folder).
+
+Records coming in are checked (`check_record`): costs must be positive finite
+numbers, thread counts between 1 and 2**31, knob values booleans, strings or
+integers within 2**31; ``NaN``/``Infinity`` literals, lines over
+``MAX_LINE_BYTES`` and JSON nested deeper than ``MAX_JSON_DEPTH`` are refused.
+`Database.import_jsonl` raises InputError naming the file and line. A stored
+row that fails the checks is skipped by every reading method, with a warning
+naming the database and the row's id (`Database.invalid_rows`): one bad row
+never makes a database unreadable, nor is it ever a best.
 
 :class:`JsonlWriter` appends runs and records to a JSON-lines file in
 :meth:`Database.export_jsonl`'s format instead, each line synced on its own
@@ -25,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import sqlite3
@@ -32,12 +44,26 @@ import statistics
 import threading
 import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Self
 
 from mlir_ansor.errors import DatabaseError, InputError
 
-__all__ = ["FORMAT", "RETIME_KEY", "SCHEMA_VERSION", "Database", "JsonlWriter", "Record", "knobs_text"]
+__all__ = [
+    "FORMAT",
+    "MAX_INT",
+    "MAX_JSON_DEPTH",
+    "MAX_LINE_BYTES",
+    "RETIME_KEY",
+    "SCHEMA_VERSION",
+    "Database",
+    "JsonlWriter",
+    "Record",
+    "check_record",
+    "knobs_text",
+]
+
+log = logging.getLogger(__name__)
 
 FORMAT = "mlir-ansor-db"
 SCHEMA_VERSION = 1
@@ -48,6 +74,101 @@ _RETIME_LIKE = f'%"{RETIME_KEY}":%'  # the same test in SQL
 # Error kinds of a schedule that failed when it ran (not when it was built):
 # a schedule with one of these is never a best (`Database.best`).
 _FAILED_RUNS = ("wrong_answer", "run_error", "crash", "timeout", "exception")
+MAX_INT = 2**31
+"""The largest knob value (in magnitude) and thread count a record may hold."""
+_MAX_SQL_INT = 2**63 - 1  # what SQLite stores (flops, seeds, run ids)
+MAX_LINE_BYTES = 64 << 20
+"""The longest JSON line `Database.import_jsonl` reads (a workload carries its task's MLIR)."""
+MAX_JSON_DEPTH = 32
+"""The deepest nesting of arrays and objects a JSON line may have."""
+_MAX_WARNINGS = 10  # invalid rows warned about one by one, per Database
+
+
+class _NonFinite:
+    """A ``NaN``/``Infinity`` literal as `_loads` reads it (refused where a number is wanted)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _loads(text: str, *, constants_under: str | None = None, name: str = "") -> Any:
+    """`json.loads`, refusing ``NaN``/``Infinity`` literals (JSON has none;
+    Python's reader accepts them) and nesting deeper than MAX_JSON_DEPTH.
+    `constants_under`: a top-level key under which such literals are kept
+    as floats (a run's free-form ``info``: a configured timeout may be inf).
+    `name`: what the text is, for messages."""
+    try:
+        obj = json.loads(text, parse_constant=_NonFinite)
+    except RecursionError:
+        raise ValueError(f"JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)") from None
+    stack: list[tuple[Any, int, str, Any, Any]] = [(obj, 1, "", None, None)]
+    while stack:
+        x, depth, where, parent, key = stack.pop()
+        if isinstance(x, _NonFinite):
+            if constants_under is not None and where.startswith(f".{constants_under}"):
+                parent[key] = float(x.text)
+                continue
+            raise ValueError(f"{(name + where).lstrip('.') or 'the value'} is {x.text}, which is not a JSON number")
+        if isinstance(x, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                raise ValueError(f"JSON nested too deeply (more than {MAX_JSON_DEPTH} levels)")
+            items = x.items() if isinstance(x, dict) else enumerate(x)
+            for k, v in items:
+                sub = f"{where}.{k}" if isinstance(x, dict) else f"{where}[{k}]"
+                stack.append((v, depth + 1, sub, x, k))
+    return obj
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def check_record(rec: Record) -> None:
+    """Raise ValueError saying what is wrong with `rec`, if anything: a
+    cost that is not a positive finite number, a thread count outside
+    1..MAX_INT, a knob value that is not a bool, a string or an integer
+    within MAX_INT, a duplicate knob, a negative or non-finite build time
+    or timestamp, a key field that is not a non-empty string."""
+    for name in ("workload_key", "target", "sketch_hash", "error_kind"):
+        v = getattr(rec, name)
+        if not isinstance(v, str) or not v:
+            raise ValueError(f"{name} must be a non-empty string, not {v!r}")
+    for name in ("error_msg", "host", "versions"):
+        if not isinstance(getattr(rec, name), str):
+            raise ValueError(f"{name} must be a string")
+    for i, c in enumerate(rec.costs):
+        if not (_is_num(c) and math.isfinite(c) and c > 0):
+            raise ValueError(f"costs[{i}] is {c!r}: a cost must be a positive finite number of seconds")
+    if not (_is_int(rec.threads) and 1 <= rec.threads <= MAX_INT):
+        raise ValueError(f"threads is {rec.threads!r}: a thread count must be an integer from 1 to {MAX_INT}")
+    seen = set()
+    for k, v in rec.knobs:
+        if not k:
+            raise ValueError("a knob has an empty name")
+        if k in seen:
+            raise ValueError(f"knob {k} is given twice")
+        seen.add(k)
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, str):
+            if len(v) > 1000:
+                raise ValueError(f"knob {k}: a string value of {len(v)} characters")
+            continue
+        if not _is_int(v):
+            raise ValueError(f"knob {k} is {v!r}: a knob value must be an integer, a boolean or a string")
+        if abs(v) > MAX_INT:
+            raise ValueError(f"knob {k} is {v}: beyond {MAX_INT} in magnitude")
+    for name in ("build_s", "timestamp"):
+        v = getattr(rec, name)
+        if not (_is_num(v) and math.isfinite(v) and v >= 0):
+            raise ValueError(f"{name} is {v!r}: must be a non-negative finite number")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -117,7 +238,7 @@ def _knobs_json(knobs: tuple[tuple[str, Any], ...]) -> str:
 
 
 def _knobs_from_json(text: str) -> tuple[tuple[str, Any], ...]:
-    return tuple((str(k), v) for k, v in json.loads(text))
+    return tuple((str(k), v) for k, v in _loads(text))
 
 
 def knobs_text(knobs: Any) -> str:
@@ -143,6 +264,8 @@ class Record:
     build_s: float = 0.0
     timestamp: float = 0.0
     versions: str = ""
+    row_id: int | None = field(default=None, compare=False)
+    """The id of the database row it was read from (None: not read from one)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "knobs", _norm_knobs(self.knobs))
@@ -168,7 +291,7 @@ class Record:
         candidate: its ``versions`` JSON holds ``"retime"``."""
         try:
             versions = json.loads(self.versions) if self.versions else None
-        except ValueError:
+        except (ValueError, RecursionError):
             return False
         return isinstance(versions, dict) and RETIME_KEY in versions
 
@@ -190,29 +313,58 @@ class Record:
 
     @classmethod
     def from_json(cls, d: Mapping) -> Record:
-        return cls(
-            workload_key=str(d["workload_key"]),
-            target=str(d["target"]),
-            sketch_hash=str(d["sketch_hash"]),
-            knobs=tuple((str(k), v) for k, v in d["knobs"]),
-            costs=tuple(d.get("costs", ())),
-            error_kind=str(d["error_kind"]),
-            error_msg=str(d.get("error_msg", "")),
-            host=str(d.get("host", "")),
-            threads=int(d.get("threads", 1)),
-            build_s=float(d.get("build_s", 0.0)),
-            timestamp=float(d.get("timestamp", 0.0)),
-            versions=str(d.get("versions", "")),
+        """The record of `d` (`to_json`'s form), checked (`check_record`):
+        ValueError, KeyError or TypeError says what is wrong."""
+        if not isinstance(d, Mapping):
+            raise TypeError("a record must be a JSON object")
+        knobs, costs = d["knobs"], d.get("costs", [])
+        if not isinstance(knobs, list) or not all(isinstance(p, list) and len(p) == 2 for p in knobs):
+            raise ValueError("knobs must be a list of [name, value] pairs")
+        if not all(isinstance(k, str) for k, _ in knobs):
+            raise ValueError("knob names must be strings")
+        if not isinstance(costs, list):
+            raise ValueError("costs must be a list of numbers")
+        for i, c in enumerate(costs):
+            if not _is_num(c):
+                raise ValueError(f"costs[{i}] is {c!r}: a cost must be a positive finite number of seconds")
+        rec = cls(
+            workload_key=d["workload_key"],
+            target=d["target"],
+            sketch_hash=d["sketch_hash"],
+            knobs=tuple((k, v) for k, v in knobs),
+            costs=tuple(costs),
+            error_kind=d["error_kind"],
+            error_msg=d.get("error_msg", ""),
+            host=d.get("host", ""),
+            threads=d.get("threads", 1),
+            build_s=d.get("build_s", 0.0),
+            timestamp=d.get("timestamp", 0.0),
+            versions=d.get("versions", ""),
         )
+        check_record(rec)
+        return rec
 
 
 def _row_to_record(row: sqlite3.Row) -> Record:
-    return Record(
+    """The record of a row, checked (`check_record`); ValueError says what
+    is wrong with it."""
+    for col in ("knobs", "costs"):
+        if not isinstance(row[col], str):
+            raise ValueError(f"{col} is not JSON text")
+    knobs = _loads(row["knobs"], name="knobs")
+    costs = _loads(row["costs"], name="costs")
+    if not isinstance(knobs, list) or not all(
+        isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in knobs
+    ):
+        raise ValueError("knobs are not a list of [name, value] pairs")
+    if not isinstance(costs, list) or not all(_is_num(c) for c in costs):
+        raise ValueError(f"costs are not a list of numbers: {row['costs'][:80]}")
+    rec = Record(
         workload_key=row["workload_key"],
         target=row["target"],
         sketch_hash=row["sketch_hash"],
-        knobs=_knobs_from_json(row["knobs"]),
-        costs=tuple(json.loads(row["costs"])),
+        knobs=tuple((k, v) for k, v in knobs),
+        costs=tuple(costs),
         error_kind=row["error_kind"],
         error_msg=row["error_msg"],
         host=row["host"],
@@ -220,7 +372,10 @@ def _row_to_record(row: sqlite3.Row) -> Record:
         build_s=row["build_s"],
         timestamp=row["timestamp"],
         versions=row["versions"],
+        row_id=int(row["id"]),
     )
+    check_record(rec)
+    return rec
 
 
 def _renumber_run(rec: Record, run_ids: Mapping[int, int]) -> Record:
@@ -228,12 +383,38 @@ def _renumber_run(rec: Record, run_ids: Mapping[int, int]) -> Record:
     (run ids are per database; an imported run gets a new one)."""
     try:
         versions = json.loads(rec.versions) if rec.versions else None
-    except ValueError:
+    except (ValueError, RecursionError):
         return rec
     if not isinstance(versions, dict) or versions.get("run") not in run_ids:
         return rec
     versions["run"] = run_ids[versions["run"]]
     return replace(rec, versions=json.dumps(versions))
+
+
+def _connect_ro(path: str, **kw: Any) -> tuple[sqlite3.Connection, bool]:
+    """A read-only connection to `path` (``mode=ro``), and whether it had
+    to be opened ``immutable=1``: a WAL database that SQLite can neither
+    write nor make a ``-shm`` file for (a read-only folder) opens only so.
+    Nothing can be writing it then (a writer needs that file too), except a
+    ``-wal`` left behind, whose last commits are then not seen (warned)."""
+    base = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+    con = sqlite3.connect(base, uri=True, timeout=30.0, **kw)
+    try:
+        con.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        return con, False
+    except sqlite3.OperationalError as exc:
+        con.close()
+        name = getattr(exc, "sqlite_errorname", "") or ""
+        if not name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")):
+            raise
+    con = sqlite3.connect(base + "&immutable=1", uri=True, timeout=30.0, **kw)
+    wal = path + "-wal"
+    if os.path.exists(wal) and os.path.getsize(wal) > 0:
+        log.warning(
+            "%s: read-only and its folder cannot be written: read as it stands, without the "
+            "commits still in %s (open it once where it can be written to fold them in)", path, wal
+        )
+    return con, True
 
 
 def _inspect_existing(path: str) -> None:
@@ -252,9 +433,8 @@ def _inspect_existing(path: str) -> None:
             f"{path}: not an mlir-ansor tuning database (not an SQLite file); "
             "pass another --db path or move the file away"
         )
-    uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
     try:
-        con = sqlite3.connect(uri, uri=True, timeout=30.0)
+        con, _ = _connect_ro(path)
     except sqlite3.Error as exc:
         raise DatabaseError(f"{path}: cannot open the tuning database: {exc}") from exc
     try:
@@ -317,10 +497,13 @@ class Database:
                 raise DatabaseError(f"{self.path}: no such tuning database")
             if os.path.getsize(self.path) == 0:
                 raise DatabaseError(f"{self.path}: an empty file, not a tuning database")
+        self.immutable = False  # opened immutable=1: read-only, in a folder SQLite cannot write
+        self.invalid_rows: dict[int, str] = {}  # row id -> what is wrong with it (rows read so far, skipped)
+        self._tables: set[str] = set()
         try:
             if readonly:
-                uri = "file:" + urllib.parse.quote(os.path.abspath(self.path)) + "?mode=ro"
-                con = sqlite3.connect(uri, uri=True, timeout=30.0, check_same_thread=False, isolation_level=None)
+                con, self.immutable = _connect_ro(self.path, check_same_thread=False, isolation_level=None)
+                self._tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             else:
                 con = sqlite3.connect(
                     self.path, timeout=30.0, check_same_thread=False, isolation_level=None
@@ -380,6 +563,27 @@ class Database:
             con.execute("ROLLBACK")
             raise
         con.execute("COMMIT")
+
+    def _checked(self, rows: Iterable[sqlite3.Row]) -> list[tuple[int, Record]]:
+        """The records of `rows`, less those that fail `check_record`, each
+        warned about (the first few one by one) and kept in `invalid_rows`."""
+        out = []
+        for row in rows:
+            try:
+                out.append((int(row["id"]), _row_to_record(row)))
+            except (ValueError, TypeError, OverflowError) as exc:
+                self._invalid(int(row["id"]), str(exc))
+        return out
+
+    def _invalid(self, row_id: int, why: str) -> None:
+        if row_id in self.invalid_rows:
+            return
+        self.invalid_rows[row_id] = why
+        n = len(self.invalid_rows)
+        if n <= _MAX_WARNINGS:
+            log.warning("%s: record %d is invalid and is skipped: %s", self.path, row_id, why)
+        if n == _MAX_WARNINGS:
+            log.warning("%s: further invalid records are skipped without a warning each", self.path)
 
     # -- workloads ------------------------------------------------------------
 
@@ -452,7 +656,7 @@ class Database:
             rows = self._c.execute(
                 f"SELECT * FROM records{where} ORDER BY id", params
             ).fetchall()
-        return [(int(r["id"]), _row_to_record(r)) for r in rows]
+        return self._checked(rows)
 
     def count(self, workload_key: str | None = None, target: str | None = None) -> int:
         """Candidates measured: records that are not re-timings (`Record.retime`)."""
@@ -495,7 +699,8 @@ class Database:
         record, holding the costs of all its valid records, so its latency is
         the median over every measurement rather than its luckiest one. A
         schedule with a failed measurement (wrong answer, crash, timeout) on
-        the same host and thread count is never returned."""
+        the same host and thread count is never returned. An invalid row
+        (`check_record`: a NaN or negative cost...) is skipped, with a warning."""
         if host is None and prefer_host is not None:
             mine = self.best(workload_key, target, threads, k, host=prefer_host)
             if mine:
@@ -508,7 +713,7 @@ class Database:
         with self._lock, self._wrap("best"):
             if host is None:
                 row = self._c.execute(  # candidates, not re-timings, are counted
-                    f"SELECT host {sql} AND latency_s IS NOT NULL AND versions NOT LIKE ? "
+                    f"SELECT host {sql} AND latency_s > 0 AND versions NOT LIKE ? "
                     "GROUP BY host ORDER BY COUNT(*) DESC, MIN(id) LIMIT 1",
                     [*params, _RETIME_LIKE],
                 ).fetchone()
@@ -522,8 +727,7 @@ class Database:
                 [*params, host, *_FAILED_RUNS],
             ).fetchall()
         groups: dict[tuple, list[Record]] = {}
-        for row in rows:
-            rec = _row_to_record(row)
+        for _, rec in self._checked(rows):
             groups.setdefault((rec.sketch_hash, rec.knobs, rec.threads), []).append(rec)
         best: list[Record] = []
         for recs in groups.values():
@@ -541,10 +745,17 @@ class Database:
         run can skip them. ``knobs`` is the sorted tuple of pairs, as in Record."""
         with self._lock, self._wrap("measured_keys"):
             rows = self._c.execute(
-                "SELECT DISTINCT sketch_hash, knobs FROM records WHERE workload_key = ? AND target = ?",
+                "SELECT MIN(id), sketch_hash, knobs FROM records WHERE workload_key = ? AND target = ? "
+                "GROUP BY sketch_hash, knobs",
                 (workload_key, target),
             ).fetchall()
-        return {(r[0], _knobs_from_json(r[1])) for r in rows}
+        out = set()
+        for r in rows:
+            try:
+                out.add((r[1], _knobs_from_json(r[2])))
+            except (ValueError, TypeError) as exc:
+                self._invalid(int(r[0]), f"unreadable knobs: {exc}")
+        return out
 
     # -- runs -----------------------------------------------------------------
 
@@ -561,21 +772,31 @@ class Database:
     def runs(self) -> list[dict]:
         """Every recorded run, oldest first: ``id``, ``started``, ``seed``,
         ``target`` and the fields of its ``info``."""
+        if self.readonly and "runs" not in self._tables:
+            return []  # a database from before runs were recorded
         with self._lock, self._wrap("runs"):
             rows = self._c.execute("SELECT * FROM runs ORDER BY id").fetchall()
         out = []
         for r in rows:
             d = dict(r)
-            info = json.loads(d.pop("info") or "{}")
-            out.append({**info, **d})
+            out.append({**self._run_info(d.pop("info"), d["id"]), **d})
         return out
+
+    def _run_info(self, text: str | None, run_id: int) -> dict:
+        try:
+            info = json.loads(text or "{}")
+        except (ValueError, TypeError, RecursionError) as exc:
+            log.warning("%s: run %s: unreadable info, taken as empty: %s", self.path, run_id, exc)
+            return {}
+        return info if isinstance(info, dict) else {}
 
     # -- JSON lines -----------------------------------------------------------
 
     def export_jsonl(self, path: str | os.PathLike) -> int:
         """Write every workload (``"kind": "workload"``), every tuning run
         (``"kind": "run"``: seed, target, versions, host) and every record
-        (``"kind": "record"``), one JSON object a line. Returns the record count."""
+        (``"kind": "record"``), one JSON object a line. Returns the record
+        count. Invalid rows are left out, with a warning (`invalid_rows`)."""
         with self._lock, self._wrap("export_jsonl"):
             wls = self._c.execute("SELECT * FROM workloads ORDER BY rowid").fetchall()
             runs = self._c.execute("SELECT * FROM runs ORDER BY id").fetchall()
@@ -583,53 +804,31 @@ class Database:
         with open(path, "w", encoding="utf-8") as f:
             f.writelines(json.dumps({"kind": "workload", **dict(w)}) + "\n" for w in wls)
             f.writelines(
-                json.dumps({"kind": "run", **dict(r), "info": json.loads(r["info"] or "{}")}) + "\n" for r in runs
+                json.dumps({"kind": "run", **dict(r), "info": self._run_info(r["info"], r["id"])}) + "\n" for r in runs
             )
-            f.writelines(json.dumps({"kind": "record", **_row_to_record(r).to_json()}) + "\n" for r in rows)
-        return len(rows)
+            recs = self._checked(rows)  # an invalid row is left out (warned): the file must import
+            f.writelines(json.dumps({"kind": "record", **rec.to_json()}) + "\n" for _, rec in recs)
+        return len(recs)
 
     def import_jsonl(self, path: str | os.PathLike) -> int:
         """Add the workloads and records of a JSON-lines file (one transaction).
         Records already present are skipped. Returns how many records were added.
-        A line without ``kind`` is read as a record."""
+        A line without ``kind`` is read as a record. Every line is checked
+        (`check_record`, and the module docstring's limits) before anything
+        is added: a bad one raises InputError naming the file and line."""
         path = os.fspath(path)
+        items: list[tuple[str, Any]] = []
         try:
             with open(path, encoding="utf-8") as f:
-                lines = f.readlines()
+                for lineno, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), ""), 1):
+                    if len(line) > MAX_LINE_BYTES:
+                        raise InputError(f"{path}:{lineno}: a line longer than {MAX_LINE_BYTES} characters")
+                    if line.strip():
+                        items.append(self._jsonl_item(path, lineno, line))
         except OSError as exc:
             raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-        items: list[tuple[str, Any]] = []
-        for lineno, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-                kind = d.get("kind", "record")
-                if kind == "workload":
-                    items.append(
-                        (
-                            "workload",
-                            (
-                                str(d["workload_key"]),
-                                str(d["name"]),
-                                str(d["task_mlir"]),
-                                int(d["flops"]),
-                            ),
-                        )
-                    )
-                elif kind == "run":
-                    info = d["info"]
-                    if not isinstance(info, dict):
-                        raise ValueError("a run's info must be an object")
-                    items.append(("run", (int(d["id"]), float(d["started"]), int(d["seed"]), str(d["target"]), info)))
-                elif kind == "record":
-                    items.append(("record", Record.from_json(d)))
-                else:
-                    raise ValueError(f"unknown kind {kind!r}")
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise InputError(
-                    f"{path}:{lineno}: not a tuning record: {exc}"
-                ) from exc
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{path}: not UTF-8 text: {exc}") from exc
         added = 0
         run_ids: dict[int, int] = {}  # the file's run ids -> this database's
         with self._lock, self._wrap("import_jsonl"), self._tx():
@@ -641,6 +840,42 @@ class Database:
                 else:
                     added += self._insert(_renumber_run(item, run_ids))
         return added
+
+    @staticmethod
+    def _jsonl_item(path: str, lineno: int, line: str) -> tuple[str, Any]:
+        """One line of `import_jsonl`'s file, checked: ("workload" | "run" | "record", item)."""
+        try:
+            d = _loads(line, constants_under="info")
+            if not isinstance(d, dict):
+                raise ValueError("a line must hold a JSON object")
+            kind = d.get("kind", "record")
+            if kind == "workload":
+                key, name, text, flops = d["workload_key"], d["name"], d["task_mlir"], d["flops"]
+                if not all(isinstance(x, str) for x in (key, name, text)) or not key:
+                    raise ValueError("workload_key, name and task_mlir must be strings")
+                if not (_is_int(flops) and 0 <= flops <= _MAX_SQL_INT):
+                    raise ValueError(f"flops is {flops!r}: must be an integer from 0 to {_MAX_SQL_INT}")
+                return "workload", (key, name, text, flops)
+            if kind == "run":
+                run_id, started, seed, target, info = d["id"], d["started"], d["seed"], d["target"], d["info"]
+                if not isinstance(info, dict):
+                    raise ValueError("a run's info must be an object")
+                if not (_is_int(run_id) and 1 <= run_id <= _MAX_SQL_INT):
+                    raise ValueError(f"run id is {run_id!r}: must be a positive integer")
+                if not (_is_int(seed) and abs(seed) <= _MAX_SQL_INT):
+                    raise ValueError(f"seed is {seed!r}: must be an integer within {_MAX_SQL_INT}")
+                if not (_is_num(started) and math.isfinite(started) and started >= 0):
+                    raise ValueError(f"started is {started!r}: must be a non-negative finite number")
+                if not isinstance(target, str):
+                    raise ValueError("a run's target must be a string")
+                return "run", (run_id, float(started), seed, target, info)
+            if kind == "record":
+                return "record", Record.from_json(d)
+            raise ValueError(f"unknown kind {kind!r}")
+        except KeyError as exc:
+            raise InputError(f"{path}:{lineno}: not a tuning record: no field {exc}") from exc
+        except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+            raise InputError(f"{path}:{lineno}: not a tuning record: {exc}") from exc
 
     def _import_run(self, started: float, seed: int, target: str, info: dict) -> int:
         """The id of this run here: an identical run already present keeps
@@ -660,6 +895,8 @@ class Database:
     # -- lifetime -------------------------------------------------------------
 
     def close(self) -> None:
+        if len(self.invalid_rows) > _MAX_WARNINGS:
+            log.warning("%s: %d invalid records were skipped in all", self.path, len(self.invalid_rows))
         with self._lock:
             if self._con is not None:
                 self._con.close()
@@ -690,7 +927,7 @@ class JsonlWriter:
         self.path = os.fspath(path)
         self.reserved_run_ids = [int(i) for i in reserved_run_ids]
 
-    def _lines(self) -> list[dict]:
+    def _lines(self) -> list[tuple[int, dict]]:
         if not os.path.exists(self.path):
             return []
         out = []
@@ -699,28 +936,37 @@ class JsonlWriter:
                 if not line.strip():
                     continue
                 try:
-                    d = json.loads(line)
+                    d = _loads(line, constants_under="info")
                     if not isinstance(d, dict):
                         raise ValueError("not an object")
                 except ValueError as exc:
                     raise InputError(f"{self.path}:{lineno}: not a JSON-lines record: {exc}") from exc
-                out.append(d)
+                out.append((lineno, d))
         return out
 
     def records(self) -> list[Record]:
-        """The records the file holds already (a line without ``kind`` is one)."""
+        """The records the file holds already (a line without ``kind`` is
+        one), checked as `Database.import_jsonl` checks them."""
         out = []
-        for d in self._lines():
+        for lineno, d in self._lines():
             if d.get("kind", "record") == "record":
                 try:
                     out.append(Record.from_json(d))
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise InputError(f"{self.path}: not a tuning record: {exc}") from exc
+                except KeyError as exc:
+                    raise InputError(f"{self.path}:{lineno}: not a tuning record: no field {exc}") from exc
+                except (ValueError, TypeError, OverflowError) as exc:
+                    raise InputError(f"{self.path}:{lineno}: not a tuning record: {exc}") from exc
         return out
 
     def run_ids(self) -> list[int]:
         """The ids of the runs the file holds."""
-        return [int(d["id"]) for d in self._lines() if d.get("kind") == "run"]
+        out = []
+        for lineno, d in self._lines():
+            if d.get("kind") == "run":
+                if not _is_int(d.get("id")):
+                    raise InputError(f"{self.path}:{lineno}: a run without an integer id")
+                out.append(d["id"])
+        return out
 
     def add_run(self, seed: int, target: str, info: Mapping[str, Any], started: float) -> int:
         """Append a run (as `Database.add_run`); returns its id."""

@@ -19,12 +19,15 @@ Plain MLIR tools apply them (shared/DESIGN.md, decision 2)::
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass
 
 from mlir_ansor.errors import InputError
 from mlir_ansor.target import Target
+
+log = logging.getLogger("mlir_ansor")
 
 __all__ = ["ExportedSchedule", "export_best", "find_workload"]
 
@@ -80,6 +83,7 @@ def export_best(
 ) -> ExportedSchedule:
     """The best valid record of `task` (name or workload key) for `target`
     (default: this host) and `threads` (default: any), as MLIR texts."""
+    from mlir_ansor.compiler import knob_problem
     from mlir_ansor.records import Database
     from mlir_ansor.search.generate import generate_sketches
 
@@ -87,23 +91,30 @@ def export_best(
     db_path = os.fspath(db_path)
     if not os.path.exists(db_path):
         raise InputError(f"{db_path}: no such file")
-    with Database(db_path) as db:
+    with Database(db_path, readonly=True) as db:
         w = find_workload(db, task)
         recs = [r for r in db.records(w["workload_key"]) if r.valid]
         # Best first, each schedule timed by all its timings (`Database.best`).
         mine = db.best(w["workload_key"], target.key, threads=threads, k=10**6, prefer_host=target.model)
+        invalid = dict(db.invalid_rows)
     if threads is not None:
         recs = [r for r in recs if r.threads == threads]
     if not mine:
         others = sorted({r.target for r in recs})
         extra = f" (records exist for {', '.join(others)})" if others else ""
         thr = f" on {threads} thread(s)" if threads is not None else ""
-        raise InputError(f"task {w['name']}: no valid record for target {target.key}{thr}{extra}")
+        bad = f" ({len(invalid)} invalid record(s) skipped: {_invalid_ids(invalid)})" if invalid else ""
+        raise InputError(f"task {w['name']}: no valid record for target {target.key}{thr}{extra}{bad}")
     sketches = {sk.hash: sk for sk in generate_sketches(w["task_mlir"], target)}
     for rec in mine:
         sk = sketches.get(rec.sketch_hash)
         if sk is None:
             continue  # made by sketch rules that have changed since
+        problem = knob_problem(sk, rec.knobs)
+        if problem is not None:
+            invalid[rec.row_id] = problem
+            log.warning("%s: record %s is invalid and is skipped: %s", db_path, rec.row_id, problem)
+            continue
         script = sk.concrete(rec.knobs)
         lat = rec.latency_s
         gflops = w["flops"] / lat / 1e9 if lat > 0 and math.isfinite(lat) else 0.0
@@ -126,7 +137,19 @@ def export_best(
             schedule=header + script,
             payload=f"// mlir-ansor payload for task {w['name']}: Linalg ops tagged ansor.op\n" + sk.payload,
         )
+    if invalid:
+        raise InputError(
+            f"task {w['name']}: no usable record for target {target.key}: {len(invalid)} invalid record(s) "
+            f"skipped ({_invalid_ids(invalid)}); any other was made by a sketch the current rules no longer generate"
+        )
     raise InputError(
         f"task {w['name']}: none of its {len(mine)} valid record(s) was made by a sketch the current "
         "sketch rules generate (the rules changed since it was tuned); tune it again"
     )
+
+
+def _invalid_ids(invalid: dict) -> str:
+    """`Database.invalid_rows`' ids and reasons, the first three."""
+    items = sorted(invalid.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
+    text = "; ".join(f"record {i}: {why}" for i, why in items[:3])
+    return text + ("; ..." if len(items) > 3 else "")

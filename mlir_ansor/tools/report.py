@@ -78,7 +78,7 @@ def _open(db_path: str | os.PathLike):
     db_path = os.fspath(db_path)
     if not os.path.exists(db_path):
         raise InputError(f"{db_path}: no such file")
-    return Database(db_path)
+    return Database(db_path, readonly=True)
 
 
 def summarize(db_path: str | os.PathLike, peak: Peak | None = None) -> list[TaskSummary]:
