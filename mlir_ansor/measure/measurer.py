@@ -293,12 +293,19 @@ class Measurer:
         reference outputs on seeded inputs and time the untuned kernel, on the
         runner. Returns the handle of the data candidates are checked against
         (a `Candidate`'s ``data``), and the job's result (``value["costs"]``:
-        the baseline timings). `index` is kept for callers that number their tasks."""
+        the baseline timings). `index` is kept for callers that number their tasks.
+        It may take `reference_timeout_s`: a build and a run."""
         cfg = self.config
         ins, outs = arg_specs(task.inputs), arg_specs(task.outputs)
         job = ReferenceJob(payload, ins, outs, seed, cfg.threads, cfg.baseline_timing)
-        res = self.executor.prepare_reference(job, max(600.0, cfg.run_timeout_s))
+        res = self.executor.prepare_reference(job, self.reference_timeout_s)
         return res.artifact, res
+
+    @property
+    def reference_timeout_s(self) -> float:
+        """Seconds a task's reference may take: it builds the untuned
+        lowering (`build_timeout_s`) and runs it (`run_timeout_s`)."""
+        return self.config.build_timeout_s + self.config.run_timeout_s
 
     def run(self, cand: Candidate, tol: float, best_s: float = math.inf) -> Outcome:
         """Check (against ``cand.data``, within `tol`) and time one built

@@ -22,14 +22,26 @@ Design:
 * ``fn`` and ``initializer`` must be module-level functions (pickled by
   reference); functions of a script's ``__main__`` work when the script is a
   file (the worker loads it as ``__mp_main__``, like multiprocessing does).
+* ``memory_limit_mb`` is enforced by the operating system: the worker sets
+  its data rlimit (``RLIMIT_DATA``: heap and private writable mappings, so a
+  numpy array, an LLVM allocation or a library's zero-fill pages, but not the
+  address space of the mapped libraries) before anything is imported, so an
+  allocation past it fails at once, also in C code that holds the GIL. A job
+  whose allocation fails (a ``MemoryError``, or a C++ ``std::bad_alloc`` /
+  ``LLVM ERROR: out of memory`` that aborts the worker) is a ``CRASH`` whose
+  message begins with "memory limit exceeded" and names the limit
+  (:func:`memory_limit_message`). The watchdog thread stays as a second line
+  (resident memory sampled every 0.5 s, e.g. shared or file-backed pages).
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import os
 import pickle
+import resource
 import select
 import signal
 import struct
@@ -43,7 +55,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
-__all__ = ["ErrorKind", "JobResult", "WorkerPool"]
+__all__ = [
+    "ErrorKind",
+    "JobResult",
+    "WorkerPool",
+    "data_limit",
+    "default_memory_limit_mb",
+    "is_memory_error",
+    "machine_memory_mb",
+    "memory_limit_message",
+]
 
 _STDERR_TAIL_LINES = 20
 _HDR = struct.Struct("<Q")
@@ -74,6 +95,133 @@ class JobResult:
     @property
     def ok(self) -> bool:
         return self.error_kind == ErrorKind.NONE
+
+
+# --------------------------------------------------------------------------
+# memory limits
+
+MEMORY_LIMIT_EXCEEDED = "memory limit exceeded"
+"""How the message of a job stopped by the memory limit begins."""
+
+_OOM_SIGNS = ("MemoryError", "std::bad_alloc", "LLVM ERROR: out of memory", "Cannot allocate memory",
+              "cannot map zero-fill pages", MEMORY_LIMIT_EXCEEDED)
+
+
+def memory_limit_message(limit_mb: int, detail: str = "") -> str:
+    """The first line of a job's error when it passed the memory limit."""
+    msg = f"{MEMORY_LIMIT_EXCEEDED}: the job needed more than the worker memory limit of {limit_mb} MB"
+    return msg + (f" ({detail})" if detail else "")
+
+
+def is_memory_error(exc: BaseException) -> bool:
+    """`exc`, or an exception it was raised from, is a failed allocation: a
+    ``MemoryError``, or an ``OSError``/``ImportError`` for want of memory
+    (``ENOMEM``; a library whose zero-fill pages could not be mapped)."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 8:
+        if isinstance(e, MemoryError):
+            return True
+        if isinstance(e, OSError) and e.errno == errno.ENOMEM:
+            return True
+        if isinstance(e, (OSError, ImportError)) and any(
+            sign in str(e) for sign in ("cannot map zero-fill pages", "Cannot allocate memory")
+        ):
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
+
+
+def _cgroup_limit_bytes() -> int | None:
+    """The memory limit of this process's cgroup (v2 or v1); None: none."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        ctrl, path = parts[1], parts[2]
+        if ctrl == "":
+            candidates = [f"/sys/fs/cgroup{path}/memory.max", "/sys/fs/cgroup/memory.max"]
+        elif "memory" in ctrl.split(","):
+            candidates = [
+                f"/sys/fs/cgroup/memory{path}/memory.limit_in_bytes",
+                "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            ]
+        else:
+            continue
+        for c in candidates:
+            try:
+                with open(c) as f:
+                    text = f.read().strip()
+            except OSError:
+                continue
+            if text.isdigit() and int(text) < 1 << 60:
+                return int(text)
+    return None
+
+
+def machine_memory_mb() -> int:
+    """Memory this process may use (MiB): the machine's physical memory, or
+    its cgroup's limit when that is lower."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        total = 8 << 30
+    cg = _cgroup_limit_bytes()
+    if cg is not None:
+        total = min(total, cg)
+    return max(1, total >> 20)
+
+
+def default_memory_limit_mb(share: float = 0.8) -> int:
+    """A limit for one process that leaves the machine some room: `share`
+    of `machine_memory_mb`."""
+    return max(64, int(machine_memory_mb() * share))
+
+
+def _data_mb() -> float:
+    """This process's data size (``VmData``, what ``RLIMIT_DATA`` limits), MiB."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmData:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
+
+
+def _set_data_limit(limit_bytes: int | None) -> tuple[int, int]:
+    """Set the soft ``RLIMIT_DATA`` (None: unlimited; never above the hard
+    limit); returns the previous (soft, hard)."""
+    old = resource.getrlimit(resource.RLIMIT_DATA)
+    soft = resource.RLIM_INFINITY if limit_bytes is None else int(limit_bytes)
+    hard = old[1]
+    if hard != resource.RLIM_INFINITY and (soft == resource.RLIM_INFINITY or soft > hard):
+        soft = hard
+    resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+    return old
+
+
+@contextlib.contextmanager
+def data_limit(extra_mb: int | None):
+    """Let this process allocate at most `extra_mb` MiB more than it holds
+    now (``RLIMIT_DATA``), until the block ends; the previous limit is put
+    back. An allocation past it fails (numpy: ``MemoryError``) instead of
+    taking the machine's memory. None: no limit set."""
+    if not extra_mb:
+        yield
+        return
+    old = _set_data_limit(int((_data_mb() + extra_mb) * 2**20))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, old)
 
 
 # --------------------------------------------------------------------------
@@ -124,7 +272,10 @@ def _start_watchdog(parent_pid: int | None, memory_limit_mb: int | None) -> None
     """A daemon thread that ends the worker when its parent is gone (a killed
     tuner must not leave compilers running) or when the worker's resident
     memory passes `memory_limit_mb` (a schedule whose IR explodes); the
-    parent then sees a crash by SIGKILL, with this message in the log."""
+    parent then sees a crash by SIGKILL, with this message in the log. The
+    limit itself is the data rlimit (`_worker_main`): this thread, which
+    cannot run while a job holds the GIL, reports what the rlimit does not
+    cover (resident shared or file-backed pages)."""
 
     def watch() -> None:
         page = os.sysconf("SC_PAGE_SIZE")
@@ -139,7 +290,10 @@ def _start_watchdog(parent_pid: int | None, memory_limit_mb: int | None) -> None
                 except (OSError, ValueError, IndexError):
                     continue
                 if rss_mb > memory_limit_mb:
-                    sys.stderr.write(f"mlir-ansor worker: memory limit exceeded ({rss_mb:.0f} MB > {memory_limit_mb} MB)\n")
+                    sys.stderr.write(
+                        f"mlir-ansor worker: {MEMORY_LIMIT_EXCEEDED} "
+                        f"(resident {rss_mb:.0f} MB > {memory_limit_mb} MB)\n"
+                    )
                     sys.stderr.flush()
                     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -162,7 +316,15 @@ def _worker_main() -> None:  # pragma: no cover - runs in the child
     if config is None:
         return
     sys.path[:] = config["sys_path"]
-    _start_watchdog(config.get("parent_pid"), config.get("memory_limit_mb"))
+    limit_mb = config.get("memory_limit_mb")
+    if limit_mb:
+        try:
+            _set_data_limit(int(limit_mb) * 2**20)
+        except (ValueError, OSError) as exc:
+            sys.stderr.write(
+                f"mlir-ansor worker: cannot set the data rlimit ({exc}); the watchdog alone limits memory\n"
+            )
+    _start_watchdog(config.get("parent_pid"), limit_mb)
     main_path = config.get("main_path")
     try:
         init = _read_frame_blocking(rfd)
@@ -189,7 +351,8 @@ def _worker_main() -> None:  # pragma: no cover - runs in the child
             out = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
             reply = ("ok", out, elapsed)
         except BaseException as exc:  # noqa: BLE001
-            reply = ("exc", _format_exception(exc), time.perf_counter() - t0)
+            tag = "memory" if limit_mb and is_memory_error(exc) else "exc"
+            reply = (tag, _format_exception(exc), time.perf_counter() - t0)
         sys.stdout.flush()
         sys.stderr.flush()
         _write_frame(wfd, reply)
@@ -574,6 +737,13 @@ class WorkerPool:
                     error_msg=f"cannot load the job's result: {_format_exception(exc)}",
                     elapsed_s=elapsed,
                 )
+        elif tag == "memory":
+            first = fr[1].splitlines()[0] if fr[1] else "MemoryError"
+            results[i] = JobResult(
+                error_kind=ErrorKind.CRASH,
+                error_msg=memory_limit_message(self._memory_limit_mb, first) + "\n" + fr[1],
+                elapsed_s=elapsed,
+            )
         else:
             results[i] = JobResult(
                 error_kind=ErrorKind.EXCEPTION, error_msg=fr[1], elapsed_s=elapsed
@@ -590,6 +760,8 @@ class WorkerPool:
         reason = w.death_reason()
         tail = w.stderr_tail()
         msg = reason + (f"\n--- worker stderr (last lines) ---\n{tail}" if tail else "")
+        if self._memory_limit_mb and any(sign in tail for sign in _OOM_SIGNS):
+            msg = memory_limit_message(self._memory_limit_mb, reason) + "\n" + msg
         if w.state == _Worker.BUSY and w.job is not None:
             results[w.job] = JobResult(
                 error_kind=ErrorKind.CRASH,

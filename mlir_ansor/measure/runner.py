@@ -9,11 +9,14 @@ not MLIR, so a measuring host needs nothing but the artifact.
 from __future__ import annotations
 
 import ctypes
+import math
 import statistics
 import time
 from dataclasses import dataclass
 
 import numpy as np
+
+from mlir_ansor.ir.dtypes import element_bytes
 
 _NP_DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i32": np.int32, "i64": np.int64}
 
@@ -39,6 +42,30 @@ def random_inputs(
         else:
             arrays.append(rng.integers(-8, 8, size=tuple(shape)).astype(dt))
     return arrays
+
+
+def buffer_bytes(specs) -> int:
+    """Bytes of the arrays `specs` describe ((shape, dtype) pairs)."""
+    return sum(math.prod(int(d) for d in shape) * element_bytes(dtype) for shape, dtype in specs)
+
+
+def reference_bytes(inputs, outputs) -> int:
+    """Bytes a task's reference preparation (`jobs.prepare_reference`) and
+    each checking run (`run`) hold at their peak: the inputs and outputs
+    twice (the data and the copies the kernel runs on), and the float64
+    draw of the largest float input (`random_inputs`)."""
+    floats = [shape for shape, dtype in inputs if dtype.startswith(("f", "bf"))]
+    draw = max((math.prod(int(d) for d in shape) * 8 for shape in floats), default=0)
+    return 2 * (buffer_bytes(inputs) + buffer_bytes(outputs)) + draw
+
+
+def format_bytes(n: float) -> str:
+    """`n` bytes as "74.5 GiB", "768 KiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:.3g} TiB"  # pragma: no cover
 
 
 ALIGNMENT = 64
