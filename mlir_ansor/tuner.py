@@ -50,8 +50,8 @@ from mlir_ansor.ir.program import Program, load
 from mlir_ansor.measure import gpu_measure
 from mlir_ansor.measure.local_executor import LocalExecutor
 from mlir_ansor.measure.measurer import Candidate, Measurement, Measurer, arg_specs
-from mlir_ansor.measure.pool import ErrorKind, JobResult
-from mlir_ansor.measure.runner import TimingPolicy
+from mlir_ansor.measure.pool import MEMORY_LIMIT_EXCEEDED, ErrorKind, JobResult, machine_memory_mb
+from mlir_ansor.measure.runner import TimingPolicy, buffer_bytes, format_bytes, reference_bytes
 from mlir_ansor.records.database import RETIME_KEY, Database, Record
 from mlir_ansor.search.generate import generate_sketches
 from mlir_ansor.search.rules import NO_PACKING
@@ -59,7 +59,7 @@ from mlir_ansor.search.sketch import Sketch, default_assignment
 from mlir_ansor.search.space import Assignment
 from mlir_ansor.search.strategy import EvolutionConfig, MeasuredCandidate, SearchStrategy, TaskContext
 from mlir_ansor.search.task_scheduler import TaskStats
-from mlir_ansor.target import Target
+from mlir_ansor.target import Target, usable_cores
 from mlir_ansor.version import __version__
 
 log = logging.getLogger("mlir_ansor")
@@ -102,7 +102,7 @@ class TuneConfig:
     overlap: bool = True
     """Build the next batch while measuring this one, on the cores the kernels leave free."""
     memory_limit_mb: int = 6144
-    """Resident memory (MiB) past which a worker (builder or runner) is killed, its candidate a crash."""
+    """MiB a worker (builder or runner) may allocate (its data rlimit); past it, a crash naming the limit."""
     cutoff_factor: float = 2.0
     """A candidate whose checking run is this many times the best so far's is costed by that run alone."""
     hang_factor: float = 50.0
@@ -398,6 +398,12 @@ def tune(
     own_db = db is None
     db_path = str(db) if db is not None else os.path.join(tempfile.mkdtemp(prefix="mlir-ansor-db-"), "tuning.db")
     _check_names(config)
+    if target.kind == "cpu" and config.threads > usable_cores():
+        log.warning(
+            "--threads %d is more than the %d core(s) this process may use; the timings will be slow and noisy",
+            config.threads, usable_cores(),
+        )
+    db_existed = os.path.exists(db_path)
     database = Database(db_path)
     own_measurer = measurer is None
     m = measurer or Measurer(config, target=target)
@@ -431,6 +437,10 @@ def tune(
         for st in states:
             st.result.search_latency_s = st.result.best_latency_s
         _retime(states, target, config, database, m, run_id)
+    except AnsorError:
+        if not db_existed and measured == 0:
+            _remove_new_database(database, db_path)
+        raise
     finally:
         if own_measurer:
             m.close()
@@ -446,6 +456,17 @@ def tune(
         db_path=db_path,
         search_s=search_s,
     )
+
+
+def _remove_new_database(database: Database, db_path: str) -> None:
+    """Remove the database a failed run created (bad input): no empty
+    database file is left behind."""
+    database.close()
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        try:
+            os.remove(db_path + suffix)
+        except OSError:
+            pass
 
 
 def _check_names(config: TuneConfig) -> None:
@@ -470,7 +491,11 @@ def _prepare(
 ) -> list[_TaskState]:
     """The tasks' search states, resumed from `database`; each measuring
     task's reference is prepared. `keep` (build-only CUDA runs): the folder
-    that keeps each task's reference and bundles for `gpu_measure`."""
+    that keeps each task's reference and bundles for `gpu_measure`.
+    Every task's buffers are checked against the memory limit first
+    (`check_memory`), before anything is allocated."""
+    if not config.build_only or keep is not None:
+        check_memory(tasks, config)
     states: list[_TaskState] = []
     for i, task in enumerate(tasks):
         sketches = task_sketches(task, target, config)
@@ -506,9 +531,30 @@ def _prepare(
             states.append(st)  # nothing is timed: no baseline
             log.info("task %s: %d sketch(es), build only", task.name, len(sketches))
             continue
+        limit_s = getattr(m, "reference_timeout_s", None)
+        log.info(
+            "task %s: computing the reference and the untuned baseline (%.4g GFLOP, %s of buffers%s)",
+            task.name,
+            task.flops / 1e9,
+            format_bytes(reference_bytes(arg_specs(task.inputs), arg_specs(task.outputs))),
+            f"; at most {limit_s:g} s" if limit_s else "",
+        )
         st.data_path, res = m.reference(sketches[0].payload, task, config.seed, i)
         if not res.ok:
             last = res.error_msg.strip().splitlines()[-1] if res.error_msg.strip() else ""
+            what = f"task {task.name}: the untuned lowering (the reference and baseline)"
+            if res.error_kind == ErrorKind.TIMEOUT:
+                raise AnsorError(
+                    f"{what} did not finish within {limit_s:g} s (the build and run timeouts, --timeout); "
+                    "raise --timeout, or tune a smaller shape"
+                    if limit_s
+                    else f"{what} timed out ({last})"
+                )
+            if res.error_msg.startswith(MEMORY_LIMIT_EXCEEDED):
+                raise AnsorError(
+                    f"{what} ran out of memory: {res.error_msg.splitlines()[0]}; "
+                    "raise the limit (--memory-limit, TuneConfig.memory_limit_mb)"
+                )
             if "NoGpuError" in res.error_msg:
                 raise AnsorError(
                     f"target {target.key}: the runner cannot run CUDA kernels ({last}); tune on a host with a GPU, "
@@ -530,6 +576,35 @@ def _prepare(
         )
         states.append(st)
     return states
+
+
+WORKER_BASE_MB = 256
+"""MiB a worker holds before a task's buffers (the interpreter, the MLIR
+bindings, numpy), counted against the memory limit by `check_memory`."""
+
+
+def check_memory(tasks: list[Task], config: TuneConfig) -> None:
+    """Refuse a task whose reference and checking runs would not fit in the
+    worker memory limit (`TuneConfig.memory_limit_mb`; without one, this
+    machine's memory, as when the limit is above it), before anything is
+    allocated: an `AnsorError` that says what the task needs."""
+    machine_mb = machine_memory_mb()
+    limit_mb = config.memory_limit_mb or machine_mb
+    what = "the worker memory limit"
+    if limit_mb >= machine_mb:
+        limit_mb, what = machine_mb, "this machine's memory"
+    for task in tasks:
+        ins, outs = arg_specs(task.inputs), arg_specs(task.outputs)
+        need = reference_bytes(ins, outs)
+        if need + WORKER_BASE_MB * 2**20 > limit_mb * 2**20:
+            raise AnsorError(
+                f"task {task.name}: its reference and each measurement need about {format_bytes(need)} "
+                f"of buffers (inputs {format_bytes(buffer_bytes(ins))} and outputs "
+                f"{format_bytes(buffer_bytes(outs))}, each held twice, and the float64 draw of the largest "
+                f"input), more than {what} of {limit_mb} MB less the "
+                f"worker's own {WORKER_BASE_MB} MB; "
+                "raise --memory-limit (TuneConfig.memory_limit_mb) or tune a smaller shape"
+            )
 
 
 def _best_from_db(st: _TaskState, database: Database, target: Target, config: TuneConfig, m: Measurer) -> None:
@@ -662,6 +737,7 @@ class _Batches:
             drawn = st.strategy.generate_candidates(min(self.batch, self.left))
             if not drawn:
                 self.exhausted.add(ti)
+                _warn_if_empty(st, self.config)
                 continue
             self.left -= len(drawn)
             cands = []
@@ -672,6 +748,20 @@ class _Batches:
                 cands.append(c)
             return st, cands
         return None
+
+
+def _warn_if_empty(st: _TaskState, config: TuneConfig) -> None:
+    """Say why a task whose space gave no candidate at all measured nothing
+    (instead of marking it exhausted without a word)."""
+    ctx = getattr(st.strategy, "ctx", None)
+    if st.result.trials > 0 or (ctx is not None and ctx.measured):
+        return
+    why = "its sketches have no valid assignment of their knobs"
+    if config.threads > 1:
+        why = (f"no candidate keeps {config.threads} threads busy (a parallel loop whose iterations cannot be "
+               f"split evenly over {config.threads} threads is skipped); try a --threads that divides its "
+               "parallel loops, such as a power of two")
+    log.warning("task %s: no valid candidate to measure: %s; it keeps its untuned schedule", st.task.name, why)
 
 
 def _search(

@@ -73,3 +73,20 @@ def mlir_opt() -> str:
     if not exe.exists():
         pytest.skip("mlir-opt is not shipped with these MLIR wheels")
     return str(exe)
+
+
+def as_unprivileged(cmd: list[str]) -> list[str]:
+    """`cmd` to run as a user whom file permissions apply to: as it is for
+    an unprivileged user, through ``setpriv`` as `nobody` for root (who
+    writes anywhere). Skips when no such user can run this interpreter (a
+    checkout in a folder `nobody` cannot read)."""
+    if os.geteuid() != 0:
+        return cmd
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: permissions cannot be tested")
+    prefix = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    probe = subprocess.run([*prefix, sys.executable, "-c", "import mlir_ansor"], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    if probe.returncode != 0:
+        pytest.skip(f"user nobody cannot run this checkout's Python: {probe.stderr.strip()[-200:]}")
+    return [*prefix, *cmd]

@@ -80,6 +80,10 @@ ALLOWED_NON_LINALG_OPS = frozenset(
 )
 """Non-Linalg ops that may appear in a function body; they are left outside tasks."""
 
+_BODY_DENIED_DIALECTS = ("func.", "vector.", "memref.", "gpu.", "llvm.", "cf.", "bufferization.", "transform.")
+"""Dialects whose ops a Linalg body may not hold: a task's body is scalar
+arithmetic (calls, vectors, memory and control flow are not lowered)."""
+
 _GENERALIZE = "builtin.module(func.func(linalg-generalize-named-ops))"
 _CAST_OPS = re.compile(
     r"arith\.(constant|ext[fsui]+|trunc[fi]|sitofp|uitofp|fptosi|fptoui|index_cast\w*|bitcast)$"
@@ -312,6 +316,11 @@ def _check_type(op: ir.Operation, t: ir.Type) -> None:
                 f"{where}: dynamic shape {t} is not supported yet; "
                 "all shapes must be static (specialize the input to concrete sizes)"
             )
+        if any(d == 0 for d in st.shape):
+            raise UnsupportedError(
+                f"{where}: zero-sized dimension in {t}: there is nothing to compute "
+                "(every dimension must be at least 1)"
+            )
         if _isa(ir.MemRefType, t):
             layout = str(ir.MemRefType(t).layout)
             if not (layout.startswith("affine_map<(d") and _is_identity_text(layout)):
@@ -340,6 +349,21 @@ def _check_linalg_op(op: ir.Operation) -> None:
         _check_type(op, v.type)
     for r in op.results:
         _check_type(op, r.type)
+
+
+def _check_body(op: ir.Operation) -> None:
+    """Fail on an op a Linalg op's body may not hold, at that op's own
+    file and line."""
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                name = inner.operation.name
+                if name.startswith(_BODY_DENIED_DIALECTS):
+                    raise UnsupportedError(
+                        f"{location_str(inner.operation)}: {name} is not supported inside the body of "
+                        f"{op.name} ({location_str(op)}); a body may hold scalar arith and math ops"
+                    )
+                _check_body(inner.operation)
 
 
 def _untunable_dtype(op: ir.Operation) -> str | None:
@@ -428,6 +452,7 @@ def _check_function(block: ir.Block, linalg_types: bool = True, left_out: list[s
         if op in constant:
             continue
         if op.name.startswith("linalg."):
+            _check_body(op)
             if linalg_types:
                 dtype = _untunable_dtype(op)
                 if dtype is not None:

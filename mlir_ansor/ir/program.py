@@ -125,7 +125,26 @@ def _verify(program: Program, rename: str | None) -> None:
         ) from None
 
 
+def _decode(data: bytes | str, source: str) -> str:
+    """MLIR text from `data`; binary or non-UTF-8 input is an InputError."""
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InputError(
+                f"{source}: not MLIR text (byte {err.start} is not UTF-8; binary input?)"
+            ) from None
+    if "\x00" in data:
+        raise InputError(f"{source}: not MLIR text (it holds a NUL byte; binary input?)")
+    try:
+        data.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InputError(f"{source}: not MLIR text (character {err.start} is not UTF-8)") from None
+    return data
+
+
 def _parse_text(text: str, source: str) -> Program:
+    text = _decode(text, source)
     ctx = _new_context()
     try:
         module = ir.Module.parse(text, ctx)
@@ -187,8 +206,8 @@ def load(
         path = os.fsdecode(path)
     if path == "-":
         try:
-            data = sys.stdin.read()
-        except (OSError, UnicodeDecodeError) as err:
+            raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+        except OSError as err:
             raise InputError(f"cannot read stdin: {err}") from None
-        return _parse_text(data, "<stdin>")
+        return _parse_text(_decode(raw, "<stdin>"), "<stdin>")
     return _parse_file(path)

@@ -2,13 +2,13 @@
 
 Subcommands (shared/DESIGN.md, "The command line"):
   tune [INPUT] [--target cpu|cuda[:sm_XX]] [--trials N] [--db FILE] [--threads N] [--seed N]
-       [--timeout S] [--executor local|auto|ray://ADDR] [--json] [--build-only]
+       [--timeout S] [--memory-limit MB] [--executor local|auto|ray://ADDR] [--json] [--build-only]
        [--search NAME] [--cost-model NAME] [--task-scheduler NAME] [--rules a,b]
        [--plugin MODULE_OR_FILE.py]... [--pretrained-model FILE]
        [--no-cost-model] [--no-crossover] [--no-packing] [--random-task-scheduler]
        [--no-default-candidate] [--share-best] [--local-share F] [--retime-top N] [--retime-rounds R]
   compile [INPUT] [--db FILE] [--threads N] [-o OUT.mlir|OUT.so]
-  run [INPUT] [--db FILE] [--threads N] [--repeat N] [--json]
+  run [INPUT] [--db FILE] [--threads N] [--repeat N] [--memory-limit MB] [--json]
   show FILE.db [--json]
   plot FILE.db [-o curve.png] [--input MODULE.mlir]
   peak [--threads N] [--json]
@@ -67,8 +67,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--trials", type=_positive(int), default=64, help="candidates to measure (whole module)")
     t.add_argument("--db", default="tuning.db", help="records database (created or resumed)")
     t.add_argument("--threads", type=_positive(int), default=1, help="threads the kernels use")
-    t.add_argument("--seed", type=int, default=0, help="random seed: the same seed gives the same candidates")
+    t.add_argument("--seed", type=_positive(int, zero_ok=True), default=0, help="random seed: the same seed gives the same candidates")
     t.add_argument("--timeout", type=_positive(float), default=60.0, help="seconds per build and per run")
+    t.add_argument("--memory-limit", type=_positive(int), default=6144, metavar="MB",
+                   help="MiB each builder and runner process may allocate (its data rlimit; default 6144); "
+                        "a task whose buffers would not fit is refused before anything is allocated")
     t.add_argument("--batch-size", type=_positive(int), default=16, help="candidates built before measuring")
     t.add_argument("--func", default=None, help="tune only this function")
     t.add_argument("--search", default="evolutionary",
@@ -127,8 +130,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--db", default="tuning.db", help="records database (a missing file: default schedules)")
     r.add_argument("--threads", type=_positive(int), default=1, help="threads the kernels use")
     r.add_argument("--repeat", type=_positive(int), default=10, help="timed runs (the median is reported)")
-    r.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    r.add_argument("--seed", type=_positive(int, zero_ok=True), default=0, help="seed of the random inputs")
     r.add_argument("--func", default=None, help="the function to run (default: the first with tasks)")
+    r.add_argument("--memory-limit", type=_positive(int), default=None, metavar="MB",
+                   help="MiB the run's arrays and libraries may allocate (a data rlimit while it runs); "
+                        "a module whose buffers would not fit is refused before anything is allocated "
+                        "(default: 80%% of this machine's memory, or of its cgroup's limit)")
     r.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     r.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import a module that registers the sketch rules the records were made with")
@@ -169,7 +176,7 @@ def _parser() -> argparse.ArgumentParser:
     tm.add_argument("dataset", help="a folder written by export-dataset")
     tm.add_argument("-o", "--output", required=True, help="model file to write")
     tm.add_argument("--cost-model", default="xgb", help="which cost model (xgb, or a registered one)")
-    tm.add_argument("--seed", type=int, default=0)
+    tm.add_argument("--seed", type=_positive(int, zero_ok=True), default=0)
     tm.add_argument("--plugin", action="append", default=[], metavar="MODULE")
 
     rp = sub.add_parser("replay", help="rebuild and re-measure the best records of a database; report drift")
@@ -187,6 +194,32 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("-o", "--output", default=None, help="output file (default: stdout)")
     o.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every element (stderr)")
     return p
+
+
+def _check_output(path: str, flag: str = "-o") -> None:
+    """Fail, before any work, on an output file that cannot be written: a
+    folder, a missing or non-folder parent, no permission."""
+    if path == "-":
+        return
+    where = f"{flag} {path}"
+    if os.path.isdir(path):
+        raise InputError(f"{where}: is a directory; give a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(parent):
+        raise InputError(f"{where}: the folder {os.path.dirname(path) or parent} does not exist")
+    if not os.path.isdir(parent):
+        raise InputError(f"{where}: {os.path.dirname(path)} is a file, not a folder")
+    if (os.path.exists(path) and not os.access(path, os.W_OK)) or not os.access(parent, os.W_OK):
+        raise InputError(f"{where}: cannot write (permission denied)")
+
+
+def _write_text(path: str, text: str, flag: str = "-o") -> None:
+    _check_output(path, flag)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise InputError(f"{flag} {path}: cannot write: {e.strerror or e}") from None
 
 
 def _fmt_s(x: float | None) -> str:
@@ -227,10 +260,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     print(header)
     print("-" * len(header))
     for r in result.tasks:
-        speed = r.baseline_latency_s / r.best_latency_s if math.isfinite(r.best_latency_s) else float("nan")
+        found = math.isfinite(r.best_latency_s) and r.best_latency_s > 0
+        speed = r.baseline_latency_s / r.best_latency_s if found else math.nan
+        speed_s = f"{speed:.1f}x" if math.isfinite(speed) else "-"
+        gflops_s = f"{r.gflops:.1f}" if found and math.isfinite(r.gflops) else "-"
         print(
             f"{r.task.name[:44]:<44} {r.task.weight:>6} {r.trials:>6} {_fmt_s(r.baseline_latency_s):>11} "
-            f"{_fmt_s(r.best_latency_s):>11} {r.gflops:>8.1f} {speed:>7.1f}x"
+            f"{_fmt_s(r.best_latency_s):>11} {gflops_s:>8} {speed_s:>8}"
         )
         if r.errors:
             print(f"{'':<4}errors: " + ", ".join(f"{k} {v}" for k, v in sorted(r.errors.items())))
@@ -274,6 +310,7 @@ def config_from_args(args: argparse.Namespace, config_cls):
         batch_size=args.batch_size,
         build_timeout_s=max(args.timeout, 1.0),
         run_timeout_s=max(args.timeout, 1.0),
+        memory_limit_mb=getattr(args, "memory_limit", None) or config_cls.memory_limit_mb,
         strategy=args.search,
         cost_model="random" if args.no_cost_model else args.cost_model,
         task_scheduler="random" if args.random_task_scheduler else args.task_scheduler,
@@ -307,12 +344,16 @@ def _cmd_train_model(args: argparse.Namespace) -> int:
     from mlir_ansor.tools.dataset import load, train_cost_model
 
     _load_plugins(args)
+    _check_output(args.output)
     ds = load(args.dataset)
     model = make_cost_model(SimpleNamespace(cost_model=args.cost_model, seed=args.seed, pretrained_model=None))
     train_cost_model(ds, model)
     if not model.trained:
         raise AnsorError(f"{args.dataset}: too few valid candidates ({int(ds.valid.sum())}) to train a model")
-    model.save(args.output)
+    try:
+        model.save(args.output)
+    except OSError as e:
+        raise InputError(f"-o {args.output}: cannot write: {e.strerror or e}") from None
     print(f"trained {args.cost_model} on {len(ds)} candidate(s) of {len(ds.tasks)} task(s); wrote {args.output}",
           file=sys.stderr)
     return 0
@@ -355,19 +396,25 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     _load_plugins(args)
     target = Target.parse(args.target)
     source = args.input or _example_path()
+    out = args.output
+    if out is not None:
+        if not out.endswith((".so", ".mlir")):
+            raise AnsorError(f"-o {out}: expected a file name ending in .mlir or .so")
+        _check_output(out)
     cm = compile_module(source, db=None if args.untuned else args.db, threads=args.threads, target=target,
                         default="naive" if args.untuned else "sketch")
-    out = args.output
     if out is None:
         sys.stdout.write(cm.mlir)
         return 0
     if out.endswith(".so"):
-        shutil.copyfile(cm.library_path, out)
+        try:
+            shutil.copyfile(cm.library_path, out)
+        except OSError as e:
+            raise InputError(f"-o {out}: cannot write: {e.strerror or e}") from None
         entries = ", ".join(f"_mlir_ciface_{name}" for name in cm.functions)
         print(f"wrote {out} (C entry points: {entries}; memref descriptors, inputs then outputs)", file=sys.stderr)
     elif out.endswith(".mlir"):
-        with open(out, "w", encoding="utf-8") as f:
-            f.write(cm.mlir)
+        _write_text(out, cm.mlir)
         print(f"wrote {out}", file=sys.stderr)
     else:
         raise AnsorError(f"-o {out}: expected a file name ending in .mlir or .so")
@@ -382,29 +429,41 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from mlir_ansor.compiler import compile as compile_module
     from mlir_ansor.compiler import compile_untuned
     from mlir_ansor.ir.dtypes import tolerance
+    from mlir_ansor.measure.pool import data_limit, default_memory_limit_mb, is_memory_error
     from mlir_ansor.measure.runner import TimingPolicy, random_inputs, relative_error, time_callable
     from mlir_ansor.target import Target
 
     _load_plugins(args)
     target = Target.parse(args.target)
     source = args.input or _example_path()
+    limit_mb = args.memory_limit or default_memory_limit_mb()
     cm = compile_module(source, db=args.db, threads=args.threads, target=target, entry=args.func)
+    ins_spec, outs_spec, _ = cm.functions[cm.entry]
+    _check_run_memory(cm.entry, ins_spec, outs_spec, limit_mb)
     ref = compile_untuned(source, threads=args.threads)
     ref.entry = cm.entry
-    ins_spec, outs_spec, _ = cm.functions[cm.entry]
-    inputs = random_inputs(ins_spec, args.seed)
     policy = TimingPolicy(warmup=1, min_repeat=args.repeat, max_repeat=args.repeat, min_time_s=0.0)
-    run, outs = cm.bind(*inputs)
-    run()
-    ref_run, ref_outs = ref.bind(*inputs)
-    ref_run()
-    red = max((k.task.reduction_length for k in cm.kernels), default=1)
-    dtypes = [d for _, d in outs_spec] or [d for _, d in ins_spec]
-    tol = max(tolerance(d, red, whole_module=True) for d in dtypes) if dtypes else 0.0
-    err = max((relative_error(o, r) for o, r in zip(outs, ref_outs)), default=0.0)
-    ok = bool(err <= tol)
-    lat = statistics.median(time_callable(run, policy))
-    ref_lat = statistics.median(time_callable(ref_run, policy))
+    try:
+        with data_limit(limit_mb):
+            inputs = random_inputs(ins_spec, args.seed)
+            run, outs = cm.bind(*inputs)
+            run()
+            ref_run, ref_outs = ref.bind(*inputs)
+            ref_run()
+            red = max((k.task.reduction_length for k in cm.kernels), default=1)
+            dtypes = [d for _, d in outs_spec] or [d for _, d in ins_spec]
+            tol = max(tolerance(d, red, whole_module=True) for d in dtypes) if dtypes else 0.0
+            err = max((relative_error(o, r) for o, r in zip(outs, ref_outs)), default=0.0)
+            ok = bool(err <= tol)
+            lat = statistics.median(time_callable(run, policy))
+            ref_lat = statistics.median(time_callable(ref_run, policy))
+    except (MemoryError, OSError) as e:
+        if not is_memory_error(e):
+            raise
+        raise AnsorError(
+            f"@{cm.entry}: out of memory under the memory limit of {limit_mb} MB ({e}); "
+            "pass a larger --memory-limit, or run a smaller shape"
+        ) from None
     result = {
         "input": source,
         "function": cm.entry,
@@ -437,6 +496,32 @@ def _cmd_run(args: argparse.Namespace) -> int:
               f"(relative error {err:.3g} > {tol:.3g})", file=sys.stderr)
         return 1
     return 0
+
+
+def run_bytes(ins_spec, outs_spec) -> int:
+    """Bytes `mlir-ansor run` allocates for a function's buffers: the inputs
+    (and their float64 draw), a copy of them for each of the compiled and
+    the untuned module, and an output of each."""
+    from mlir_ansor.measure.runner import buffer_bytes
+
+    draw = max((buffer_bytes([(s, "f64")]) for s, d in ins_spec if d.startswith(("f", "bf"))), default=0)
+    return 3 * buffer_bytes(ins_spec) + 2 * buffer_bytes(outs_spec) + draw
+
+
+def _check_run_memory(entry: str, ins_spec, outs_spec, limit_mb: int) -> None:
+    """Refuse a function whose buffers would not fit in `limit_mb` MiB,
+    before anything is allocated."""
+    from mlir_ansor.measure.runner import buffer_bytes, format_bytes
+
+    need = run_bytes(ins_spec, outs_spec)
+    if need > limit_mb * 2**20:
+        raise AnsorError(
+            f"@{entry}: running it needs about {format_bytes(need)} of buffers "
+            f"(inputs {format_bytes(buffer_bytes(ins_spec))}, "
+            f"outputs {format_bytes(buffer_bytes(outs_spec))}, "
+            f"for the compiled and the untuned module), more than the memory limit of {limit_mb} MB; "
+            "pass a larger --memory-limit, or run a smaller shape"
+        )
 
 
 def _pct(x: float | None) -> str:
@@ -481,9 +566,17 @@ def _cmd_plot(args: argparse.Namespace) -> int:
         from mlir_ansor.graph.task import extract_tasks
 
         weights = {t.workload_key: t.weight for t in extract_tasks(args.input)}
-    c = plot(args.db, args.output, weights=weights, title=args.title)
+    output = args.output
+    if os.path.isdir(output):
+        output = os.path.join(output, "curve.png")
+    elif output.endswith(os.sep) or (os.altsep and output.endswith(os.altsep)):
+        raise InputError(f"-o {output}: no such folder")
+    if os.path.splitext(output)[1].lower() not in (".png", ".svg", ".pdf"):
+        raise InputError(f"-o {output}: expected an image file name ending in .png, .svg or .pdf, or a folder")
+    _check_output(output)
+    c = plot(args.db, output, weights=weights, title=args.title)
     n = max((len(v) for v in c.tasks.values()), default=0)
-    print(f"wrote {args.output} ({len(c.tasks)} task(s), {len(c.end_to_end)} trials, at most {n} per task)",
+    print(f"wrote {output} ({len(c.tasks)} task(s), {len(c.end_to_end)} trials, at most {n} per task)",
           file=sys.stderr)
     return 0
 
@@ -491,6 +584,8 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 def _cmd_peak(args: argparse.Namespace) -> int:
     from mlir_ansor.tools.peak import measure_peak, save_peak
 
+    if args.cache:
+        _check_output(args.cache, "--cache")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     peak = measure_peak(args.threads, min_time_s=args.min_time)
     if load > 0.5:
@@ -512,15 +607,17 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from mlir_ansor.tools.export import MLIR_OPT_HINT, export_best
 
     _load_plugins(args)
+    if args.output:
+        _check_output(args.output)
+    if args.payload:
+        _check_output(args.payload, "--payload")
     ex = export_best(args.db, args.task, target=Target.parse(args.target), threads=args.threads)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(ex.schedule)
+        _write_text(args.output, ex.schedule)
     else:
         sys.stdout.write(ex.schedule)
     if args.payload:
-        with open(args.payload, "w", encoding="utf-8") as f:
-            f.write(ex.payload)
+        _write_text(args.payload, ex.payload, "--payload")
     print(f"task {ex.name}: {ex.sketch} {dict(ex.knobs)}, {_fmt_s(ex.latency_s)} ({ex.gflops:.1f} GFLOP/s, "
           f"{ex.threads} thread(s))", file=sys.stderr)
     if args.output and args.payload:
@@ -531,6 +628,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_opt(args: argparse.Namespace) -> int:
     from mlir_ansor.tools.pipeline import run_pipeline_on_file
 
+    if args.output and args.output != "-":
+        _check_output(args.output)
     run_pipeline_on_file(args.input, args.pass_pipeline, args.output, print_ir_after_all=args.print_ir_after_all)
     if args.output and args.output != "-":
         print(f"wrote {args.output}", file=sys.stderr)
@@ -545,6 +644,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname).1s %(message)s",
         datefmt="%H:%M:%S",
     )
+    old_term = _install_sigterm()
     try:
         if args.command == "tune":
             return _cmd_tune(args)
@@ -571,10 +671,63 @@ def main(argv: list[str] | None = None) -> int:
     except AnsorError as e:
         print(f"mlir-ansor: error: {e}", file=sys.stderr)
         return 2
+    except _Terminated:
+        print("mlir-ansor: terminated by SIGTERM (measured records are kept in the database)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("mlir-ansor: interrupted (measured records are kept in the database)", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`show DB | head -1`); keep Python from
+        # failing again when it flushes stdout at exit.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        print("mlir-ansor: error: the output was closed before it was all written (broken pipe)", file=sys.stderr)
+        return 2
+    finally:
+        _restore_sigterm(old_term)
     return 1
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that every cleanup runs (worker
+    processes stopped, temporary folders removed)."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    if os.getpid() == _MAIN_PID:  # not in a forked worker that inherited the handler
+        raise _Terminated()
+    os._exit(143)
+
+
+_MAIN_PID = os.getpid()
+
+
+def _install_sigterm():
+    import signal
+    import threading
+
+    global _MAIN_PID
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    _MAIN_PID = os.getpid()
+    try:
+        return signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):
+        return None
+
+
+def _restore_sigterm(old) -> None:
+    import signal
+
+    if old is not None:
+        try:
+            signal.signal(signal.SIGTERM, old)
+        except (ValueError, OSError):
+            pass
 
 
 if __name__ == "__main__":

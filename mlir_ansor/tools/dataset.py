@@ -84,11 +84,20 @@ def export_dataset(db_path: str | os.PathLike, out_dir: str | os.PathLike, *, is
     if not os.path.exists(db_path):
         raise InputError(f"{db_path}: no such file")
     out_dir = os.fspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise InputError(f"-o {out_dir}: is a file, not a folder (export-dataset writes a folder of files)")
     with Database(db_path) as db:
         workloads = db.workloads()
         records = db.records()
         runs = db.runs()
+    # Only once the database is known good: a bad one leaves no new folder
+    # and an existing manifest.json untouched.
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"-o {out_dir}: cannot create the folder: {e.strerror or e}") from None
+    if not os.access(out_dir, os.W_OK):
+        raise InputError(f"-o {out_dir}: cannot write into the folder (permission denied)")
     by_key = {w["workload_key"]: i for i, w in enumerate(workloads)}
     skipped: dict[str, int] = {}
 
