@@ -187,19 +187,6 @@ def _symbol(task: Task) -> str:
     return "ansor_" + "".join(c if c.isalnum() or c == "_" else "_" for c in task.name)
 
 
-def knob_problem(sketch, knobs) -> str | None:
-    """What is wrong with a record's knobs for `sketch` (a knob it lacks,
-    or a value its knob does not offer); None: nothing."""
-    values = dict(knobs)
-    for spec in sketch.knobs:
-        if spec.name not in values:
-            return f"no value for knob {spec.name} of sketch {sketch.name}"
-        v = values[spec.name]
-        if isinstance(v, bool) or v not in spec.options:
-            return f"knob {spec.name} is {v!r}, not one of the options of sketch {sketch.name} {spec.options}"
-    return None
-
-
 def plan_kernels(
     tasks: list[Task], *, db: str | os.PathLike | None, target: Target, threads: int, default: str = "sketch"
 ) -> list[KernelPlan]:
@@ -236,7 +223,7 @@ def plan_kernels(
                     sk = by_hash.get(rec.sketch_hash)
                     if sk is None:
                         continue
-                    problem = knob_problem(sk, rec.knobs)
+                    problem = sk.knob_problem(rec.knobs)
                     if problem is not None:
                         log.warning("compile: %s: record %s is invalid and is skipped: %s", db, rec.row_id, problem)
                         continue

@@ -438,7 +438,9 @@ def tune(
             st.result.search_latency_s = st.result.best_latency_s
         _retime(states, target, config, database, m, run_id)
     except AnsorError:
-        if not db_existed and measured == 0:
+        # Only a database this run created and wrote no record to: an error
+        # raised mid-search leaves `measured` at 0 with records committed.
+        if not db_existed and database.count() == 0:
             _remove_new_database(database, db_path)
         raise
     finally:

@@ -103,8 +103,8 @@ class JobResult:
 MEMORY_LIMIT_EXCEEDED = "memory limit exceeded"
 """How the message of a job stopped by the memory limit begins."""
 
-_OOM_SIGNS = ("MemoryError", "std::bad_alloc", "LLVM ERROR: out of memory", "Cannot allocate memory",
-              "cannot map zero-fill pages", MEMORY_LIMIT_EXCEEDED)
+_OS_OOM_MESSAGES = ("Cannot allocate memory", "cannot map zero-fill pages")  # ENOMEM; a library's pages
+_OOM_SIGNS = ("MemoryError", "std::bad_alloc", "LLVM ERROR: out of memory", *_OS_OOM_MESSAGES, MEMORY_LIMIT_EXCEEDED)
 
 
 def memory_limit_message(limit_mb: int, detail: str = "") -> str:
@@ -124,9 +124,7 @@ def is_memory_error(exc: BaseException) -> bool:
             return True
         if isinstance(e, OSError) and e.errno == errno.ENOMEM:
             return True
-        if isinstance(e, (OSError, ImportError)) and any(
-            sign in str(e) for sign in ("cannot map zero-fill pages", "Cannot allocate memory")
-        ):
+        if isinstance(e, (OSError, ImportError)) and any(sign in str(e) for sign in _OS_OOM_MESSAGES):
             return True
         e = e.__cause__ or e.__context__
         seen += 1

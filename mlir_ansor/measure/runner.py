@@ -54,9 +54,14 @@ def reference_bytes(inputs, outputs) -> int:
     each checking run (`run`) hold at their peak: the inputs and outputs
     twice (the data and the copies the kernel runs on), and the float64
     draw of the largest float input (`random_inputs`)."""
+    return 2 * (buffer_bytes(inputs) + buffer_bytes(outputs)) + draw_bytes(inputs)
+
+
+def draw_bytes(inputs) -> int:
+    """Bytes of the float64 draw `random_inputs` makes for the largest
+    floating-point input of `inputs` ((shape, dtype) pairs), before casting."""
     floats = [shape for shape, dtype in inputs if dtype.startswith(("f", "bf"))]
-    draw = max((math.prod(int(d) for d in shape) * 8 for shape in floats), default=0)
-    return 2 * (buffer_bytes(inputs) + buffer_bytes(outputs)) + draw
+    return max((math.prod(int(d) for d in shape) * 8 for shape in floats), default=0)
 
 
 def format_bytes(n: float) -> str:

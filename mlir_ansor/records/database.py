@@ -317,22 +317,13 @@ class Record:
         ValueError, KeyError or TypeError says what is wrong."""
         if not isinstance(d, Mapping):
             raise TypeError("a record must be a JSON object")
-        knobs, costs = d["knobs"], d.get("costs", [])
-        if not isinstance(knobs, list) or not all(isinstance(p, list) and len(p) == 2 for p in knobs):
-            raise ValueError("knobs must be a list of [name, value] pairs")
-        if not all(isinstance(k, str) for k, _ in knobs):
-            raise ValueError("knob names must be strings")
-        if not isinstance(costs, list):
-            raise ValueError("costs must be a list of numbers")
-        for i, c in enumerate(costs):
-            if not _is_num(c):
-                raise ValueError(f"costs[{i}] is {c!r}: a cost must be a positive finite number of seconds")
+        knobs, costs = _knob_pairs_and_costs(d["knobs"], d.get("costs", []))
         rec = cls(
             workload_key=d["workload_key"],
             target=d["target"],
             sketch_hash=d["sketch_hash"],
-            knobs=tuple((k, v) for k, v in knobs),
-            costs=tuple(costs),
+            knobs=knobs,
+            costs=costs,
             error_kind=d["error_kind"],
             error_msg=d.get("error_msg", ""),
             host=d.get("host", ""),
@@ -345,26 +336,35 @@ class Record:
         return rec
 
 
+def _knob_pairs_and_costs(knobs: Any, costs: Any) -> tuple[tuple[tuple[str, Any], ...], tuple[float, ...]]:
+    """Knobs and costs as read from JSON (a JSON line's or a row's), checked
+    for shape before a Record is made of them: a list of [name, value] pairs
+    with string names, and a list of numbers (`check_record` checks values)."""
+    if not isinstance(knobs, list) or not all(isinstance(p, list) and len(p) == 2 for p in knobs):
+        raise ValueError("knobs must be a list of [name, value] pairs")
+    if not all(isinstance(k, str) for k, _ in knobs):
+        raise ValueError("knob names must be strings")
+    if not isinstance(costs, list):
+        raise ValueError("costs must be a list of numbers")
+    for i, c in enumerate(costs):
+        if not _is_num(c):
+            raise ValueError(f"costs[{i}] is {c!r}: a cost must be a positive finite number of seconds")
+    return tuple((k, v) for k, v in knobs), tuple(costs)
+
+
 def _row_to_record(row: sqlite3.Row) -> Record:
     """The record of a row, checked (`check_record`); ValueError says what
     is wrong with it."""
     for col in ("knobs", "costs"):
         if not isinstance(row[col], str):
             raise ValueError(f"{col} is not JSON text")
-    knobs = _loads(row["knobs"], name="knobs")
-    costs = _loads(row["costs"], name="costs")
-    if not isinstance(knobs, list) or not all(
-        isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) for p in knobs
-    ):
-        raise ValueError("knobs are not a list of [name, value] pairs")
-    if not isinstance(costs, list) or not all(_is_num(c) for c in costs):
-        raise ValueError(f"costs are not a list of numbers: {row['costs'][:80]}")
+    knobs, costs = _knob_pairs_and_costs(_loads(row["knobs"], name="knobs"), _loads(row["costs"], name="costs"))
     rec = Record(
         workload_key=row["workload_key"],
         target=row["target"],
         sketch_hash=row["sketch_hash"],
-        knobs=tuple((k, v) for k, v in knobs),
-        costs=tuple(costs),
+        knobs=knobs,
+        costs=costs,
         error_kind=row["error_kind"],
         error_msg=row["error_msg"],
         host=row["host"],

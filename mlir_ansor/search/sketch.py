@@ -254,6 +254,19 @@ class Sketch:
         (none here)."""
         return assignment
 
+    def knob_problem(self, knobs: Mapping[str, int] | Sequence[tuple[str, int]]) -> str | None:
+        """What is wrong with a record's knobs for this sketch (a knob it
+        lacks, or a value its knob does not offer); None: nothing. Knobs
+        the sketch does not have are not looked at."""
+        values = dict(knobs)
+        for spec in self.knobs:
+            if spec.name not in values:
+                return f"no value for knob {spec.name} of sketch {self.name}"
+            v = values[spec.name]
+            if isinstance(v, bool) or v not in spec.options:
+                return f"knob {spec.name} is {v!r}, not one of the options of sketch {self.name} {spec.options}"
+        return None
+
     def violation(self, assignment: Assignment) -> str | None:
         """Why `assignment` breaks a limit of the target (None: it does not;
         a plain sketch's knobs are valid by construction)."""

@@ -413,11 +413,9 @@ def _cmd_compile(args: argparse.Namespace) -> int:
             raise InputError(f"-o {out}: cannot write: {e.strerror or e}") from None
         entries = ", ".join(f"_mlir_ciface_{name}" for name in cm.functions)
         print(f"wrote {out} (C entry points: {entries}; memref descriptors, inputs then outputs)", file=sys.stderr)
-    elif out.endswith(".mlir"):
+    else:  # .mlir (the suffix was checked before compiling)
         _write_text(out, cm.mlir)
         print(f"wrote {out}", file=sys.stderr)
-    else:
-        raise AnsorError(f"-o {out}: expected a file name ending in .mlir or .so")
     return 0
 
 
@@ -502,10 +500,9 @@ def run_bytes(ins_spec, outs_spec) -> int:
     """Bytes `mlir-ansor run` allocates for a function's buffers: the inputs
     (and their float64 draw), a copy of them for each of the compiled and
     the untuned module, and an output of each."""
-    from mlir_ansor.measure.runner import buffer_bytes
+    from mlir_ansor.measure.runner import buffer_bytes, draw_bytes
 
-    draw = max((buffer_bytes([(s, "f64")]) for s, d in ins_spec if d.startswith(("f", "bf"))), default=0)
-    return 3 * buffer_bytes(ins_spec) + 2 * buffer_bytes(outs_spec) + draw
+    return 3 * buffer_bytes(ins_spec) + 2 * buffer_bytes(outs_spec) + draw_bytes(ins_spec)
 
 
 def _check_run_memory(entry: str, ins_spec, outs_spec, limit_mb: int) -> None:

@@ -83,7 +83,6 @@ def export_best(
 ) -> ExportedSchedule:
     """The best valid record of `task` (name or workload key) for `target`
     (default: this host) and `threads` (default: any), as MLIR texts."""
-    from mlir_ansor.compiler import knob_problem
     from mlir_ansor.records import Database
     from mlir_ansor.search.generate import generate_sketches
 
@@ -110,7 +109,7 @@ def export_best(
         sk = sketches.get(rec.sketch_hash)
         if sk is None:
             continue  # made by sketch rules that have changed since
-        problem = knob_problem(sk, rec.knobs)
+        problem = sk.knob_problem(rec.knobs)
         if problem is not None:
             invalid[rec.row_id] = problem
             log.warning("%s: record %s is invalid and is skipped: %s", db_path, rec.row_id, problem)
