@@ -7,6 +7,8 @@
   buffers, strided copies, byte-wide booleans).
 - `artifacts`: the runtime libraries (OpenMP, MLIR's C runner utilities) and
   shared libraries emitted from the LLVM dialect.
+- `objcode`: object code for a named CPU on any host (``mlir-translate``,
+  ``llc -mcpu``), its disassembly and instruction counts.
 - `math_approx`: SIMD polynomials for ``exp``, ``erf`` and ``tanh``.
 - `nvvm`: GPU mapping, lowering to NVVM and PTX, ptxas and its report.
 
