@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mlir import ir, passmanager
 
-from mlir_ansor.errors import AnsorError
+from mlir_ansor.errors import AnsorError, UnsupportedError
 from mlir_ansor.graph.constants import fold_constants
 from mlir_ansor.graph.task import Occurrence, Task, partition
 from mlir_ansor.ir.dtypes import ELEMENT_BYTES
@@ -242,7 +242,11 @@ def plan_kernels(
                 # default schedule (parallel tiles only).
                 sk = next((s for s in sketches if s.prefer), sketches[-1])
                 knobs = default_assignment(sk, threads)
-                plan = KernelPlan(task, sym, "default", sk.payload, sk.concrete(knobs), sk.name, knobs)
+                try:
+                    plan = KernelPlan(task, sym, "default", sk.payload, sk.concrete(knobs), sk.name, knobs)
+                except ir.MLIRError as e:  # a rule wrote a script that does not parse for these types
+                    log.warning("compile: task %s: sketch %s does not parse (%s); naive lowering",
+                                task.name, sk.name, str(e).splitlines()[-1].strip())
             if plan is None:
                 plan = KernelPlan(task, sym, "naive", task.mlir)
             plan.trials = trials
@@ -303,7 +307,7 @@ def schedule_kernel(payload: str, script: str | None, symbol: str, threads: int,
 
 _EXTERNAL_MIN_BYTES = 1 << 16
 """Constant globals from this size on are kept out of LLVM (:func:`_externalize_weights`)."""
-_EXTERNAL_TYPES = ("f32", "f64", "i64", "i32")
+_EXTERNAL_TYPES = ("f32", "f64", "bf16", "f16", "i64", "i32", "i16", "i8")
 """Element types whose large constant globals are kept out of LLVM."""
 
 _ASM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.$]*")
@@ -316,6 +320,19 @@ def _resource_blobs(mlir_text: str) -> dict[str, str]:
     if start < 0:
         return {}
     return {m.group(1).strip('"'): m.group(2) for m in _RESOURCE.finditer(mlir_text, start)}
+
+
+def _dense_bytes(dense: ir.DenseElementsAttr, text: str) -> bytes | None:
+    """The raw little-endian elements of a non-splat dense attribute (`text`
+    its printed form): through numpy's buffer where numpy has the type, else
+    from the hex form MLIR prints large attributes in (bf16, which numpy
+    lacks); None when neither gives them."""
+    array = np.array(dense)
+    if array.dtype != object:
+        return np.ascontiguousarray(array).tobytes()
+    if text.startswith('dense<"0x'):
+        return bytes.fromhex(text[len('dense<"0x') :].split('"', 1)[0])
+    return None
 
 
 def _externalize_weights(module: ir.Module, mlir_text: str, workdir: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -356,7 +373,7 @@ def _externalize_weights(module: ir.Module, mlir_text: str, workdir: str) -> tup
             except (ValueError, TypeError):
                 dense = None
             if dense is not None and not dense.is_splat:
-                data = np.ascontiguousarray(np.array(dense)).tobytes()
+                data = _dense_bytes(dense, text)
         if data is None or len(data) != math.prod(mtype.shape) * width:
             continue
         name = ir.StringAttr(op.attributes["sym_name"]).value
@@ -714,13 +731,30 @@ def _link_kernels(module: ir.Module, kernels: dict[str, ir.Module]) -> None:
         decl.erase()
 
 
-def compile_untuned(source, *, threads: int = 1, opt_level: int = 3) -> CompiledModule:
+def compile_untuned(source, *, threads: int = 1, opt_level: int = 3, widen: bool = False) -> CompiledModule:
     """The whole module lowered as it is, without tasks or schedules: the
-    reference a compiled module is checked against."""
+    reference a compiled module is checked against. `widen`: compute in f32
+    wherever the module computes in bf16 or f16 (`graph.precision.widen_payload`;
+    its functions then take and return f32 arrays, and the callable casts
+    narrower arrays given to it), so that the reference rounds less than the
+    module it checks; a module that cannot be widened (its weights held as
+    resources, a bitcast) is lowered as it is."""
     program = load(source.module if isinstance(source, Program) else source)
     with program.context, ir.Location.unknown():
         text = str(program.module)
         signatures = _signatures(program.module)
+    if widen:
+        from mlir_ansor.graph.precision import widen_payload
+
+        try:
+            wide = widen_payload(text)
+        except (UnsupportedError, ir.MLIRError, ValueError) as e:
+            log.info("compile_untuned: the module is not widened (%s); it is lowered in its own types", e)
+        else:
+            if wide != text:
+                with ir.Context(), ir.Location.unknown():
+                    text = wide
+                    signatures = _signatures(ir.Module.parse(wide))
     entry = next((n for n in signatures), None)
     if entry is None:
         raise AnsorError(f"no function to call in {program.source}")

@@ -792,6 +792,7 @@ def _search(
             return batch, pool.submit(m.build, batch[1])
         return batch, None
 
+    pending = None  # the finally below reads it when the first batch fails
     try:
         pending = start(batches.next())
         while pending is not None:

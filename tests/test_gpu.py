@@ -328,7 +328,7 @@ def _tasks(kind: str) -> list[str]:
     from mlir_ansor.ir.program import load
 
     if kind == "matmul_f16":
-        return [workloads.matmul(128, 128, 64, "f16")]  # task extraction takes f32/f64 only
+        return [workloads.matmul(128, 128, 64, "f16")]  # hand-written: extraction accumulates f16 in f32
     src = {
         "matmul": workloads.matmul(256, 512, 128),
         "conv2d": workloads.conv2d_nhwc(1, 18, 18, 32, 64, 3, 3),

@@ -307,27 +307,35 @@ def test_dynamic_shape_is_unsupported():
 
 
 def test_unsupported_element_type():
-    path = _path("i32_matmul.mlir")
+    path = _path("mask_only.mlir")
     with pytest.raises(UnsupportedError) as err:
         extract_tasks(path)
     msg = str(err.value)
-    assert f"{path}:2:8:" in msg and "linalg.matmul" in msg
-    # The only op is left out (an op on integers next to tunable ones stays in
+    assert f"{path}:4:8:" in msg and "linalg.generic" in msg
+    # The only op is left out (an op on i1 masks next to tunable ones stays in
     # the driver, lowered as loops), so nothing is left to tune, and why.
-    assert "no Linalg operation to tune" in msg and "element type i32, which tasks do not take yet (f32, f64 do)" in msg
+    assert "no Linalg operation to tune" in msg and "element type i1, which tasks do not take yet (f32, f64, bf16" in msg
+
+
+def test_integer_matmul_is_a_task():
+    """i32 (like i8 with i32 accumulation, tests/test_low_precision.py) is
+    a type tasks take."""
+    (task,) = extract_tasks(_path("i32_matmul.mlir"))
+    assert task.name == "matmul_8x8x8_i32" and task.accumulator_dtype == "i32"
+    assert [i.dtype for i in task.inputs] == ["i32"] * 3 and task.tolerance == 0.0
 
 
 def test_other_floats_are_refused_not_left_out(tmp_path):
-    """Integer ops stay out of tasks (lowered as loops); an f16 model is
-    refused instead of silently compiled to loops."""
-    t = "tensor<8x8xf16>"
-    path = tmp_path / "f16.mlir"
+    """Integer masks stay out of tasks (lowered as loops); a model in a float
+    type tasks do not take (f8) is refused instead of silently compiled to loops."""
+    t = "tensor<8x8xf8E4M3FN>"
+    path = tmp_path / "f8.mlir"
     path.write_text(
-        f"func.func @m(%a: {t}, %b: {t}) -> {t} {{\n  %z = arith.constant 0.0 : f16\n  %e = tensor.empty() : {t}\n"
-        f"  %f = linalg.fill ins(%z : f16) outs(%e : {t}) -> {t}\n"
+        f"func.func @m(%a: {t}, %b: {t}) -> {t} {{\n  %z = arith.constant 0.0 : f8E4M3FN\n  %e = tensor.empty() : {t}\n"
+        f"  %f = linalg.fill ins(%z : f8E4M3FN) outs(%e : {t}) -> {t}\n"
         f"  %r = linalg.matmul ins(%a, %b : {t}, {t}) outs(%f : {t}) -> {t}\n  return %r : {t}\n}}\n"
     )
-    with pytest.raises(UnsupportedError, match=r"f16.mlir:4:8: linalg.fill: element type f16 is not supported yet"):
+    with pytest.raises(UnsupportedError, match=r"f8.mlir:4:8: linalg.fill: element type f8E4M3FN is not supported yet"):
         extract_tasks(str(path))
 
 

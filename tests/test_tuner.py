@@ -156,7 +156,7 @@ def _cli(*args, stdin=None):
         ("malformed.mlir", "malformed.mlir:3:"),
         ("dynamic.mlir", "dynamic"),
         ("unsupported_op.mlir", "unsupported_op.mlir:"),
-        ("i32_matmul.mlir", "element type i32, which tasks do not take yet"),
+        ("mask_only.mlir", "element type i1, which tasks do not take yet"),
         ("no_linalg.mlir", "no Linalg operation"),
         ("does_not_exist.mlir", "no such file"),
     ],

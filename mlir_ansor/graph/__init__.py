@@ -5,6 +5,10 @@
   (channel-last convolutions, transposes sunk until they cancel),
   `split_conv` (grouped, 3-D and transposed convolutions as plain 2-D ones)
   and `fold_transpose` (transposes folded into the maps of their readers).
+- `precision`: narrow element types: f32 accumulation for bf16/f16 sums
+  (rounded once, in an op fused into the task), quantized matmuls as
+  generics, and the widened (f32) copy of a task its reference is computed
+  with.
 - `task`: the partition into tasks (anchor op plus fused producers and
   consumers), workload keys, flops, tolerances (`Task`, `extract_tasks`,
   `partition`).

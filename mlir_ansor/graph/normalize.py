@@ -38,6 +38,15 @@ What it does, and why:
   (:mod:`.fold_transpose`): a transpose feeding a matmul would otherwise be
   a task of its own with no arithmetic (BERT's attention scores, TBG).
 
+* rewrites ``linalg.quantized_matmul`` as a generic that subtracts its
+  zero points (:func:`.precision.lower_quantized_matmuls`): tasks take
+  tensors, not the scalar zero-point operands.
+
+* makes every contraction, convolution or sum with a bf16 or f16 result
+  accumulate in f32 and round once, in an elementwise ``arith.truncf`` the
+  anchor's task fuses (:func:`.precision.accumulate_wide`): a bf16
+  accumulator over K = 512 loses most of its digits.
+
 Functions on memrefs are left as they are (the unit-dimension folding would
 introduce memref reshapes, which tasks do not take).
 """
@@ -49,6 +58,7 @@ from mlir.passmanager import PassManager
 
 from mlir_ansor.graph.fold_transpose import fold_transposes
 from mlir_ansor.graph.layout import convert_layout
+from mlir_ansor.graph.precision import accumulate_wide, lower_quantized_matmuls
 from mlir_ansor.graph.split_conv import split_convolutions
 from mlir_ansor.ir.attrs import NORMALIZED_ATTR
 from mlir_ansor.ir.rewrite import backward_slice, clone_remapped
@@ -245,11 +255,13 @@ def normalize(module: ir.Module, *, layout: bool | None = None) -> None:
             if NORMALIZED_ATTR in fn.attributes or not _on_tensors(fn):
                 continue
             drop_dead_results(fn)
+            lower_quantized_matmuls(fn)
             if layout:
                 convert_layout(fn)
             split_convolutions(fn)
             drop_unit_broadcasts(fn)
             fold_transposes(module, fn)
+            accumulate_wide(fn)
             pm = PassManager.parse(_FUNC_PIPELINE)
             pm.run(fn)
             fn.attributes[NORMALIZED_ATTR] = ir.UnitAttr.get()

@@ -36,7 +36,7 @@ from mlir.passmanager import PassManager
 from mlir_ansor.errors import InputError, UnsupportedError
 from mlir_ansor.graph.normalize import normalize
 from mlir_ansor.ir.attrs import ANCHOR_ATTR, FUSED_ATTR
-from mlir_ansor.ir.dtypes import tolerance
+from mlir_ansor.ir.dtypes import EPSILON, tolerance
 from mlir_ansor.ir.program import Program, load, location_str
 
 log = logging.getLogger(__name__)
@@ -54,8 +54,11 @@ __all__ = [
     "workload_key",
 ]
 
-SUPPORTED_DTYPES = ("f32", "f64")
-"""Element types a task may use."""
+SUPPORTED_DTYPES = ("f32", "f64", "bf16", "f16", "i8", "i16", "i32", "i64")
+"""Element types a task may use: floats (bf16 and f16 sums accumulate in f32,
+`graph.precision`), and integers wider than a bit (i8 operands with i32
+accumulation, quantized models). An op on i1 masks or index values stays
+out of the tasks, lowered as plain loops."""
 
 ALLOWED_NON_LINALG_OPS = frozenset(
     {
@@ -89,6 +92,9 @@ _CAST_OPS = re.compile(
     r"arith\.(constant|ext[fsui]+|trunc[fi]|sitofp|uitofp|fptosi|fptoui|index_cast\w*|bitcast)$"
 )
 _DIM = re.compile(r"d(\d+)")
+_CONVERSIONS = frozenset({"extf", "truncf", "extsi", "extui", "trunci", "sitofp", "uitofp", "fptosi", "fptoui"})
+"""The arith ops that convert between element types (a generic of these
+only is named after them)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,14 @@ class Task:
     """file:line:col of the anchor in the user's input, one per occurrence."""
     func_name: str
     """The user's function the first occurrence came from."""
+    accumulator_dtype: str = ""
+    """Element type the anchor sums in (its output's: "f32" for a bf16
+    matmul, whose f32 sum a fused op rounds to bf16); "" when it sums
+    nothing (elementwise ops, maxima) or is not known."""
+    rounding_dtype: str = ""
+    """The narrowest floating-point type the task rounds a computed value to
+    (a bf16 sum of two bf16 values; a truncation to bf16 between two f32
+    ops), which its check allows for; "" when it computes no float value."""
 
     @property
     def reduction_length(self) -> int:
@@ -141,10 +155,16 @@ class Task:
 
     @property
     def tolerance(self) -> float:
-        """The relative error a candidate's output may have against the
-        reference (`ir.dtypes.tolerance` of the first output's element type
-        and the reduction length)."""
-        return tolerance(self.outputs[0].dtype if self.outputs else "f32", self.reduction_length)
+        """The relative error a candidate's outputs may have against the
+        reference: the largest `ir.dtypes.tolerance` of an output's element
+        type, with the reduction length, the anchor's accumulation type and
+        the narrowest type a value is rounded to (a bf16 result of an f32
+        sum: the f32 accumulation and the bf16 rounding); 0 when every
+        output is an integer computed exactly."""
+        acc = self.accumulator_dtype or None
+        narrow = self.rounding_dtype or None
+        dtypes = [o.dtype for o in self.outputs] or ["f32"]
+        return max(tolerance(d, self.reduction_length, accumulate=acc, rounds_to=narrow) for d in dtypes)
 
 
 # --------------------------------------------------------------------------
@@ -367,12 +387,12 @@ def _check_body(op: ir.Operation) -> None:
 
 
 def _untunable_dtype(op: ir.Operation) -> str | None:
-    """The first integer element type of `op`'s operands or results (i64
-    indices, i1 masks: ops that stay out of tasks), if its shapes are
-    otherwise fine and its other types are ones tasks take; None otherwise.
-    Other floats (f16, bf16) are not "untunable": :func:`_check_linalg_op`
-    refuses them, as it refuses dynamic shapes, so that a model in those
-    types is not silently compiled to plain loops."""
+    """The first integer element type of `op`'s operands or results that
+    tasks do not take (i1 masks, index values: ops that stay out of tasks),
+    if its shapes are otherwise fine and its other types are ones tasks take;
+    None otherwise. Other floats (f8 types, f128) are not "untunable":
+    :func:`_check_linalg_op` refuses them, as it refuses dynamic shapes, so
+    that a model in those types is not silently compiled to plain loops."""
     types = [v.type for v in op.operands] + [r.type for r in op.results]
     for t in types:
         if _isa(ir.ShapedType, t) and not (ir.ShapedType(t).has_rank and ir.ShapedType(t).has_static_shape):
@@ -886,8 +906,62 @@ def _short(info: _OpInfo) -> str:
             return "max"
         return name
     if not arith:
+        # A body of element type conversions only (a bf16 result's rounding,
+        # "truncf"); anything else (indices, copies) stays "copy".
+        casts = {n.removeprefix("arith.") for n in info.body if n != "arith.constant"}
+        if casts and casts <= _CONVERSIONS:
+            return casts.pop() if len(casts) == 1 else "cast"
         return "copy"
     return "generic"
+
+
+def _anchor_dtypes(info: _OpInfo) -> str:
+    """The element types of an anchor for its task's name: "f32" when all
+    its tensors have that one, else the distinct input types then the
+    output's ("bf16_f32", "i8_i32"), scalar operands left out."""
+    operands = list(info.op.operands)
+    ins = [_dtype_str(v.type) for v in operands[: info.n_ins] if _isa(ir.ShapedType, v.type)]
+    out = _dtype_str(operands[len(operands) - 1].type)
+    seen: list[str] = []
+    for d in [*ins, out]:
+        if d not in seen:
+            seen.append(d)
+    if seen[-1] != out:  # the output type also read as an input: it ends the name
+        seen.remove(out)
+        seen.append(out)
+    return "_".join(seen)
+
+
+def _rounding_dtype(module: ir.Module) -> str:
+    """The narrowest float type a scalar op in a Linalg body of `module`
+    computes (constants and extensions, which are exact, aside); ""
+    when there is none (see `Task.rounding_dtype`)."""
+    found: list[str] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name.startswith("linalg."):
+            for region in op.regions:
+                for block in region.blocks:
+                    for inner in block.operations:
+                        name = inner.operation.name
+                        if name in ("arith.constant", "arith.extf", "linalg.yield"):
+                            continue
+                        found.extend(str(r.type) for r in inner.operation.results if str(r.type) in EPSILON)
+            return ir.WalkResult.SKIP
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return max(found, key=EPSILON.__getitem__, default="")
+
+
+def _accumulator_dtype(info: _OpInfo) -> str:
+    """The element type an anchor sums in (its output's), or "" for an anchor
+    that sums nothing (elementwise, a maximum): its results are rounded
+    once, in their own type."""
+    if not info.has_reduction or not any(n in ("arith.addf", "arith.addi") for n in info.body):
+        return ""
+    operands = list(info.op.operands)
+    return _dtype_str(operands[len(operands) - 1].type)
 
 
 def _task_name(group: _Group, dtype: str) -> str:
@@ -943,8 +1017,8 @@ def extract_tasks(
     first) or anything :func:`mlir_ansor.ir.program.load` takes as a path.
     Identical tasks are merged: ``weight`` counts them, ``locations`` lists
     each occurrence. Raises :class:`UnsupportedError` for what cannot be tuned
-    (dynamic shapes, element types other than f32/f64, non-Linalg compute ops,
-    no Linalg op at all).
+    (dynamic shapes, element types other than those of
+    :data:`SUPPORTED_DTYPES`, non-Linalg compute ops, no Linalg op at all).
     """
     return _extract(_load_program(program_or_module), func)[0]
 
@@ -1019,9 +1093,8 @@ def _extract(program: Program, func: str | None) -> tuple[list[Task], list[Occur
                 found[key]["locations"].append(loc)
                 continue
             a = group.anchor
-            dtype = _dtype_str(a.op.operands[len(a.op.operands) - 1].type)
             found[key] = {
-                "name": _task_name(group, dtype),
+                "name": _task_name(group, _anchor_dtypes(a)),
                 "workload_key": key,
                 "mlir": text,
                 "inputs": tuple(_spec(t) for t in arg_types),
@@ -1034,6 +1107,8 @@ def _extract(program: Program, func: str | None) -> tuple[list[Task], list[Occur
                 "iterator_types": tuple(a.iterators),
                 "locations": [loc],
                 "func_name": _func_name(fn),
+                "accumulator_dtype": _accumulator_dtype(a),
+                "rounding_dtype": _rounding_dtype(module),
             }
             order.append(key)
     if not order:

@@ -29,12 +29,65 @@ def element_bytes(dtype: str, default: int = 4) -> int:
     return ELEMENT_BYTES.get(dtype, default)
 
 
-def tolerance(dtype: str, reduction_length: int = 1, *, whole_module: bool = False) -> float:
+NARROW_FLOATS = ("bf16", "f16")
+"""Floating-point types too narrow to accumulate in: a contraction,
+convolution or sum writing one of them accumulates in f32 and rounds once at
+the end (`graph.precision`), and a reference in them is computed in f32."""
+
+ACCUMULATION_DTYPE: dict[str, str] = {"bf16": "f32", "f16": "f32"}
+"""The type a reduction writing a result of this type accumulates in, where it
+is not the type itself (what torch and oneDNN do for bf16 and f16)."""
+
+
+def is_float(dtype: str) -> bool:
+    """Whether `dtype` is a floating-point type ("f32", "bf16", ...)."""
+    return dtype in EPSILON
+
+
+def is_integer(dtype: str) -> bool:
+    """Whether `dtype` is a signless integer type ("i8", "i32", ...), i1 and index included."""
+    return dtype == "index" or (dtype.startswith("i") and dtype[1:].isdigit())
+
+
+def _narrower(a: str, b: str) -> str:
+    return a if EPSILON.get(a, 0.0) >= EPSILON.get(b, 0.0) else b
+
+
+def tolerance(
+    dtype: str,
+    reduction_length: int = 1,
+    *,
+    accumulate: str | None = None,
+    rounds_to: str | None = None,
+    whole_module: bool = False,
+) -> float:
     """Relative error bound for comparing a result of element type `dtype`
-    with its reference: rounding grows with the reduction length (the
-    summation order differs between schedules), and is 0 for integers (exact).
-    `whole_module` checks the output of a whole compiled module, with
-    `reduction_length` its longest kernel's (`MODULE_TOLERANCE_FACTOR`)."""
-    eps = EPSILON.get(dtype, 0.0) if dtype.startswith(("f", "bf")) else 0.0
-    bound = max(16 * eps, 4 * eps * max(1, reduction_length))
-    return bound * (MODULE_TOLERANCE_FACTOR if whole_module else 1)
+    with its reference, from where it is rounded:
+
+    * the accumulation, in `accumulate` (default: `ACCUMULATION_DTYPE` of
+      `dtype`, else `dtype` itself): ``max(16, 4 * reduction_length)``
+      epsilons of that type, since rounding grows with the reduction length
+      and the summation order differs between schedules;
+    * where the result, or a value on its way (`rounds_to`: the narrowest
+      float type the computation rounds to, a bf16 product feeding an f32
+      op), is narrower than the accumulation: 4 epsilons of the narrowest,
+      for the rounding to it and those of the elementwise ops computed in it
+      (the reference of such a task is computed in f32,
+      `graph.precision.widen_payload`, and rounds none of them).
+
+    0 for integers (exact), unless `rounds_to` is a narrower float (an i32
+    sum requantized through bf16): then that rounding's 4 epsilons. `whole_module`
+    checks the output of a whole compiled module, with `reduction_length`
+    its longest kernel's (`MODULE_TOLERANCE_FACTOR`)."""
+    factor = MODULE_TOLERANCE_FACTOR if whole_module else 1
+    if not is_float(dtype):
+        if rounds_to in ACCUMULATION_DTYPE:
+            return 4 * EPSILON[rounds_to] * factor
+        return 0.0
+    acc = accumulate if accumulate and is_float(accumulate) else ACCUMULATION_DTYPE.get(dtype, dtype)
+    eps_acc = EPSILON[acc]
+    bound = max(16 * eps_acc, 4 * eps_acc * max(1, reduction_length))
+    narrowest = _narrower(dtype, rounds_to) if rounds_to and is_float(rounds_to) else dtype
+    if EPSILON[narrowest] > eps_acc:
+        bound += 4 * EPSILON[narrowest]
+    return bound * factor

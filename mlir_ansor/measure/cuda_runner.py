@@ -24,7 +24,16 @@ from pathlib import Path
 
 import numpy as np
 
-_NP = {"f32": np.float32, "f16": np.float16, "f64": np.float64, "i32": np.int32, "i64": np.int64, "i8": np.int8}
+_NP = {
+    "f32": np.float32, "f16": np.float16, "f64": np.float64,
+    "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
+}
+try:  # numpy has no bf16; ml_dtypes (a dependency of mlir-ansor) brings it
+    import ml_dtypes
+
+    _NP["bf16"] = ml_dtypes.bfloat16
+except ImportError:  # pragma: no cover - a GPU host with numpy only
+    pass
 
 
 class CudaUnavailable(RuntimeError):
@@ -36,6 +45,10 @@ class CudaRunError(RuntimeError):
 
 
 def np_dtype(dtype: str) -> np.dtype:
+    """numpy's type for an element type ("bf16": ``ml_dtypes.bfloat16``)."""
+    if dtype not in _NP:
+        extra = " (bf16 needs the ml_dtypes package)" if dtype == "bf16" else ""
+        raise ValueError(f"element type {dtype} has no numpy equivalent here{extra}")
     return np.dtype(_NP[dtype])
 
 
@@ -303,7 +316,7 @@ def run(
                 if arr.shape != shape:
                     return RunResult(False, error=f"input of shape {arr.shape}, expected {shape}")
             else:
-                arr = np.full(shape, np.nan if np.issubdtype(dt, np.floating) else 0, dtype=dt)
+                arr = np.full(shape, np.iinfo(dt).min if np.issubdtype(dt, np.integer) else np.nan, dtype=dt)
                 outs.append(arr)
             p = backend.alloc(arr.nbytes)
             ptrs.append(p)

@@ -72,7 +72,7 @@ if __name__ == "__main__" and not __package__:
 
 from mlir_ansor.errors import AnsorError  # noqa: E402
 from mlir_ansor.measure import cuda_runner  # noqa: E402
-from mlir_ansor.measure.runner import random_inputs  # noqa: E402
+from mlir_ansor.measure.runner import random_inputs, read_data  # noqa: E402
 from mlir_ansor.records.database import Database, JsonlWriter, Record, knobs_text  # noqa: E402
 
 TASK_FORMAT = "mlir-ansor-gpu-task 1"
@@ -137,9 +137,9 @@ def export_task(
     last: its presence means the folder is complete."""
     d = Path(task_dir)
     d.mkdir(parents=True, exist_ok=True)
-    with np.load(data_path) as data:
-        ins = [data[f"in{i}"] for i in range(len(inputs))]
-        refs = {f"ref{i}": data[f"ref{i}"] for i in range(len(outputs))}
+    ins, ref_arrays, _ = read_data(data_path)
+    ins = ins[: len(inputs)]
+    refs = {f"ref{i}": ref_arrays[i] for i in range(len(outputs))}
     tmp = d / "reference.tmp.npz"
     np.savez(tmp, **refs)
     os.replace(tmp, d / "reference.npz")

@@ -3,7 +3,9 @@
 - :func:`prepare_reference`: lower the task without a schedule (the
   "untuned lowering"), make seeded random inputs, run it once to get the
   reference outputs, time it (the baseline), and save everything to an .npz
-  that the runner reads.
+  that the runner reads. A task in bf16 or f16 gets its reference from a
+  widened copy (f32 in their place, `graph.precision.widen_payload`), so it
+  rounds less than the candidates it checks.
 - :func:`build_candidate`: apply a concrete schedule and emit a library.
 - :func:`run_candidate`: check a library against the reference and time it.
 
@@ -33,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlir_ansor.graph.precision import widen_payload, widened_dtype
 from mlir_ansor.measure import cuda_runner
 from mlir_ansor.measure.builder import build
 from mlir_ansor.measure.runner import (
@@ -41,10 +44,12 @@ from mlir_ansor.measure.runner import (
     aligned_copy,
     aligned_empty,
     aligned_full,
+    is_float_array,
     load_data,
     np_dtype,
     random_inputs,
     run,
+    save_data,
     time_callable,
 )
 from mlir_ansor.target import Target
@@ -66,33 +71,73 @@ def prepare_reference(
     The run that computes the reference is timed; when it is slower than
     `policy.min_time_s` it is the baseline's only timing (an untuned kernel
     can take seconds), else the baseline is timed per `policy`.
+
+    A task with bf16 or f16 values is computed in f32 for its reference
+    (`widen_payload`), on the same inputs widened exactly, and the reference
+    outputs are kept in f32; the baseline is then the untuned kernel in the
+    task's own types, built beside `so_path` and timed on the inputs as
+    drawn. The data file names each output's own element type, which the
+    candidates' output buffers are allocated in (`runner.save_data`).
     """
-    info = build(payload, None, threads, so_path)
+    wide = widen_payload(payload)
+    info = build(wide, None, threads, so_path)
+    build_s = info["build_s"]
     kernel = Kernel(so_path)
     try:
         # Inputs in [-1, 1) first; a task defined only for positive inputs
         # (the rsqrt of a layer norm's variance, a log) gets [0.5, 1.5).
         for low, high in ((-1.0, 1.0), (0.5, 1.5)):
             arrays = random_inputs(inputs, seed, low, high)
-            outs = [aligned_full(shape, np_dtype(dt), 0) for shape, dt in outputs]
-            ins = [aligned_copy(a) for a in arrays]
+            outs = [aligned_full(shape, np_dtype(widened_dtype(dt)), 0) for shape, dt in outputs]
+            ins = [aligned_copy(a, np_dtype(widened_dtype(dt))) for a, (_, dt) in zip(arrays, inputs)]
             t0 = time.perf_counter()
             kernel.bind(ins + outs)()
             first = time.perf_counter() - t0
-            if all(np.all(np.isfinite(o)) for o in outs if np.issubdtype(o.dtype, np.floating)):
+            if all(np.all(np.isfinite(o)) for o in outs if is_float_array(o)):
                 break
         else:
             raise RuntimeError("the untuned lowering produced non-finite values; it cannot serve as a reference")
-        if first >= policy.min_time_s:
-            costs = [first]
-        else:
-            costs = time_callable(kernel.bind(ins + [aligned_empty(o.shape, o.dtype) for o in outs]), policy)
+        if wide == payload:
+            if first >= policy.min_time_s:
+                costs = [first]
+            else:
+                costs = time_callable(kernel.bind(ins + [aligned_empty(o.shape, o.dtype) for o in outs]), policy)
     finally:
         kernel.close()
-    payload_arrays = {f"in{i}": a for i, a in enumerate(arrays)}
-    payload_arrays.update({f"ref{i}": o for i, o in enumerate(outs)})
-    np.savez(data_path, **payload_arrays)
-    return {"costs": costs, "build_s": info["build_s"], "input_range": [low, high]}
+    if wide != payload:
+        costs, typed_build_s = _time_untuned(payload, arrays, outputs, threads, so_path, policy)
+        build_s += typed_build_s
+    save_data(data_path, arrays, outs, [dt for _, dt in outputs])
+    return {"costs": costs, "build_s": build_s, "input_range": [low, high]}
+
+
+def _time_untuned(
+    payload: str,
+    arrays: list[np.ndarray],
+    outputs: list[tuple[tuple[int, ...], str]],
+    threads: int,
+    so_path: str,
+    policy: TimingPolicy,
+) -> tuple[list[float], float]:
+    """(timings, build seconds) of the untuned `payload` in its own element
+    types on `arrays`: the baseline of a task whose reference was computed
+    wider. Its library lives beside `so_path` while it runs."""
+    path = (so_path[: -len(".so")] if so_path.endswith(".so") else so_path) + "-typed.so"
+    try:
+        info = build(payload, None, threads, path)
+        kernel = Kernel(path)
+        try:
+            call = kernel.bind([aligned_copy(a) for a in arrays] + [aligned_empty(s, np_dtype(dt)) for s, dt in outputs])
+            t0 = time.perf_counter()
+            call()
+            first = time.perf_counter() - t0
+            costs = [first] if first >= policy.min_time_s else time_callable(call, policy)
+        finally:
+            kernel.close()
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+    return costs, info["build_s"]
 
 
 def build_candidate(payload: str, script: str, threads: int, so_path: str, opt_level: int = 3) -> dict:

@@ -2,8 +2,8 @@
 
 A kernel built by `builder.build` exports `_mlir_ciface_kernel(desc*...)`:
 one pointer to a ranked memref descriptor per input, then one per output
-(`buffer-results-to-out-params`). This module needs numpy and ctypes only,
-not MLIR, so a measuring host needs nothing but the artifact.
+(`buffer-results-to-out-params`). This module needs numpy, ml_dtypes (bf16)
+and ctypes only, not MLIR, so a measuring host needs nothing but the artifact.
 """
 
 from __future__ import annotations
@@ -14,30 +14,55 @@ import statistics
 import time
 from dataclasses import dataclass
 
+import ml_dtypes
 import numpy as np
 
-from mlir_ansor.ir.dtypes import element_bytes
+from mlir_ansor.ir.dtypes import element_bytes, is_float
 
-_NP_DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i32": np.int32, "i64": np.int64}
+_NP_DTYPES = {
+    "f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
+    "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
+}
+"""numpy's type for each element type a kernel's buffers may have (numpy has
+no bf16: `ml_dtypes` brings it)."""
 
 
 def np_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype of an element type ("bf16" -> ``ml_dtypes.bfloat16``)."""
     if dtype not in _NP_DTYPES:
         raise ValueError(f"element type {dtype} has no numpy equivalent")
     return np.dtype(_NP_DTYPES[dtype])
 
 
+def mlir_dtype(dt) -> str:
+    """The element type's MLIR spelling of a numpy dtype (inverse of `np_dtype`)."""
+    dt = np.dtype(dt)
+    for name, t in _NP_DTYPES.items():
+        if np.dtype(t) == dt:
+            return name
+    raise ValueError(f"numpy type {dt} is no element type kernels take")
+
+
+def is_float_array(a: np.ndarray) -> bool:
+    """Whether `a` holds floating-point numbers, bf16 included (which numpy
+    does not count among its floating types)."""
+    return np.issubdtype(a.dtype, np.floating) or a.dtype == np.dtype(ml_dtypes.bfloat16)
+
+
 def random_inputs(
     specs: list[tuple[tuple[int, ...], str]], seed: int, low: float = -1.0, high: float = 1.0
 ) -> list[np.ndarray]:
-    """Seeded inputs, uniform in [low, high) (integers in [-8, 8)): those a
-    task's reference is computed on (`jobs.prepare_reference`), drawn again
-    from the seed where candidates are checked (`gpu_measure` on a GPU host)."""
+    """Seeded inputs, uniform in [low, high) and rounded to the element type
+    (bf16, f16 drawn as float64, then cast), integers in [-8, 8) (their
+    products summed over K = 1024 stay far inside i32, and read unsigned,
+    ``arith.extui``, they are 0..7 and 248..255): those a task's reference is
+    computed on (`jobs.prepare_reference`), drawn again from the seed where
+    candidates are checked (`gpu_measure` on a GPU host)."""
     rng = np.random.default_rng(seed)
     arrays = []
     for shape, dtype in specs:
         dt = np_dtype(dtype)
-        if np.issubdtype(dt, np.floating):
+        if is_float(dtype):
             arrays.append(rng.uniform(low, high, size=tuple(shape)).astype(dt))
         else:
             arrays.append(rng.integers(-8, 8, size=tuple(shape)).astype(dt))
@@ -60,7 +85,7 @@ def reference_bytes(inputs, outputs) -> int:
 def draw_bytes(inputs) -> int:
     """Bytes of the float64 draw `random_inputs` makes for the largest
     floating-point input of `inputs` ((shape, dtype) pairs), before casting."""
-    floats = [shape for shape, dtype in inputs if dtype.startswith(("f", "bf"))]
+    floats = [shape for shape, dtype in inputs if is_float(dtype)]
     return max((math.prod(int(d) for d in shape) * 8 for shape in floats), default=0)
 
 
@@ -97,6 +122,15 @@ def aligned_full(shape: tuple[int, ...], dtype, value) -> np.ndarray:
     out = aligned_empty(shape, dtype)
     out.fill(value)
     return out
+
+
+def poisoned(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """An `ALIGNMENT`-aligned output buffer that a kernel must overwrite
+    to pass its check: NaN for floats, the type's smallest value for integers."""
+    dtype = np.dtype(dtype)
+    if np.issubdtype(dtype, np.integer):
+        return aligned_full(shape, dtype, np.iinfo(dtype).min)
+    return aligned_full(shape, dtype, np.nan)
 
 
 def aligned_copy(a: np.ndarray, dtype=None) -> np.ndarray:
@@ -197,14 +231,71 @@ def time_callable(call, policy: TimingPolicy) -> list[float]:
 
 
 def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
-    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-    diff = float(np.max(np.abs(out.astype(np.float64) - ref.astype(np.float64)))) if ref.size else 0.0
-    if not np.all(np.isfinite(out)):
+    """Largest absolute difference of `out` and `ref` over the largest
+    magnitude of `ref`, both read in float64 (a bf16 output against its f32
+    reference); inf when `out` has a non-finite value."""
+    if not ref.size:
+        return 0.0
+    o = np.asarray(out).astype(np.float64)
+    if not np.all(np.isfinite(o)):
         return float("inf")
+    r = np.asarray(ref).astype(np.float64)
+    scale = float(np.max(np.abs(r)))
+    diff = float(np.max(np.abs(o - r)))
     return diff / max(scale, 1e-30)
 
 
 _DATA: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+
+
+_DTYPES: dict[str, list[np.dtype]] = {}
+
+
+def _stored(a: np.ndarray) -> np.ndarray:
+    """`a` as .npz stores it: bf16 as its bits (numpy would write a void type)."""
+    return a.view(np.uint16) if a.dtype == np.dtype(ml_dtypes.bfloat16) else a
+
+
+def save_data(data_path: str, inputs: list[np.ndarray], refs: list[np.ndarray], output_dtypes: list[str]) -> None:
+    """Write a task's data for `run` (and `gpu_measure`): inputs ``in{i}`` in
+    their own element types (``type_in{i}`` names each one), the reference
+    outputs ``ref{i}`` (f32 for a bf16 or f16 output: the reference is
+    computed wider, `jobs.prepare_reference`), and ``dtype{i}``: the element
+    type a candidate writes output i in."""
+    arrays: dict[str, np.ndarray] = {}
+    for i, a in enumerate(inputs):
+        arrays[f"in{i}"] = _stored(a)
+        arrays[f"type_in{i}"] = np.array(mlir_dtype(a.dtype))
+    for i, (r, dt) in enumerate(zip(refs, output_dtypes)):
+        arrays[f"ref{i}"] = _stored(r)
+        arrays[f"type_ref{i}"] = np.array(mlir_dtype(r.dtype))
+        arrays[f"dtype{i}"] = np.array(dt)
+    np.savez(data_path, **arrays)
+
+
+def _restored(data, key: str) -> np.ndarray:
+    a = data[key]
+    type_key = f"type_{key}"
+    if type_key in data.files:
+        dt = np_dtype(str(data[type_key]))
+        if a.dtype != dt:
+            a = a.view(dt)
+    return np.ascontiguousarray(a)
+
+
+def read_data(data_path: str) -> tuple[list[np.ndarray], list[np.ndarray], list[np.dtype]]:
+    """(inputs, reference outputs, output element types) of a task's data as
+    `save_data` wrote them; an older file without ``dtype{i}`` gives the
+    reference's own types."""
+    with np.load(data_path) as data:
+        n_in = sum(1 for k in data.files if k.startswith("in") and k[2:].isdigit())
+        n_ref = sum(1 for k in data.files if k.startswith("ref") and k[3:].isdigit())
+        inputs = [_restored(data, f"in{i}") for i in range(n_in)]
+        refs = [_restored(data, f"ref{i}") for i in range(n_ref)]
+        dtypes = [
+            np_dtype(str(data[f"dtype{i}"])) if f"dtype{i}" in data.files else refs[i].dtype for i in range(n_ref)
+        ]
+    return inputs, refs, dtypes
 
 
 def load_data(data_path: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -212,14 +303,20 @@ def load_data(data_path: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
     measures many candidates of the same task)."""
     if data_path not in _DATA:
         if len(_DATA) >= 4:
-            _DATA.pop(next(iter(_DATA)))
-        with np.load(data_path) as data:
-            n_in = sum(1 for k in data.files if k.startswith("in"))
-            n_ref = sum(1 for k in data.files if k.startswith("ref"))
-            inputs = [np.ascontiguousarray(data[f"in{i}"]) for i in range(n_in)]
-            refs = [data[f"ref{i}"] for i in range(n_ref)]
+            old = next(iter(_DATA))
+            _DATA.pop(old)
+            _DTYPES.pop(old, None)
+        inputs, refs, dtypes = read_data(data_path)
         _DATA[data_path] = (inputs, refs)
+        _DTYPES[data_path] = dtypes
     return _DATA[data_path]
+
+
+def output_dtypes(data_path: str) -> list[np.dtype]:
+    """The element types a candidate's outputs are allocated in (bf16 for a
+    bf16 result, whose reference is stored in f32)."""
+    load_data(data_path)
+    return _DTYPES[data_path]
 
 
 def run(
@@ -232,20 +329,23 @@ def run(
 ) -> dict:
     """Check a kernel against the reference outputs, then time it.
 
-    `data_path` is an .npz holding `in0..inN` and the reference `ref0..refM`.
+    `data_path` is an .npz holding `in0..inN`, the reference `ref0..refM`
+    and the outputs' element types (`save_data`); the outputs are allocated
+    in those types and compared with the reference in float64.
     The checking run is timed too: when it takes longer than `cutoff_s` (the
     tuner passes a multiple of the best latency so far) the candidate is
     hopeless, and that one run is its cost, instead of a full timing.
     Returns {"costs": [...], "error": relative error or None, "ok": bool}.
     """
     inputs, refs = load_data(data_path)
+    dtypes = output_dtypes(data_path)
     kernel = Kernel(path)
     try:
         err = None
         if check:
             # Fresh copies: a kernel may write its inputs (destination style).
             ins = [aligned_copy(a) for a in inputs]
-            outs = [aligned_full(r.shape, r.dtype, np.nan) for r in refs]
+            outs = [poisoned(r.shape, dt) for r, dt in zip(refs, dtypes)]
             call = kernel.bind(ins + outs)
             t0 = time.perf_counter()
             call()
@@ -259,7 +359,7 @@ def run(
             costs = time_callable(call, policy)
             return {"costs": costs, "error": err, "ok": True, "median_s": statistics.median(costs)}
         ins = [aligned_copy(a) for a in inputs]
-        outs = [aligned_empty(r.shape, r.dtype) for r in refs]
+        outs = [aligned_empty(r.shape, dt) for r, dt in zip(refs, dtypes)]
         costs = time_callable(kernel.bind(ins + outs), TimingPolicy(max(1, policy.warmup), policy.min_repeat, policy.max_repeat, policy.min_time_s))
         return {"costs": costs, "error": err, "ok": True, "median_s": statistics.median(costs)}
     finally:

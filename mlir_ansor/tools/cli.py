@@ -438,7 +438,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     cm = compile_module(source, db=args.db, threads=args.threads, target=target, entry=args.func)
     ins_spec, outs_spec, _ = cm.functions[cm.entry]
     _check_run_memory(cm.entry, ins_spec, outs_spec, limit_mb)
-    ref = compile_untuned(source, threads=args.threads)
+    ref = compile_untuned(source, threads=args.threads, widen=True)  # bf16/f16 computed in f32
     ref.entry = cm.entry
     policy = TimingPolicy(warmup=1, min_repeat=args.repeat, max_repeat=args.repeat, min_time_s=0.0)
     try:
@@ -450,7 +450,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             ref_run()
             red = max((k.task.reduction_length for k in cm.kernels), default=1)
             dtypes = [d for _, d in outs_spec] or [d for _, d in ins_spec]
-            tol = max(tolerance(d, red, whole_module=True) for d in dtypes) if dtypes else 0.0
+            rounded = sorted({k.task.rounding_dtype for k in cm.kernels} - {""}) or [None]  # bf16 on the way
+            tol = max(tolerance(d, red, rounds_to=n, whole_module=True) for d in dtypes for n in rounded) if dtypes else 0.0
             err = max((relative_error(o, r) for o, r in zip(outs, ref_outs)), default=0.0)
             ok = bool(err <= tol)
             lat = statistics.median(time_callable(run, policy))
