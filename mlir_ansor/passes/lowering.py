@@ -30,6 +30,7 @@ from __future__ import annotations
 from mlir import ir, passmanager
 
 from mlir_ansor.ir.attrs import FLOPS_ATTR
+from mlir_ansor.passes.dot_products import lower_pair_contracts
 from mlir_ansor.passes.drivers import (
     accumulate_in_place,
     forward_output_copies,
@@ -39,6 +40,7 @@ from mlir_ansor.passes.drivers import (
     widen_bool_buffers,
 )
 from mlir_ansor.passes.math_approx import expand_math
+from mlir_ansor.passes.vector_flatten import flatten_contiguous_transfers
 
 BUFFERIZE = (
     "one-shot-bufferize{bufferize-function-boundaries "
@@ -68,7 +70,7 @@ _TO_LOOPS = "convert-vector-to-scf{full-unroll=true},convert-linalg-to-loops,low
 _LOOPS_TO_LLVM = (
     "finalize-memref-to-llvm,"
     "convert-scf-to-cf,expand-strided-metadata,lower-affine,"
-    "convert-vector-to-llvm,finalize-memref-to-llvm,convert-math-to-llvm,"
+    "convert-vector-to-llvm{enable-x86vector=true},finalize-memref-to-llvm,convert-math-to-llvm,"
     "convert-arith-to-llvm,convert-openmp-to-llvm,"
     "convert-func-to-llvm,convert-cf-to-llvm,convert-index-to-llvm,"
     "convert-ub-to-llvm,reconcile-unrealized-casts"
@@ -99,6 +101,9 @@ def lower_to_llvm(module: ir.Module, threads: int = 1) -> None:
     passmanager.PassManager.parse(f"builtin.module({_threads_part(threads).rstrip(',')})").run(module.operation)
     if threads > 1:
         dynamic_schedules(module)
+    lower_pair_contracts(module, bf16=True)
+    if flatten_contiguous_transfers(module):
+        passmanager.PassManager.parse("builtin.module(canonicalize,cse)").run(module.operation)
     passmanager.PassManager.parse(f"builtin.module({_TO_LOOPS})").run(module.operation)
     widen_bool_buffers(module)
     passmanager.PassManager.parse(f"builtin.module({_LOOPS_TO_LLVM})").run(module.operation)

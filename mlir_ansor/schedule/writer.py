@@ -25,6 +25,11 @@ PARAM = "!transform.param<i64>"
 Size = int | str  # a static tile size, or the SSA name of a knob handle
 
 
+def zero_of(dtype: str) -> str:
+    """A zero of element type `dtype` as a typed attribute ("0.0 : bf16", "0 : i8")."""
+    return f"0 : {dtype}" if dtype.startswith("i") else f"0.0 : {dtype}"
+
+
 @dataclass
 class ScheduleWriter:
     """Accumulates the body of the schedule; `text()` wraps it in a module."""
@@ -187,11 +192,14 @@ class ScheduleWriter:
         op: str,
         operand: int,
         num_operands: int,
-        dtype: str,
+        dtype: str | Sequence[str],
         dims: Sequence[int] | None = None,
         copy_back: str = "none",
     ) -> str:
         """Copy operand `operand` of `op` into a fresh contiguous buffer.
+        `dtype`: the operands' element type, or one per operand where they
+        differ (bf16 inputs of an f32 matmul: each padding value has its
+        operand's type).
 
         Implemented as a no-fold `pad` rewritten in destination-passing
         style, which leaves a `linalg.copy` into a `bufferization.alloc_tensor`.
@@ -203,7 +211,8 @@ class ScheduleWriter:
         Returns the handle of the op after padding.
         """
         padded, pad, copy = self._fresh("padded"), self._fresh("pad"), self._fresh("copy")
-        zeros = ", ".join([f"0.0 : {dtype}"] * num_operands)
+        types = [dtype] * num_operands if isinstance(dtype, str) else list(dtype)
+        zeros = ", ".join(zero_of(t) for t in types)
         nofold = ", ".join("1" if i == operand else "0" for i in range(num_operands))
         pad_dims = "" if dims is None else f"padding_dimensions = [{', '.join(str(d) for d in dims)}], "
         self.emit(
@@ -219,6 +228,55 @@ class ScheduleWriter:
             f": ({ANY}) -> {ANY}"
         )
         return padded
+
+    def pack_loops(self, op: str, sizes: Sequence[int], op_id: int | None = None) -> str:
+        """`transform.structured.pack`: every loop with a non-zero size is
+        split into an outer loop and an inner one of that size, the inner
+        loops appended last, and each operand indexed by them is packed
+        (`linalg.pack` producers). Returns the new `linalg.generic`, tagged
+        ``ansor.op = op_id`` when given (the packed op is a new op)."""
+        h = self._fresh("packed")
+        self.emit(
+            f"{h} = transform.structured.pack {op} packed_sizes = [{', '.join(str(int(s)) for s in sizes)}] "
+            f": ({ANY}) -> {ANY}"
+        )
+        if op_id is not None:
+            tag = self._fresh("tag")
+            self.emit(f"{tag} = transform.param.constant {int(op_id)} : i64 -> {PARAM}")
+            self.emit(f'transform.annotate {h} "ansor.op" = {tag} : {ANY}, {PARAM}')
+        return h
+
+    def producer_of(self, op: str, operand: int) -> str:
+        """The op that produces operand `operand` of `op`."""
+        h = self._fresh("prod")
+        self.emit(f"{h} = transform.get_producer_of_operand {op}[{int(operand)}] : ({ANY}) -> {ANY}")
+        return h
+
+    def lower_pack(self, pack: str) -> None:
+        """Rewrite a `linalg.pack` as pad, `expand_shape` and transpose: a
+        pack that only splits the innermost dimension (no padding) is then
+        a free view."""
+        cast = self._fresh("pack")
+        self.emit(f'{cast} = transform.cast {pack} : {ANY} to !transform.op<"linalg.pack">')
+        outs = [self._fresh(s) for s in ("pad", "expand", "tr")]
+        self.emit(
+            f"{', '.join(outs)} = transform.structured.lower_pack {cast} "
+            '{lowerPadLikeWithInsertSlice = false} : (!transform.op<"linalg.pack">) -> '
+            '(!transform.op<"tensor.pad">, !transform.op<"tensor.expand_shape">, !transform.op<"linalg.transpose">)'
+        )
+
+    def unroll(self, loop: str, factor: int) -> None:
+        """`transform.loop.unroll` by a static `factor` (the trip count: fully)."""
+        self.emit(f"transform.loop.unroll {loop} {{factor = {int(factor)}}} : {ANY}")
+
+    def apply_patterns(self, func: str, patterns: Sequence[str]) -> None:
+        """One `transform.apply_patterns` region holding `patterns`
+        (their names after ``transform.apply_patterns.``)."""
+        self.emit(f"transform.apply_patterns to {func} {{")
+        for p in patterns:
+            self.emit(f"  transform.apply_patterns.{p}")
+        self.emit(f"}} : {ANY}")
+        self.emit(f"transform.apply_cse to {func} : {ANY}")
 
     def decompose(self, op: str) -> str:
         h = self._fresh("dec")

@@ -63,6 +63,7 @@ class OpStructure:
     compound_dims: tuple[tuple[int, ...], ...] = ()  # loops of each compound expr (conv windows)
     body_ops: tuple[str, ...] = ()  # op names in the body of the generalized op
     used_inputs: tuple[bool, ...] = ()  # per input: is its block argument read by the body
+    input_dtypes: tuple[str, ...] = ()  # per input: its element type ("bf16"; the type itself for scalars)
 
     @property
     def is_mul_add(self) -> bool:
@@ -180,6 +181,10 @@ def _structure(op: ir.Operation, op_id: int, name: str, role: str, is_root: bool
     block = op.regions[0].blocks[0]
     body_ops = tuple(o.operation.name for o in block.operations if o.operation.name != "linalg.yield")
     used = tuple(len(list(block.arguments[i].uses)) > 0 for i in range(num_inputs))
+    in_types = tuple(
+        str(ir.ShapedType(v.type).element_type) if isinstance(v.type, (ir.RankedTensorType, ir.MemRefType)) else str(v.type)
+        for v in list(op.operands)[:num_inputs]
+    )
     return OpStructure(
         op_id=op_id,
         name=name,
@@ -193,6 +198,7 @@ def _structure(op: ir.Operation, op_id: int, name: str, role: str, is_root: bool
         compound_dims=tuple(compound),
         body_ops=body_ops,
         used_inputs=used,
+        input_dtypes=in_types,
     )
 
 

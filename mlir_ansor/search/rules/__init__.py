@@ -12,6 +12,7 @@ More rules are registered by name with `mlir_ansor.search.registry.register_rule
 from mlir_ansor.errors import UnsupportedError
 from mlir_ansor.search.rules.base import Rule, RuleResult, SketchContext
 from mlir_ansor.search.rules.default import DefaultSchedule
+from mlir_ansor.search.rules.dot_product import DotProductTiling
 from mlir_ansor.search.rules.elementwise import ElementwiseVectorize
 from mlir_ansor.search.rules.gpu_contraction import GpuContraction
 from mlir_ansor.search.rules.gpu_default import GpuDefaultSchedule
@@ -21,7 +22,7 @@ from mlir_ansor.search.rules.multi_level_tiling import MultiLevelTiling
 from mlir_ansor.search.rules.reduction import ReductionVectorize
 from mlir_ansor.target import Target
 
-CPU_RULES: list[Rule] = [MultiLevelTiling(), ReductionVectorize(), ElementwiseVectorize()]
+CPU_RULES: list[Rule] = [DotProductTiling(), MultiLevelTiling(), ReductionVectorize(), ElementwiseVectorize()]
 """Rules that produce specialized CPU sketches, in priority order."""
 
 GPU_RULES: list[Rule] = [StagedMatmul(), TensorCoreMatmul(), GpuContraction()]

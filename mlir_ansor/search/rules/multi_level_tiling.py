@@ -269,8 +269,9 @@ class MultiLevelTiling(Rule):
             n_ops = len(anchor.operand_dims)
             cur = a_h
             dims = tuple(d for d in anchor.operand_dims[reused] if d is not None)
+            types = list(anchor.input_dtypes) + [anchor.dtype] * (n_ops - len(anchor.input_dtypes))
             (a_h,) = w.alternatives(
-                "pack", [lambda wr: [wr.pack_operand(cur, reused, n_ops, anchor.dtype, dims)], lambda wr: [cur]]
+                "pack", [lambda wr: [wr.pack_operand(cur, reused, n_ops, types, dims)], lambda wr: [cur]]
             )
 
         # S: register tile. R: the remaining reductions, the innermost

@@ -1,0 +1,116 @@
+"""int8 contractions onto AVX-512 VNNI's ``vpdpwssd``.
+
+The tensorized sketch (`search/rules/dot_product.py`) leaves, for a matmul
+with i8 inputs and i32 accumulation, one ``vector.contract`` per 1 x 16
+accumulator and reduction pair::
+
+    A: vector<1x1x2xi8>  (m, k/2, 2)   B: vector<1x16x2xi8>  (k/2, n, 2)
+    C: vector<1x16xi32>                 maps (m, k/2, 2), (k/2, n, 2), (m, n)
+
+The upstream x86vector patterns map i8 contractions only onto AVX-VNNI-INT8
+(``vpdpbssd``, signed x signed bytes), which AMD's Zen 4 and Zen 5 lack;
+their ``vpdpbusd`` multiplies *unsigned* by signed bytes, which would need a
+correction term per column. ``vpdpwssd`` multiplies signed 16-bit pairs and
+adds both products to each i32 lane, exactly: :func:`lower_int8_pair_contracts`
+sign-extends the 32 bytes of B's tile to 16 bits (one ``vpmovsxbw``, shared
+by every row of the register tile), repeats A's pair of bytes and widens it
+the same way, and calls ``llvm.x86.avx512.vpdpwssd.512``: 32 multiply-adds per
+instruction, twice an f32 FMA, with no rounding.
+"""
+
+from __future__ import annotations
+
+from mlir import ir
+
+INT8_INTRINSIC = "llvm.x86.avx512.vpdpwssd.512"
+BF16_INTRINSIC = "llvm.x86.avx512bf16.dpbf16ps.512"
+LANES = 16
+
+# The two forms a pair contraction takes: a matmul's piece (m, n, k/2, 2)
+# with its unit loops, and the same after `fold_unit_extent_dims` (what a
+# convolution's piece becomes): A's pair, B's 16 x 2, C's 16.
+_FORMS = {
+    (
+        "affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>",
+        "affine_map<(d0, d1, d2, d3) -> (d2, d1, d3)>",
+        "affine_map<(d0, d1, d2, d3) -> (d0, d1)>",
+    ): ([1, 1, 2], [1, LANES, 2], [1, LANES]),
+    (
+        "affine_map<(d0, d1) -> (d1)>",
+        "affine_map<(d0, d1) -> (d0, d1)>",
+        "affine_map<(d0, d1) -> (d0)>",
+    ): ([2], [LANES, 2], [LANES]),
+}
+
+
+def lower_pair_contracts(module: ir.Module, *, bf16: bool = False) -> int:
+    """Rewrite every pair contraction of i8 (and, with `bf16`, of bf16)
+    operands in one of the forms above into one dot-product instruction;
+    returns how many. Other contractions are left alone. (The matmul
+    sketch's bf16 pieces go through the upstream x86vector patterns inside
+    its script; a convolution's folded pieces do not match those.)"""
+    found: list[tuple[ir.Operation, str]] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "vector.contract":
+            kind = _pair_kind(op)
+            if kind == "i8" or (kind == "bf16" and bf16):
+                found.append((op, kind))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    for op, kind in found:
+        _rewrite(op, kind)
+    return len(found)
+
+
+def lower_int8_pair_contracts(module: ir.Module) -> int:
+    """:func:`lower_pair_contracts` of the int8 ones only."""
+    return lower_pair_contracts(module)
+
+
+def _pair_kind(op: ir.Operation) -> str | None:
+    if len(op.operands) != 3:
+        return None  # masked
+    try:
+        lhs, rhs, acc = (ir.VectorType(op.operands[i].type) for i in range(3))
+    except (ValueError, TypeError):
+        return None
+    maps = tuple(str(m) for m in ir.ArrayAttr(op.attributes["indexing_maps"]))
+    shapes = _FORMS.get(maps)
+    if shapes is None or [list(lhs.shape), list(rhs.shape), list(acc.shape)] != list(shapes):
+        return None
+    if "#vector.kind<add>" not in str(op.attributes["kind"]):
+        return None
+    types = (str(lhs.element_type), str(rhs.element_type), str(acc.element_type))
+    return {("i8", "i8", "i32"): "i8", ("bf16", "bf16", "f32"): "bf16"}.get(types)
+
+
+def _rewrite(op: ir.Operation, kind: str) -> None:
+    from mlir.dialects import arith, llvm, vector
+
+    lhs, rhs, acc = (op.operands[i] for i in range(3))
+    i8, i16, i32 = (ir.IntegerType.get_signless(b) for b in (8, 16, 32))
+    v = ir.VectorType.get
+    with ir.InsertionPoint(op), op.location:
+        if kind == "i8":
+            # A's pair as one 16-bit word, repeated, then widened: two
+            # instructions (vpbroadcastw, vpmovsxbw) where widening first
+            # and broadcasting a 32-bit word took four.
+            a_word = vector.extract(vector.bitcast(v([1], i16), vector.shape_cast(v([2], i8), lhs)), [], [0])
+            a_rep = vector.bitcast(v([2 * LANES], i8), vector.broadcast(v([LANES], i16), a_word))
+            a = arith.extsi(v([2 * LANES], i16), a_rep)
+            b = arith.extsi(v([2 * LANES], i16), vector.shape_cast(v([2 * LANES], i8), rhs))
+            c = vector.shape_cast(v([LANES], i32), acc)
+            name, res = INT8_INTRINSIC, v([LANES], i32)
+        else:
+            bf16 = ir.BF16Type.get()
+            a_word = vector.extract(vector.bitcast(v([1], i32), vector.shape_cast(v([2], bf16), lhs)), [], [0])
+            a = vector.bitcast(v([2 * LANES], bf16), vector.broadcast(v([LANES], i32), a_word))
+            b = vector.shape_cast(v([2 * LANES], bf16), rhs)
+            c = vector.shape_cast(v([LANES], ir.F32Type.get()), acc)
+            name, res = BF16_INTRINSIC, v([LANES], ir.F32Type.get())
+        dot = llvm.call_intrinsic(res, ir.StringAttr.get(name), [c, a, b], [], ir.DenseI32ArrayAttr.get([]))
+        out = vector.shape_cast(ir.VectorType(op.results[0].type), dot)
+    op.results[0].replace_all_uses_with(out)
+    op.erase()

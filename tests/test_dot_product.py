@@ -1,0 +1,197 @@
+"""Tensorized contractions: the `cpu-dot-product` sketches (bf16 onto
+vdpbf16ps, int8 onto vpdpwssd), the rewrites behind them
+(`passes.vector_flatten`, `passes.dot_products`), object code built for a
+named CPU on any host, and results checked where the host can run them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import filecheck
+from mlir import ir
+
+from mlir_ansor.graph.task import extract_tasks
+from mlir_ansor.ir.program import load
+from mlir_ansor.measure.builder import build
+from mlir_ansor.measure.runner import Kernel, aligned_copy, aligned_full
+from mlir_ansor.passes.dot_products import lower_int8_pair_contracts
+from mlir_ansor.passes.lowering import lower_to_llvm
+from mlir_ansor.passes.objcode import emit_object, instruction_counts
+from mlir_ansor.passes.vector_flatten import flatten_contiguous_transfers
+from mlir_ansor.schedule.apply import apply_schedule
+from mlir_ansor.search.generate import generate_sketches
+from mlir_ansor.search.sketch import default_assignment
+from mlir_ansor.target import Target
+
+ZNVER4 = Target.cpu("znver4", cores=1)
+
+
+def matmul(m: int, n: int, k: int, ins: str, out: str, ext: str = "") -> str:
+    zero = "0.0" if out.startswith(("f", "bf")) else "0"
+    if not ext:
+        body = f"""linalg.matmul ins(%a, %b : tensor<{m}x{k}x{ins}>, tensor<{k}x{n}x{ins}>) outs(%c : tensor<{m}x{n}x{out}>) -> tensor<{m}x{n}x{out}>"""
+    else:  # the same as a generic with an explicit widening
+        body = f"""linalg.generic {{indexing_maps = [affine_map<(i, j, l) -> (i, l)>, affine_map<(i, j, l) -> (l, j)>, affine_map<(i, j, l) -> (i, j)>], iterator_types = ["parallel", "parallel", "reduction"]}} ins(%a, %b : tensor<{m}x{k}x{ins}>, tensor<{k}x{n}x{ins}>) outs(%c : tensor<{m}x{n}x{out}>) {{
+    ^bb0(%x: {ins}, %y: {ins}, %acc: {out}):
+      %xe = {ext} %x : {ins} to {out}
+      %ye = {ext} %y : {ins} to {out}
+      %p = arith.muli %xe, %ye : {out}
+      %s = arith.addi %acc, %p : {out}
+      linalg.yield %s : {out}
+    }} -> tensor<{m}x{n}x{out}>"""
+    return f"""
+func.func @mm(%a: tensor<{m}x{k}x{ins}>, %b: tensor<{k}x{n}x{ins}>) -> tensor<{m}x{n}x{out}> {{
+  %z = arith.constant {zero} : {out}
+  %e = tensor.empty() : tensor<{m}x{n}x{out}>
+  %c = linalg.fill ins(%z : {out}) outs(%e : tensor<{m}x{n}x{out}>) -> tensor<{m}x{n}x{out}>
+  %r = {body}
+  return %r : tensor<{m}x{n}x{out}>
+}}
+"""
+
+
+def dot_sketches(src: str, target: Target):
+    (task,) = extract_tasks(load(text=src))
+    return [s for s in generate_sketches(task.mlir, target) if s.name.startswith("cpu-dot-product")]
+
+
+def test_sketches_where_the_instruction_is():
+    bf16 = dot_sketches(matmul(64, 64, 64, "bf16", "f32"), ZNVER4)
+    i8 = dot_sketches(matmul(64, 64, 64, "i8", "i32"), ZNVER4)
+    assert {s.name for s in bf16} == {"cpu-dot-product-8x32", "cpu-dot-product-4x64"}
+    assert {s.name for s in i8} == {s.name for s in bf16}
+    assert all({k.name for k in s.knobs} == {"p_d0", "p_d1", "k_d2"} for s in bf16 + i8)
+    # No AVX-512 BF16 or VNNI (Zen 3), unsigned bytes, f32, odd shapes: none.
+    assert dot_sketches(matmul(64, 64, 64, "bf16", "f32"), Target.cpu("znver3", cores=1)) == []
+    assert dot_sketches(matmul(64, 64, 64, "i8", "i32", ext="arith.extui"), ZNVER4) == []
+    assert dot_sketches(matmul(64, 64, 64, "f32", "f32"), ZNVER4) == []
+    assert dot_sketches(matmul(64, 64, 63, "bf16", "f32"), ZNVER4) == []  # k not in pairs
+    assert dot_sketches(matmul(64, 40, 64, "bf16", "f32"), ZNVER4) == []  # n not in vectors
+    # The generic form with an explicit widening is the same op.
+    assert {s.name for s in dot_sketches(matmul(64, 64, 64, "i8", "i32", ext="arith.extsi"), ZNVER4)} == {s.name for s in i8}
+
+
+def _object_for(src: str, tmp_path, cpu: str = "znver4") -> dict[str, int]:
+    (sketch,) = [s for s in dot_sketches(src, ZNVER4) if s.name.endswith("8x32")]
+    script = sketch.concrete(default_assignment(sketch, 1))
+    with ir.Context(), ir.Location.unknown():
+        module = apply_schedule(sketch.payload, script)
+        lower_to_llvm(module, 1)
+        obj = emit_object(module, tmp_path / "k.o", cpu=cpu)
+    return instruction_counts(obj, ["vdpbf16ps", "vpdpwssd", "vfmadd231ps", "vpmulld"])
+
+
+def test_bf16_object_code_for_znver4(tmp_path):
+    counts = _object_for(matmul(64, 64, 64, "bf16", "f32"), tmp_path)
+    assert counts["vdpbf16ps"] == 16  # 8 rows x 2 vectors, unrolled
+    assert counts["vfmadd231ps"] == 0
+
+
+def test_int8_object_code_for_znver4(tmp_path):
+    counts = _object_for(matmul(64, 64, 64, "i8", "i32"), tmp_path)
+    assert counts["vpdpwssd"] == 16
+    assert counts["vpmulld"] == 0
+
+
+def _host_runs(feature: str) -> None:
+    if not Target.host().has(feature):
+        pytest.skip(f"this host has no {feature}: the object code is checked for znver4 instead")
+
+
+def _run_default(src: str, tmp_path, inputs: list[np.ndarray], out_shape, out_dtype) -> np.ndarray:
+    host = Target.host()
+    (task,) = extract_tasks(load(text=src))
+    (sketch,) = [s for s in generate_sketches(task.mlir, host) if s.name == "cpu-dot-product-8x32"]
+    so = str(tmp_path / "k.so")
+    build(sketch.payload, sketch.concrete(default_assignment(sketch, 2)), 2, so)
+    kernel = Kernel(so)
+    try:
+        out = aligned_full(out_shape, out_dtype, 0)
+        kernel.bind([aligned_copy(a) for a in inputs] + [out])()
+    finally:
+        kernel.close()
+    return out
+
+
+def test_bf16_results(tmp_path):
+    _host_runs("avx512_bf16")
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    a = rng.uniform(-1, 1, (64, 128)).astype(ml_dtypes.bfloat16)
+    b = rng.uniform(-1, 1, (128, 96)).astype(ml_dtypes.bfloat16)
+    out = _run_default(matmul(64, 96, 128, "bf16", "f32"), tmp_path, [a, b], (64, 96), np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 1e-5  # f32 accumulation of exact products
+
+
+def test_int8_results_are_exact(tmp_path):
+    _host_runs("avx512_vnni")
+    rng = np.random.default_rng(1)
+    # The extremes too: -128 * -128 pairs are what a 16-bit product must hold.
+    a = rng.integers(-128, 128, (64, 256)).astype(np.int8)
+    b = rng.integers(-128, 128, (256, 64)).astype(np.int8)
+    a[0, :] = -128
+    b[:, 0] = -128
+    out = _run_default(matmul(64, 64, 256, "i8", "i32"), tmp_path, [a, b], (64, 64), np.int32)
+    assert np.array_equal(out, a.astype(np.int64) @ b.astype(np.int64))
+
+
+FLATTEN = """
+func.func @f(%m: memref<64x128x2xbf16>, %s: memref<64x128x2xbf16, strided<[512, 4, 1]>>, %i: index, %j: index) -> (vector<16x2xbf16>, vector<16x2xbf16>) {
+  %c0 = arith.constant 0 : index
+  %p = ub.poison : bf16
+  %0 = vector.transfer_read %m[%i, %j, %c0], %p {in_bounds = [true, true]} : memref<64x128x2xbf16>, vector<16x2xbf16>
+  %1 = vector.transfer_read %s[%i, %j, %c0], %p {in_bounds = [true, true]} : memref<64x128x2xbf16, strided<[512, 4, 1]>>, vector<16x2xbf16>
+  vector.transfer_write %0, %m[%j, %i, %c0] {in_bounds = [true, true]} : vector<16x2xbf16>, memref<64x128x2xbf16>
+  return %0, %1 : vector<16x2xbf16>, vector<16x2xbf16>
+}
+"""
+
+
+def test_contiguous_transfers_become_one_d():
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(FLATTEN)
+        # The strided buffer (pairs 4 elements apart) is not contiguous: left.
+        assert flatten_contiguous_transfers(module) == 2
+        module.operation.verify()
+        filecheck(
+            str(module),
+            """
+            CHECK: memref.collapse_shape %{{.*}} {{\\[}}[0], [1, 2]] : memref<64x128x2xbf16> into memref<64x256xbf16>
+            CHECK: vector.transfer_read {{.*}} : memref<64x256xbf16>, vector<32xbf16>
+            CHECK: vector.shape_cast {{.*}} : vector<32xbf16> to vector<16x2xbf16>
+            CHECK: vector.transfer_read {{.*}} strided<[512, 4, 1]>>, vector<16x2xbf16>
+            CHECK: vector.shape_cast {{.*}} : vector<16x2xbf16> to vector<32xbf16>
+            CHECK: vector.transfer_write {{.*}} : vector<32xbf16>, memref<64x256xbf16>
+            """,
+        )
+
+
+PAIR = """
+#a = affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>
+#b = affine_map<(d0, d1, d2, d3) -> (d2, d1, d3)>
+#c = affine_map<(d0, d1, d2, d3) -> (d0, d1)>
+func.func @f(%x: vector<1x1x2xi8>, %y: vector<1x16x2xi8>, %acc: vector<1x16xi32>, %u: vector<1x1x4xi8>, %v: vector<1x16x4xi8>) -> (vector<1x16xi32>, vector<1x16xi32>) {
+  %0 = vector.contract {indexing_maps = [#a, #b, #c], iterator_types = ["parallel", "parallel", "reduction", "reduction"], kind = #vector.kind<add>} %x, %y, %acc : vector<1x1x2xi8>, vector<1x16x2xi8> into vector<1x16xi32>
+  %1 = vector.contract {indexing_maps = [#a, #b, #c], iterator_types = ["parallel", "parallel", "reduction", "reduction"], kind = #vector.kind<add>} %u, %v, %acc : vector<1x1x4xi8>, vector<1x16x4xi8> into vector<1x16xi32>
+  return %0, %1 : vector<1x16xi32>, vector<1x16xi32>
+}
+"""
+
+
+def test_int8_pairs_become_vpdpwssd():
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(PAIR)
+        assert lower_int8_pair_contracts(module) == 1  # quads are not pairs: left
+        module.operation.verify()
+        filecheck(
+            str(module),
+            """
+            CHECK: vector.broadcast {{.*}} : i16 to vector<16xi16>
+            CHECK: arith.extsi {{.*}} : vector<32xi8> to vector<32xi16>
+            CHECK: arith.extsi {{.*}} : vector<32xi8> to vector<32xi16>
+            CHECK: llvm.call_intrinsic "llvm.x86.avx512.vpdpwssd.512"
+            CHECK: vector.contract
+            """,
+        )
