@@ -51,12 +51,12 @@ from mlir import ir
 
 from mlir_ansor.ir.rewrite import (
     clone_remapped,
-    dense_ints,
     depends_on_arguments,
     inverse_permutation,
     permutation_of,
     static_tensor_type,
     transpose,
+    window_ints,
 )
 
 __all__ = ["convert_layout"]
@@ -106,7 +106,7 @@ def _convert_conv(op: ir.Operation) -> bool:
         wt = transpose(w, [2, 3, 1, 0])
         conv = linalg.conv_2d_nhwc_hwcf(
             xt, wt, outs=[_init_like(init, _TO_LAST)],
-            strides=dense_ints(op.attributes["strides"]), dilations=dense_ints(op.attributes["dilations"]),
+            strides=window_ints(op, "strides"), dilations=window_ints(op, "dilations"),
         )
         back = transpose(conv, _TO_FIRST)
     op.results[0].replace_all_uses_with(back)
@@ -129,7 +129,7 @@ def _convert_pool(op: ir.Operation) -> bool:
         xt = transpose(x, _TO_LAST)
         pool = getattr(linalg, _POOLS[op.name])(
             xt, window, outs=[_init_like(init, _TO_LAST)],
-            strides=dense_ints(op.attributes["strides"]), dilations=dense_ints(op.attributes["dilations"]),
+            strides=window_ints(op, "strides"), dilations=window_ints(op, "dilations"),
         )
         back = transpose(pool, _TO_FIRST)
     op.results[0].replace_all_uses_with(back)

@@ -43,7 +43,7 @@ from __future__ import annotations
 from mlir import ir
 
 from mlir_ansor.graph.layout import fill_value
-from mlir_ansor.ir.rewrite import dense_ints, permutation_of, static_tensor_type, transpose
+from mlir_ansor.ir.rewrite import permutation_of, static_tensor_type, transpose, window_ints
 
 __all__ = ["split_conv3d", "split_convolutions", "split_dilated_input", "split_groups"]
 
@@ -103,7 +103,7 @@ def _split(op: ir.Operation) -> bool:
     _, oh, ow, _, _ = ir.RankedTensorType(init.type).shape
     elem = ir.RankedTensorType(init.type).element_type
     fill = fill_value(init)
-    strides, dilations = dense_ints(op.attributes["strides"]), dense_ints(op.attributes["dilations"])
+    strides, dilations = window_ints(op, "strides"), window_ints(op, "dilations")
     with ir.InsertionPoint(op), op.location:
         # Every element of the result is written by one group's insert, so a
         # filled init needs no copy: start from an empty tensor.
@@ -156,7 +156,7 @@ def _split_3d(op: ir.Operation) -> bool:
     x, w, init = op.operands
     if not all(static_tensor_type(v) for v in (x, w, init)):
         return False
-    strides, dilations = dense_ints(op.attributes["strides"]), dense_ints(op.attributes["dilations"])
+    strides, dilations = window_ints(op, "strides"), window_ints(op, "dilations")
     if strides[0] != 1 or dilations[0] != 1:
         return False
     n, _, h, wd, c = ir.RankedTensorType(x.type).shape
@@ -255,7 +255,7 @@ def _split_dilated(op: ir.Operation) -> bool:
     x, w, init = op.operands
     if not all(static_tensor_type(v) for v in (x, w, init)):
         return False
-    if dense_ints(op.attributes["strides"]) != [1, 1] or dense_ints(op.attributes["dilations"]) != [1, 1]:
+    if window_ints(op, "strides") != [1, 1] or window_ints(op, "dilations") != [1, 1]:
         return False
     found = _dilated_source(x)
     if found is None:

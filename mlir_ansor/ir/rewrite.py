@@ -99,6 +99,16 @@ def dense_ints(attr: ir.Attribute) -> list[int]:
     return [int(x) for x in ir.DenseIntElementsAttr(attr)]
 
 
+def window_ints(op: ir.Operation, name: str) -> list[int]:
+    """A convolution's or pooling's `name` ("strides", "dilations"), one per
+    spatial dimension of its result; 1s where the op leaves it out (the
+    default: `linalg.conv_2d_nhwc_hwcf ins(...)` without attributes)."""
+    if name in op.attributes:
+        return dense_ints(op.attributes[name])
+    rank = ir.ShapedType(op.results[0].type if len(op.results) else op.operands[-1].type).rank
+    return [1] * (rank - 2)
+
+
 def depends_on_arguments(value: ir.Value, seen: dict) -> bool:
     """Whether `value` depends on a block argument (not on constants only:
     a transposed weight is computed once at compile time, not folded)."""
