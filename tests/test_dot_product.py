@@ -50,6 +50,22 @@ func.func @mm(%a: tensor<{m}x{k}x{ins}>, %b: tensor<{k}x{n}x{ins}>) -> tensor<{m
 """
 
 
+def conv(ins: str, out: str, hw: int = 10, c: int = 32, f: int = 32) -> str:
+    """A 3x3 NHWC convolution without strides or dilations attributes (their
+    default, 1)."""
+    zero = "0.0" if out.startswith("f") else "0"
+    x, w, o = f"tensor<1x{hw + 2}x{hw + 2}x{c}x{ins}>", f"tensor<3x3x{c}x{f}x{ins}>", f"tensor<1x{hw}x{hw}x{f}x{out}>"
+    return f"""
+func.func @cv(%x: {x}, %w: {w}) -> {o} {{
+  %z = arith.constant {zero} : {out}
+  %e = tensor.empty() : {o}
+  %c = linalg.fill ins(%z : {out}) outs(%e : {o}) -> {o}
+  %r = linalg.conv_2d_nhwc_hwcf ins(%x, %w : {x}, {w}) outs(%c : {o}) -> {o}
+  return %r : {o}
+}}
+"""
+
+
 def dot_sketches(src: str, target: Target):
     (task,) = extract_tasks(load(text=src))
     return [s for s in generate_sketches(task.mlir, target) if s.name.startswith("cpu-dot-product")]
@@ -69,6 +85,18 @@ def test_sketches_where_the_instruction_is():
     assert dot_sketches(matmul(64, 40, 64, "bf16", "f32"), ZNVER4) == []  # n not in vectors
     # The generic form with an explicit widening is the same op.
     assert {s.name for s in dot_sketches(matmul(64, 64, 64, "i8", "i32", ext="arith.extsi"), ZNVER4)} == {s.name for s in i8}
+
+
+def test_convolution_sketches():
+    """A unit-stride NHWC convolution gets them too (its output row is the
+    register tile's rows); a strided one, an odd channel count do not."""
+    names = {s.name for s in dot_sketches(conv("bf16", "f32", hw=8), ZNVER4)}
+    assert names == {"cpu-dot-product-8x32"}  # 32 channels: no 64-wide tile
+    assert {s.name for s in dot_sketches(conv("i8", "i32", hw=8, f=64), ZNVER4)} == {"cpu-dot-product-8x32", "cpu-dot-product-4x64"}
+    assert dot_sketches(conv("bf16", "f32", hw=8, c=31), ZNVER4) == []
+    strided = conv("bf16", "f32", hw=8).replace("linalg.conv_2d_nhwc_hwcf ins", "linalg.conv_2d_nhwc_hwcf {strides = dense<2> : tensor<2xi64>} ins")
+    strided = strided.replace("tensor<1x10x10x32xbf16>", "tensor<1x17x17x32xbf16>")
+    assert dot_sketches(strided, ZNVER4) == []
 
 
 def _object_for(src: str, tmp_path, cpu: str = "znver4") -> dict[str, int]:
@@ -93,9 +121,38 @@ def test_int8_object_code_for_znver4(tmp_path):
     assert counts["vpmulld"] == 0
 
 
+@pytest.mark.parametrize("ins, out, instruction", [("bf16", "f32", "vdpbf16ps"), ("i8", "i32", "vpdpwssd")])
+def test_convolution_object_code_for_znver4(tmp_path, ins, out, instruction):
+    counts = _object_for(conv(ins, out, hw=8), tmp_path)
+    assert counts[instruction] == 16
+
+
 def _host_runs(feature: str) -> None:
     if not Target.host().has(feature):
         pytest.skip(f"this host has no {feature}: the object code is checked for znver4 instead")
+
+
+@pytest.mark.parametrize("ins, out", [("bf16", "f32"), ("i8", "i32")])
+def test_convolution_results(tmp_path, ins, out):
+    _host_runs("avx512_bf16" if ins == "bf16" else "avx512_vnni")
+    import ml_dtypes
+    import torch
+
+    rng = np.random.default_rng(2)
+    if ins == "bf16":
+        x = rng.uniform(-1, 1, (1, 10, 10, 32)).astype(ml_dtypes.bfloat16)
+        w = rng.uniform(-1, 1, (3, 3, 32, 32)).astype(ml_dtypes.bfloat16)
+    else:
+        x = rng.integers(-128, 128, (1, 10, 10, 32)).astype(np.int8)
+        w = rng.integers(-128, 128, (3, 3, 32, 32)).astype(np.int8)
+    got = _run_default(conv(ins, out, hw=8), tmp_path, [x, w], (1, 8, 8, 32), np.float32 if out == "f32" else np.int32)
+    want = torch.nn.functional.conv2d(
+        torch.from_numpy(x.astype(np.float64)).permute(0, 3, 1, 2), torch.from_numpy(w.astype(np.float64)).permute(3, 2, 0, 1)
+    ).permute(0, 2, 3, 1).numpy()
+    if out == "i32":
+        assert np.array_equal(got, want.astype(np.int64))  # exact in float64 at these sizes
+    else:
+        assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-5
 
 
 def _run_default(src: str, tmp_path, inputs: list[np.ndarray], out_shape, out_dtype) -> np.ndarray:

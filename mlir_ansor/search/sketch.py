@@ -64,6 +64,7 @@ class OpStructure:
     body_ops: tuple[str, ...] = ()  # op names in the body of the generalized op
     used_inputs: tuple[bool, ...] = ()  # per input: is its block argument read by the body
     input_dtypes: tuple[str, ...] = ()  # per input: its element type ("bf16"; the type itself for scalars)
+    shapes: tuple[tuple[int, ...], ...] = ()  # per operand: its static shape (() for scalars)
 
     @property
     def is_mul_add(self) -> bool:
@@ -199,6 +200,7 @@ def _structure(op: ir.Operation, op_id: int, name: str, role: str, is_root: bool
         body_ops=body_ops,
         used_inputs=used,
         input_dtypes=in_types,
+        shapes=tuple(tuple(int(d) for d in sh) for sh in shapes),
     )
 
 

@@ -92,6 +92,10 @@ _FLOAT_OPS = {
     "vector.fma": "fma",
     "math.fma": "fma",
     "vector.outerproduct": "fma",
+    # The tensorized sketches' multiply-adds (`rules/dot_product.py`): a
+    # bf16 dot product, and the contractions `passes.dot_products` lowers.
+    "x86vector.avx512.dot": "fma",
+    "vector.contract": "fma",
     "arith.addf": "addsub",
     "arith.subf": "addsub",
     "arith.mulf": "mul",

@@ -1,37 +1,51 @@
-"""Tensorized contractions on the CPU's dot-product instructions (bf16).
+"""Tensorized contractions and convolutions on the CPU's dot-product
+instructions (bf16 and int8).
 
-TensorIR's tensorize rule on MLIR: the innermost tile of a matmul with bf16
-inputs and f32 accumulation becomes AVX-512 BF16's ``vdpbf16ps``, which
-multiplies pairs of bf16 values along the reduction and adds both products
-to each f32 lane: 32 multiply-adds per instruction, twice an f32 FMA.
+TensorIR's tensorize rule on MLIR: the innermost tile of a matmul or a
+convolution with narrow inputs becomes one instruction that multiplies
+pairs along the reduction and adds both products to each 32-bit lane:
 
-The instruction wants the reduction in pairs next to each other, so the
-sketch first changes the data layout (``transform.structured.pack`` of the
-reduction loop by 2, what IREE's data tiling and oneDNN's VNNI formats do):
+* bf16 inputs, f32 accumulation: AVX-512 BF16's ``vdpbf16ps``;
+* i8 inputs, i32 accumulation (signed): AVX-512 VNNI's ``vpdpwssd`` on the
+  bytes widened to 16 bits in registers (`passes.dot_products`; exact).
 
-* A[m, k] becomes A[m, k/2, 2], a free view (an ``expand_shape``);
-* B[k, n] becomes B[k/2, n, 2], one copy of B per call (a ``linalg.pack``,
-  tiled over threads), 1/N-th of the work of the product;
-* the op becomes a ``linalg.generic`` over (m, n, k/2, 2).
+32 multiply-adds per instruction, twice an f32 FMA. The instructions want
+the reduction in pairs next to each other, so the sketch first changes the
+data layout (``transform.structured.pack`` of the reduction loop by 2, what
+IREE's data tiling and oneDNN's VNNI formats do):
 
-Then the usual structure (threads over m and n, a cache tile of pairs, the
-packed B tile copied to a contiguous buffer), a register tile of ``rows``
-rows by ``cols`` columns cut into 1 x 16 x 1 x 2 pieces and unrolled, each
-vectorized to a ``vector.contract`` on bf16 operands
-(`fold_arith_extension` folds the widening into it) that
-``x86vector.vector_contract_to_packed_type_dot_product`` maps onto
-``x86vector.avx512.dot``; the accumulators stay in registers across the
-pairs loop (`hoist_loop_invariant_subsets`). The packed tile's n-D reads are
-made single 64-byte loads later (`passes.vector_flatten`).
+* A[m, k] becomes A[m, k/2, 2] and a convolution's input [n, h, w, c]
+  becomes [n, h, w, c/2, 2]: free views (an ``expand_shape``);
+* B[k, n] becomes B[k/2, n, 2] and a filter [kh, kw, c, f] becomes
+  [kh, kw, c/2, f, 2]: one copy per call (a ``linalg.pack``, tiled over
+  threads), a small part of the work of the op;
+* the op becomes a ``linalg.generic`` with the pair loop last.
+
+Then the usual structure: threads over the output (m and n; output rows and
+channels of a convolution), a cache tile of pairs (a matmul's packed B tile
+copied to a contiguous buffer), a register tile of ``rows`` x ``cols``
+(output pixels of a row x channels for a convolution) cut into 1 x 16 x 2
+pieces and unrolled, the accumulators carried in registers across the
+reduction loops (`hoist_loop_invariant_subsets`). Each piece vectorizes to a
+``vector.contract`` on narrow operands (`fold_arith_extension` folds the
+widening into it): a matmul's bf16 pieces go through
+``x86vector.vector_contract_to_packed_type_dot_product``; the others
+(int8, and convolution pieces, which `fold_unit_extent_dims` leaves as a
+16 x 2 by 2 contraction) through `passes.dot_products`. The packed
+operands' n-D reads become single loads (`passes.vector_flatten`).
 
 The register tile is fixed per sketch (``transform.loop.unroll`` takes no
-knob), so the rule makes one sketch per tile shape that divides the loops;
-thread and cache tiles are knobs. Hosts without AVX-512 BF16 get no such
-sketch: `cpu-contraction` widens to f32 and uses FMAs there.
+knob), so the rule makes one sketch per tile shape that fits the loops;
+thread and cache tiles are knobs, and the search picks among these sketches
+and `cpu-contraction` (widening plus FMAs) like among any other choices.
+Targets without the instruction (Zen 3, `Target.dot_product_kinds`) get no
+such sketch.
 
-Measured on the 2-core Zen 5 host (AMD family 26, avx512_bf16), GEMM 1024
-bf16 x bf16 -> f32 with 8 x 32 register tiles: 5.4 ms (395 GFLOP/s) at 1
-thread, 2.7 ms at 2 (f32 GEMM: about 100 / 167 GFLOP/s).
+Measured on the 2-core Zen 5 host (AMD family 26, avx512_bf16 and VNNI), at
+1 thread with 24 trials, GEMM 1024: bf16 5.9 ms (363 GFLOP/s), i8 5.8 ms
+(371 GOP/s); the ResNet 3x3 64->64 convolution (56x56), 10 trials: bf16
+0.53 ms, i8 0.58 ms. Our f32 GEMM is about 100 GFLOP/s on it;
+`benchmarks/low_precision.py` has the table against IREE and torch.
 """
 
 from __future__ import annotations
@@ -108,31 +122,49 @@ def matmul_dims(a: OpStructure) -> tuple[int, int, int] | None:
     return m, n, k
 
 
+def conv_dims(a: OpStructure) -> tuple[int, int, int] | None:
+    """(ow, f, c) loops of a 2-D NHWC/HWCF convolution with unit strides
+    and dilations (loops n, oh, ow, f, kh, kw, c) on narrow inputs."""
+    if a.name != "linalg.conv_2d_nhwc_hwcf" or len(a.loop_ranges) != 7 or len(a.shapes) < 2:
+        return None
+    n, oh, ow, f, kh, kw, c = a.loop_ranges
+    if tuple(a.shapes[0]) != (n, oh + kh - 1, ow + kw - 1, c):
+        return None  # strided or dilated
+    return 2, 3, 6
+
+
 class DotProductTiling(Rule):
     name = "cpu-dot-product"
 
     def condition(self, ctx: SketchContext) -> RuleResult:
         if ctx.target.kind != "cpu" or ctx.target.vector_bits < 512:
             return RuleResult.SKIP
-        dims = matmul_dims(ctx.anchor)
-        if dims is None or variant_of(ctx.anchor).kind not in ctx.target.dot_product_kinds:
+        a = ctx.anchor
+        v = variant_of(a) if a.num_inputs == 2 and a.is_mul_add else None
+        if v is None or v.kind not in ctx.target.dot_product_kinds:
             return RuleResult.SKIP
-        if dims is None:
-            return RuleResult.SKIP
-        m, n, k = dims
-        r = ctx.anchor.loop_ranges
-        if r[k] % 2 or r[n] % LANES:
-            return RuleResult.SKIP
-        return RuleResult.APPLY if self._tiles(r[m], r[n]) else RuleResult.SKIP
+        return RuleResult.APPLY if self._tiles(a) else RuleResult.SKIP
 
     @staticmethod
-    def _tiles(rows: int, cols: int) -> list[tuple[int, int]]:
-        return [(mr, nr) for mr, nr in REGISTER_TILES if rows % mr == 0 and cols % nr == 0]
+    def _tiles(a: OpStructure) -> list[tuple[int, int]]:
+        """The register tiles that fit the op's loops (none: not an op of
+        this rule)."""
+        r = a.loop_ranges
+        dims = matmul_dims(a) or conv_dims(a)
+        if dims is None:
+            return []
+        rows, cols, red = dims
+        if r[red] % 2 or r[cols] % LANES:
+            return []
+        return [(mr, nr) for mr, nr in REGISTER_TILES if r[rows] % mr == 0 and r[cols] % nr == 0]
 
     def apply(self, ctx: SketchContext) -> list[Sketch]:
-        m, n, k = matmul_dims(ctx.anchor)
-        r = ctx.anchor.loop_ranges
-        return [self._sketch(ctx, m, n, k, mr, nr) for mr, nr in self._tiles(r[m], r[n])]
+        tiles = self._tiles(ctx.anchor)
+        dims = matmul_dims(ctx.anchor)
+        if dims is None:
+            return [self._conv_sketch(ctx, mr, nr) for mr, nr in tiles]
+        m, n, k = dims
+        return [self._sketch(ctx, m, n, k, mr, nr) for mr, nr in tiles]
 
     def _sketch(self, ctx: SketchContext, m: int, n: int, k: int, mr: int, nr: int) -> Sketch:
         anchor = ctx.anchor
@@ -219,11 +251,88 @@ class DotProductTiling(Rule):
         )
         return self._finish(ctx, w, specs, m, n, k, mr, nr)
 
-    def _finish(self, ctx, w, specs, m, n, k, mr, nr) -> Sketch:
+    def _conv_sketch(self, ctx: SketchContext, mr: int, nr: int) -> Sketch:
+        """A convolution (n, oh, ow, f, kh, kw, c): the channels in pairs
+        (the input's pack a view, the filter's a copy), threads over output
+        rows and channels, the pairs in cache tiles, a register tile of
+        `mr` output pixels of a row by `nr` channels, the window and pair
+        loops inside it, and 1 x 16 pieces that `fold_unit_extent_dims`
+        leaves as (16 x 2) . (2) contractions (`passes.dot_products` lowers
+        them, bf16 as int8)."""
+        anchor = ctx.anchor
+        r = anchor.loop_ranges
+        n_, oh, ow, f, kh, kw, c = range(7)
+        pair = 7
+        pairs = r[c] // 2
+        specs = [
+            KnobSpec(f"p_d{oh}", divisors(r[oh]), doc=f"parallel (scf.forall) tile of loop d{oh} (output rows)"),
+            KnobSpec(f"p_d{f}", tuple(d for d in divisors(r[f]) if d % nr == 0), doc=f"parallel (scf.forall) tile of loop d{f}"),
+            KnobSpec(f"k_d{c}", divisors(pairs), doc=f"reduction (cache) tile of loop d{c}, in pairs"),
+        ]
+        w = ScheduleWriter()
+        h = {sp.name: w.knob(sp.name, sp.options) for sp in specs}
+
+        def sizes(**at: int | str) -> list[int | str]:
+            out: list[int | str] = [0] * (pair + 1)
+            names = {"n": n_, "oh": oh, "ow": ow, "f": f, "kh": kh, "kw": kw, "c": c, "pair": pair}
+            for d, val in at.items():
+                out[names[d]] = val
+            return out
+
+        packed = w.pack_loops(w.match_op_id("%root", anchor.op_id), [2 if d == c else 0 for d in range(pair)], op_id=anchor.op_id)
+        pack_w = w.producer_of(packed, 1)
+        w.lower_pack(w.producer_of(packed, 0))
+        tw, _ = w.tile_forall(pack_w, [1, 0, 0, 0])
+        w.tile_for(tw, [1, 1, 1, LANES])
+
+        forall = tile_root_and_fuse(
+            w, ctx, root_sizes_from_anchor(ctx, {n_: 1, oh: h[f"p_d{oh}"], ow: r[ow], f: h[f"p_d{f}"]})
+        )
+        a_h, _ = w.tile_for(w.match_op_id(forall, anchor.op_id), sizes(c=h[f"k_d{c}"]))
+        a_h, _ = w.tile_for(a_h, sizes(n=1, oh=1, ow=mr, f=nr))
+        a_h, _ = w.tile_for(a_h, sizes(kh=1, kw=1, c=1))
+        _, (l_w, l_f) = w.tile_for(a_h, sizes(ow=1, f=LANES))
+        if nr > LANES:
+            w.unroll(l_f, nr // LANES)
+        if mr > 1:
+            w.unroll(l_w, mr)
+        for o in ctx.ops:
+            if o.op_id == anchor.op_id:
+                continue
+            o_sizes = [0] * len(o.loop_ranges)
+            for a_d, o_d in zip(anchor.output_dims, o.output_dims):
+                if o_d is not None and a_d is not None:
+                    o_sizes[o_d] = LANES if a_d == f else 1
+            w.tile_each(w.match_op_id(forall, o.op_id), o_sizes)
+
+        # The output tile is carried by the window and pair loops as a
+        # tensor before the unit loops are folded away (after, the slices
+        # no longer match and every pair step reloaded its accumulators).
+        func = w.match_func("%root")
+        for _ in range(3):
+            loops = w.match_ops(func, ["scf.for"])
+            w.emit(f"transform.loop.hoist_loop_invariant_subsets {loops} : !transform.any_op")
+            w.cleanup(func)
+        w.apply_patterns(func, ["linalg.fold_unit_extent_dims_via_slices", "canonicalization"])
+        func = w.vectorize_children(w.match_func("%root"))
+        w.apply_patterns(
+            func,
+            ["canonicalization", "tensor.fold_tensor_subset_ops_into_vector_transfers", "vector.fold_arith_extension"],
+        )
+        w.hoist_accumulators(func)
+        w.cleanup(func)
+        loops = w.match_ops(func, ["scf.for"])
+        w.emit(f"transform.loop.hoist_loop_invariant_subsets {loops} : !transform.any_op")
+        w.cleanup(func)
+        func = w.match_func(w.bufferize("%root"))
+        w.apply_patterns(func, ["canonicalization"])
+        return self._finish(ctx, w, specs, oh, f, c, mr, nr, prefer_rows=8)
+
+    def _finish(self, ctx, w, specs, m, n, k, mr, nr, prefer_rows: int = 64) -> Sketch:
         r = ctx.anchor.loop_ranges
         prefer = {
             f"k_d{k}": min(specs[2].options, key=lambda x: abs(x - 128)),
-            f"p_d{m}": min(specs[0].options, key=lambda x: abs(x - 64)),
+            f"p_d{m}": min(specs[0].options, key=lambda x: abs(x - prefer_rows)),
             f"p_d{n}": min(specs[1].options, key=lambda x: abs(x - 128)),
         }
         return Sketch(
