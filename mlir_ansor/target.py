@@ -125,6 +125,7 @@ class DotProduct:
     operand_type: str
     x86vector_op: str = ""
     needs: tuple[str, ...] = ()  # further features (AVX-512VL for the 256-bit EVEX forms)
+    accumulates: bool = True  # False: the products' sums only, an add follows (AVX2's vpmaddwd)
 
 
 DOT_PRODUCTS: tuple[DotProduct, ...] = (
@@ -146,6 +147,10 @@ DOT_PRODUCTS: tuple[DotProduct, ...] = (
                "vector<8xi32>", "vector<16xi16>"),
     DotProduct("s8xs8->i32", "avx_vnni_int8", 256, 4, "vpdpbssd", "llvm.x86.avx2.vpdpbssd.256",
                "vector<8xi32>", "vector<32xi8>", "x86vector.avx.dot.i8"),
+    # AVX2 alone: the same pairs of 16-bit products without the accumulation
+    # (an add follows; LLVM fuses them where the CPU has VNNI).
+    DotProduct("s16xs16->i32", "avx2", 256, 2, "vpmaddwd", "llvm.x86.avx2.pmadd.wd",
+               "vector<8xi32>", "vector<16xi16>", accumulates=False),
 )
 """The x86 dot products, widest first within a kind. The 256-bit
 ``vpdpbusd``/``vpdpwssd`` intrinsics are one each for two encodings: EVEX with

@@ -24,6 +24,7 @@ from mlir_ansor.search.sketch import default_assignment
 from mlir_ansor.target import Target
 
 ZNVER4 = Target.cpu("znver4", cores=1)
+ZNVER3 = Target.cpu("znver3", cores=1)
 
 
 def matmul(m: int, n: int, k: int, ins: str, out: str, ext: str = "") -> str:
@@ -77,8 +78,13 @@ def test_sketches_where_the_instruction_is():
     assert {s.name for s in bf16} == {"cpu-dot-product-8x32", "cpu-dot-product-4x64"}
     assert {s.name for s in i8} == {s.name for s in bf16}
     assert all({k.name for k in s.knobs} == {"p_d0", "p_d1", "k_d2"} for s in bf16 + i8)
-    # No AVX-512 BF16 or VNNI (Zen 3), unsigned bytes, f32, odd shapes: none.
-    assert dot_sketches(matmul(64, 64, 64, "bf16", "f32"), Target.cpu("znver3", cores=1)) == []
+    # No AVX-512 BF16 (Zen 3; Skylake-X without VNNI for int8), unsigned
+    # bytes, f32, odd shapes: none.
+    assert dot_sketches(matmul(64, 64, 64, "bf16", "f32"), ZNVER3) == []
+    assert dot_sketches(matmul(64, 64, 64, "i8", "i32"), Target.cpu("skylake-avx512", cores=1)) == []
+    # AVX2 alone: int8 on 8 lanes (vpmaddwd and an add).
+    assert {s.name for s in dot_sketches(matmul(64, 64, 64, "i8", "i32"), ZNVER3)} == {
+        "cpu-dot-product-4x16", "cpu-dot-product-2x32"}
     assert dot_sketches(matmul(64, 64, 64, "i8", "i32", ext="arith.extui"), ZNVER4) == []
     assert dot_sketches(matmul(64, 64, 64, "f32", "f32"), ZNVER4) == []
     assert dot_sketches(matmul(64, 64, 63, "bf16", "f32"), ZNVER4) == []  # k not in pairs
@@ -100,13 +106,14 @@ def test_convolution_sketches():
 
 
 def _object_for(src: str, tmp_path, cpu: str = "znver4") -> dict[str, int]:
-    (sketch,) = [s for s in dot_sketches(src, ZNVER4) if s.name.endswith("8x32")]
+    target = Target.cpu(cpu, cores=1)
+    (sketch,) = [s for s in dot_sketches(src, target) if s.name.endswith("8x32" if target.vector_bits == 512 else "4x16")]
     script = sketch.concrete(default_assignment(sketch, 1))
     with ir.Context(), ir.Location.unknown():
         module = apply_schedule(sketch.payload, script)
         lower_to_llvm(module, 1)
         obj = emit_object(module, tmp_path / "k.o", cpu=cpu)
-    return instruction_counts(obj, ["vdpbf16ps", "vpdpwssd", "vfmadd231ps", "vpmulld"])
+    return instruction_counts(obj, ["vdpbf16ps", "vpdpwssd", "vpmaddwd", "vfmadd231ps", "vpmulld"])
 
 
 def test_bf16_object_code_for_znver4(tmp_path):
@@ -119,6 +126,12 @@ def test_int8_object_code_for_znver4(tmp_path):
     counts = _object_for(matmul(64, 64, 64, "i8", "i32"), tmp_path)
     assert counts["vpdpwssd"] == 16
     assert counts["vpmulld"] == 0
+
+
+def test_int8_object_code_for_avx2(tmp_path):
+    """Zen 3 (AVX2, no VNNI): 4 rows x 2 vectors of vpmaddwd."""
+    counts = _object_for(matmul(64, 64, 64, "i8", "i32"), tmp_path, cpu="znver3")
+    assert counts["vpmaddwd"] == 8 and counts["vpdpwssd"] == 0 and counts["vpmulld"] == 0
 
 
 @pytest.mark.parametrize("ins, out, instruction", [("bf16", "f32", "vdpbf16ps"), ("i8", "i32", "vpdpwssd")])
@@ -155,10 +168,10 @@ def test_convolution_results(tmp_path, ins, out):
         assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-5
 
 
-def _run_default(src: str, tmp_path, inputs: list[np.ndarray], out_shape, out_dtype) -> np.ndarray:
-    host = Target.host()
+def _run_default(src: str, tmp_path, inputs: list[np.ndarray], out_shape, out_dtype, *, target: Target | None = None,
+                 sketch_name: str = "cpu-dot-product-8x32") -> np.ndarray:
     (task,) = extract_tasks(load(text=src))
-    (sketch,) = [s for s in generate_sketches(task.mlir, host) if s.name == "cpu-dot-product-8x32"]
+    (sketch,) = [s for s in generate_sketches(task.mlir, target or Target.host()) if s.name == sketch_name]
     so = str(tmp_path / "k.so")
     build(sketch.payload, sketch.concrete(default_assignment(sketch, 2)), 2, so)
     kernel = Kernel(so)
@@ -191,6 +204,17 @@ def test_int8_results_are_exact(tmp_path):
     a[0, :] = -128
     b[:, 0] = -128
     out = _run_default(matmul(64, 64, 256, "i8", "i32"), tmp_path, [a, b], (64, 64), np.int32)
+    assert np.array_equal(out, a.astype(np.int64) @ b.astype(np.int64))
+
+
+def test_int8_avx2_schedule_results_are_exact(tmp_path):
+    """The 8-lane (AVX2) schedule, built for this host: it runs wherever AVX2 does."""
+    _host_runs("avx2")
+    rng = np.random.default_rng(3)
+    a = rng.integers(-128, 128, (64, 128)).astype(np.int8)
+    b = rng.integers(-128, 128, (128, 64)).astype(np.int8)
+    out = _run_default(matmul(64, 64, 128, "i8", "i32"), tmp_path, [a, b], (64, 64), np.int32,
+                       target=ZNVER3, sketch_name="cpu-dot-product-4x16")
     assert np.array_equal(out, a.astype(np.int64) @ b.astype(np.int64))
 
 

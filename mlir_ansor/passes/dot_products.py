@@ -23,23 +23,24 @@ from __future__ import annotations
 from mlir import ir
 
 INT8_INTRINSIC = "llvm.x86.avx512.vpdpwssd.512"
+INT8_AVX2_INTRINSIC = "llvm.x86.avx2.pmadd.wd"
 BF16_INTRINSIC = "llvm.x86.avx512bf16.dpbf16ps.512"
-LANES = 16
 
 # The two forms a pair contraction takes: a matmul's piece (m, n, k/2, 2)
 # with its unit loops, and the same after `fold_unit_extent_dims` (what a
-# convolution's piece becomes): A's pair, B's 16 x 2, C's 16.
+# convolution's piece becomes): A's pair, B's lanes x 2, C's lanes. The
+# shapes, for L lanes (16 with AVX-512, 8 with AVX2).
 _FORMS = {
     (
         "affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>",
         "affine_map<(d0, d1, d2, d3) -> (d2, d1, d3)>",
         "affine_map<(d0, d1, d2, d3) -> (d0, d1)>",
-    ): ([1, 1, 2], [1, LANES, 2], [1, LANES]),
+    ): lambda n: ([1, 1, 2], [1, n, 2], [1, n]),
     (
         "affine_map<(d0, d1) -> (d1)>",
         "affine_map<(d0, d1) -> (d0, d1)>",
         "affine_map<(d0, d1) -> (d0)>",
-    ): ([2], [LANES, 2], [LANES]),
+    ): lambda n: ([2], [n, 2], [n]),
 }
 
 
@@ -77,13 +78,15 @@ def _pair_kind(op: ir.Operation) -> str | None:
     except (ValueError, TypeError):
         return None
     maps = tuple(str(m) for m in ir.ArrayAttr(op.attributes["indexing_maps"]))
-    shapes = _FORMS.get(maps)
-    if shapes is None or [list(lhs.shape), list(rhs.shape), list(acc.shape)] != list(shapes):
+    form = _FORMS.get(maps)
+    lanes = acc.shape[-1] if acc.rank else 0
+    if form is None or lanes not in (8, 16) or [list(lhs.shape), list(rhs.shape), list(acc.shape)] != list(form(lanes)):
         return None
     if "#vector.kind<add>" not in str(op.attributes["kind"]):
         return None
     types = (str(lhs.element_type), str(rhs.element_type), str(acc.element_type))
-    return {("i8", "i8", "i32"): "i8", ("bf16", "bf16", "f32"): "bf16"}.get(types)
+    kind = {("i8", "i8", "i32"): "i8", ("bf16", "bf16", "f32"): "bf16"}.get(types)
+    return None if kind == "bf16" and lanes != 16 else kind
 
 
 def _rewrite(op: ir.Operation, kind: str) -> None:
@@ -92,24 +95,33 @@ def _rewrite(op: ir.Operation, kind: str) -> None:
     lhs, rhs, acc = (op.operands[i] for i in range(3))
     i8, i16, i32 = (ir.IntegerType.get_signless(b) for b in (8, 16, 32))
     v = ir.VectorType.get
+    lanes = ir.VectorType(acc.type).shape[-1]
     with ir.InsertionPoint(op), op.location:
         if kind == "i8":
             # A's pair as one 16-bit word, repeated, then widened: two
             # instructions (vpbroadcastw, vpmovsxbw) where widening first
             # and broadcasting a 32-bit word took four.
             a_word = vector.extract(vector.bitcast(v([1], i16), vector.shape_cast(v([2], i8), lhs)), [], [0])
-            a_rep = vector.bitcast(v([2 * LANES], i8), vector.broadcast(v([LANES], i16), a_word))
-            a = arith.extsi(v([2 * LANES], i16), a_rep)
-            b = arith.extsi(v([2 * LANES], i16), vector.shape_cast(v([2 * LANES], i8), rhs))
-            c = vector.shape_cast(v([LANES], i32), acc)
-            name, res = INT8_INTRINSIC, v([LANES], i32)
+            a_rep = vector.bitcast(v([2 * lanes], i8), vector.broadcast(v([lanes], i16), a_word))
+            a = arith.extsi(v([2 * lanes], i16), a_rep)
+            b = arith.extsi(v([2 * lanes], i16), vector.shape_cast(v([2 * lanes], i8), rhs))
+            c = vector.shape_cast(v([lanes], i32), acc)
+            if lanes == 8:
+                # AVX2: vpmaddwd, then the add (LLVM fuses the two into a
+                # vpdpwssd where the CPU has AVX-VNNI).
+                pairs = llvm.call_intrinsic(v([lanes], i32), ir.StringAttr.get(INT8_AVX2_INTRINSIC), [a, b], [], ir.DenseI32ArrayAttr.get([]))
+                out = vector.shape_cast(ir.VectorType(op.results[0].type), arith.addi(c, pairs))
+                op.results[0].replace_all_uses_with(out)
+                op.erase()
+                return
+            name, res = INT8_INTRINSIC, v([lanes], i32)
         else:
             bf16 = ir.BF16Type.get()
             a_word = vector.extract(vector.bitcast(v([1], i32), vector.shape_cast(v([2], bf16), lhs)), [], [0])
-            a = vector.bitcast(v([2 * LANES], bf16), vector.broadcast(v([LANES], i32), a_word))
-            b = vector.shape_cast(v([2 * LANES], bf16), rhs)
-            c = vector.shape_cast(v([LANES], ir.F32Type.get()), acc)
-            name, res = BF16_INTRINSIC, v([LANES], ir.F32Type.get())
+            a = vector.bitcast(v([2 * lanes], bf16), vector.broadcast(v([lanes], i32), a_word))
+            b = vector.shape_cast(v([2 * lanes], bf16), rhs)
+            c = vector.shape_cast(v([lanes], ir.F32Type.get()), acc)
+            name, res = BF16_INTRINSIC, v([lanes], ir.F32Type.get())
         dot = llvm.call_intrinsic(res, ir.StringAttr.get(name), [c, a, b], [], ir.DenseI32ArrayAttr.get([]))
         out = vector.shape_cast(ir.VectorType(op.results[0].type), dot)
     op.results[0].replace_all_uses_with(out)

@@ -80,18 +80,21 @@ class Variant:
 
 VARIANTS = (
     Variant("bf16", "f32", "bf16xbf16->f32", "arith.extf"),
-    # int8 through vpdpwssd (pairs of 16-bit products, exact in i32): the
-    # packed operands stay i8 in memory and are sign-extended in registers
-    # (`passes.dot_products`).
+    # int8 through vpdpwssd (pairs of 16-bit products, exact in i32; with
+    # AVX2 only, vpmaddwd and an add): the packed operands stay i8 in memory
+    # and are sign-extended in registers (`passes.dot_products`).
     Variant("i8", "i32", "s16xs16->i32", "arith.extsi"),
 )
 
-LANES = 16
-"""f32 lanes of one 512-bit accumulator (one ``vdpbf16ps``)."""
+def lanes_of(target) -> int:
+    """32-bit lanes of one accumulator: 16 with AVX-512, 8 with AVX2."""
+    return 16 if target.vector_bits >= 512 else 8
 
-# (rows, columns) of the register tile: rows x columns / 16 accumulators of
-# AVX-512's 32 registers, the rest for the B vectors and the broadcast A.
-REGISTER_TILES = ((8, 32), (4, 64), (6, 64), (12, 32))
+
+# (rows, columns) of the register tile, by lanes: rows x columns / lanes
+# accumulators of AVX-512's 32 registers (AVX2's 16), the rest for the B
+# vectors and the broadcast A.
+REGISTER_TILES = {16: ((8, 32), (4, 64), (6, 64), (12, 32)), 8: ((4, 16), (6, 16), (2, 32))}
 
 
 def variant_of(a: OpStructure) -> Variant | None:
@@ -137,16 +140,23 @@ class DotProductTiling(Rule):
     name = "cpu-dot-product"
 
     def condition(self, ctx: SketchContext) -> RuleResult:
-        if ctx.target.kind != "cpu" or ctx.target.vector_bits < 512:
+        if ctx.target.kind != "cpu" or ctx.target.vector_bits < 256:
             return RuleResult.SKIP
         a = ctx.anchor
         v = variant_of(a) if a.num_inputs == 2 and a.is_mul_add else None
-        if v is None or v.kind not in ctx.target.dot_product_kinds:
+        if v is None:
             return RuleResult.SKIP
-        return RuleResult.APPLY if self._tiles(a) else RuleResult.SKIP
+        # The instruction at the width the sketch uses: 512-bit with AVX-512
+        # (Skylake-X has only AVX2's 256-bit vpmaddwd: no sketch), 256-bit
+        # with AVX2; 256-bit vdpbf16ps (AVX512-VL) is not mapped.
+        bits = 32 * lanes_of(ctx.target)
+        d = ctx.target.dot_product(v.kind, bits=bits)
+        if d is None or d.bits != bits or (v.inputs == "bf16" and bits != 512):
+            return RuleResult.SKIP
+        return RuleResult.APPLY if self._tiles(a, lanes_of(ctx.target)) else RuleResult.SKIP
 
     @staticmethod
-    def _tiles(a: OpStructure) -> list[tuple[int, int]]:
+    def _tiles(a: OpStructure, lanes: int) -> list[tuple[int, int]]:
         """The register tiles that fit the op's loops (none: not an op of
         this rule)."""
         r = a.loop_ranges
@@ -154,12 +164,12 @@ class DotProductTiling(Rule):
         if dims is None:
             return []
         rows, cols, red = dims
-        if r[red] % 2 or r[cols] % LANES:
+        if r[red] % 2 or r[cols] % lanes:
             return []
-        return [(mr, nr) for mr, nr in REGISTER_TILES if r[rows] % mr == 0 and r[cols] % nr == 0]
+        return [(mr, nr) for mr, nr in REGISTER_TILES[lanes] if r[rows] % mr == 0 and r[cols] % nr == 0]
 
     def apply(self, ctx: SketchContext) -> list[Sketch]:
-        tiles = self._tiles(ctx.anchor)
+        tiles = self._tiles(ctx.anchor, lanes_of(ctx.target))
         dims = matmul_dims(ctx.anchor)
         if dims is None:
             return [self._conv_sketch(ctx, mr, nr) for mr, nr in tiles]
@@ -167,6 +177,7 @@ class DotProductTiling(Rule):
         return [self._sketch(ctx, m, n, k, mr, nr) for mr, nr in tiles]
 
     def _sketch(self, ctx: SketchContext, m: int, n: int, k: int, mr: int, nr: int) -> Sketch:
+        lanes = lanes_of(ctx.target)
         anchor = ctx.anchor
         r = anchor.loop_ranges
         pairs = r[k] // 2
@@ -191,7 +202,7 @@ class DotProductTiling(Rule):
         pack_b = w.producer_of(packed, 1)
         w.lower_pack(w.producer_of(packed, 0))
         tb, _ = w.tile_forall(pack_b, [16 if pairs % 16 == 0 else 1, 0])
-        w.tile_for(tb, [1, LANES])
+        w.tile_for(tb, [1, lanes])
 
         # Threads, the cache tile of pairs, the packed B tile.
         forall = tile_root_and_fuse(w, ctx, root_sizes_from_anchor(ctx, {m: h[f"p_d{m}"], n: h[f"p_d{n}"]}))
@@ -201,23 +212,23 @@ class DotProductTiling(Rule):
         # The register tile, the pairs loop inside it, 1 x 16 pieces unrolled.
         a_h, _ = w.tile_for(a_h, sizes(m=mr, n=nr))
         a_h, _ = w.tile_for(a_h, sizes(k=1))
-        _, piece_loops = w.tile_for(a_h, sizes(m=1, n=LANES))
+        _, piece_loops = w.tile_for(a_h, sizes(m=1, n=lanes))
         l_m, l_n = piece_loops if m < n else piece_loops[::-1]
-        if nr > LANES:
-            w.unroll(l_n, nr // LANES)
+        if nr > lanes:
+            w.unroll(l_n, nr // lanes)
         if mr > 1:
             w.unroll(l_m, mr)
         # The packed tile's copy a row of 16 pairs per step; the fill and
         # the fused consumers in pieces of one accumulator (a whole thread
         # tile's row as one vector, 1024 x i32, crashed LLVM's code generation).
-        w.tile_each(w.match_ops(forall, ["linalg.copy"]), [1, LANES, 0])
+        w.tile_each(w.match_ops(forall, ["linalg.copy"]), [1, lanes, 0])
         for o in ctx.ops:
             if o.op_id == anchor.op_id:
                 continue
             o_sizes = [0] * len(o.loop_ranges)
             for a_d, o_d in zip(anchor.output_dims, o.output_dims):
                 if o_d is not None and a_d is not None:
-                    o_sizes[o_d] = 1 if a_d == m else LANES
+                    o_sizes[o_d] = 1 if a_d == m else lanes
             w.tile_each(w.match_op_id(forall, o.op_id), o_sizes)
 
         func = w.vectorize_children(w.match_func("%root"))
@@ -259,6 +270,7 @@ class DotProductTiling(Rule):
         loops inside it, and 1 x 16 pieces that `fold_unit_extent_dims`
         leaves as (16 x 2) . (2) contractions (`passes.dot_products` lowers
         them, bf16 as int8)."""
+        lanes = lanes_of(ctx.target)
         anchor = ctx.anchor
         r = anchor.loop_ranges
         n_, oh, ow, f, kh, kw, c = range(7)
@@ -283,7 +295,7 @@ class DotProductTiling(Rule):
         pack_w = w.producer_of(packed, 1)
         w.lower_pack(w.producer_of(packed, 0))
         tw, _ = w.tile_forall(pack_w, [1, 0, 0, 0])
-        w.tile_for(tw, [1, 1, 1, LANES])
+        w.tile_for(tw, [1, 1, 1, lanes])
 
         forall = tile_root_and_fuse(
             w, ctx, root_sizes_from_anchor(ctx, {n_: 1, oh: h[f"p_d{oh}"], ow: r[ow], f: h[f"p_d{f}"]})
@@ -291,9 +303,9 @@ class DotProductTiling(Rule):
         a_h, _ = w.tile_for(w.match_op_id(forall, anchor.op_id), sizes(c=h[f"k_d{c}"]))
         a_h, _ = w.tile_for(a_h, sizes(n=1, oh=1, ow=mr, f=nr))
         a_h, _ = w.tile_for(a_h, sizes(kh=1, kw=1, c=1))
-        _, (l_w, l_f) = w.tile_for(a_h, sizes(ow=1, f=LANES))
-        if nr > LANES:
-            w.unroll(l_f, nr // LANES)
+        _, (l_w, l_f) = w.tile_for(a_h, sizes(ow=1, f=lanes))
+        if nr > lanes:
+            w.unroll(l_f, nr // lanes)
         if mr > 1:
             w.unroll(l_w, mr)
         for o in ctx.ops:
@@ -302,7 +314,7 @@ class DotProductTiling(Rule):
             o_sizes = [0] * len(o.loop_ranges)
             for a_d, o_d in zip(anchor.output_dims, o.output_dims):
                 if o_d is not None and a_d is not None:
-                    o_sizes[o_d] = LANES if a_d == f else 1
+                    o_sizes[o_d] = lanes if a_d == f else 1
             w.tile_each(w.match_op_id(forall, o.op_id), o_sizes)
 
         # The output tile is carried by the window and pair loops as a
