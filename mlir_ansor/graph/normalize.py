@@ -42,10 +42,20 @@ What it does, and why:
   zero points (:func:`.precision.lower_quantized_matmuls`): tasks take
   tensors, not the scalar zero-point operands.
 
+* folds an elementwise widening (``arith.extf`` bf16 -> f32, ``arith.extsi``
+  i8 -> i32) of a contraction's input into the contraction, which then
+  reads the narrow tensor (:func:`.precision.fold_widening`): torch-mlir's
+  bf16 linear layers widen both operands and multiply in f32, which no bf16
+  dot-product sketch would match.
+
 * makes every contraction, convolution or sum with a bf16 or f16 result
   accumulate in f32 and round once, in an elementwise ``arith.truncf`` the
   anchor's task fuses (:func:`.precision.accumulate_wide`): a bf16
   accumulator over K = 512 loses most of its digits.
+
+* makes every generic that computes on bf16 or f16 values compute in f32
+  and round once per output (:func:`.precision.compute_wide`): torch's
+  numerics, and no bf16 ``math.erf`` left for the lowering, which has none.
 
 Functions on memrefs are left as they are (the unit-dimension folding would
 introduce memref reshapes, which tasks do not take).
@@ -58,7 +68,7 @@ from mlir.passmanager import PassManager
 
 from mlir_ansor.graph.fold_transpose import fold_transposes
 from mlir_ansor.graph.layout import convert_layout
-from mlir_ansor.graph.precision import accumulate_wide, lower_quantized_matmuls
+from mlir_ansor.graph.precision import accumulate_wide, compute_wide, fold_widening, lower_quantized_matmuls
 from mlir_ansor.graph.split_conv import split_convolutions
 from mlir_ansor.ir.attrs import NORMALIZED_ATTR
 from mlir_ansor.ir.rewrite import backward_slice, clone_remapped
@@ -260,8 +270,10 @@ def normalize(module: ir.Module, *, layout: bool | None = None) -> None:
                 convert_layout(fn)
             split_convolutions(fn)
             drop_unit_broadcasts(fn)
+            fold_widening(fn)
             fold_transposes(module, fn)
             accumulate_wide(fn)
+            compute_wide(fn)
             pm = PassManager.parse(_FUNC_PIPELINE)
             pm.run(fn)
             fn.attributes[NORMALIZED_ATTR] = ir.UnitAttr.get()

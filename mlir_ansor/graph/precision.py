@@ -17,10 +17,27 @@ Entry points:
   ``linalg.generic`` that subtracts the zero points in its body, which reads
   them from outside: tasks take tensors, and a scalar operand is no tensor
   (a constant zero point is cloned into the task like any constant).
+* :func:`fold_widening` (run by normalization, before the transposes are
+  folded): an elementwise generic that only widens (``arith.extf``
+  bf16/f16 -> f32, ``arith.extsi``/``extui`` i8 -> i32) an input of a
+  contraction is folded into it: the contraction reads the narrow tensor
+  and widens in its body (a named op with mixed element types,
+  ``linalg.matmul ins(bf16, bf16) outs(f32)``, or a generic whose body
+  starts with the extension). torch-mlir writes every bf16 ``nn.Linear``
+  as such a widening and an f32 matmul; folded, the task is a bf16 matmul
+  (the ``cpu-dot-product`` rule's) and reads half the bytes.
+* :func:`compute_wide` (run by normalization, last): the body of a generic
+  computing on bf16/f16 values (torch-mlir's GELU, residual adds, scalings)
+  computes in f32 and rounds once per output, as torch's CPU kernels do.
+  Why: ``math.erf`` on bf16 has no lowering (`passes.math_approx` expands
+  f32 only, and nothing else converts it), so the JIT failed on BERT's GELU
+  task; and the LLVM back end handles bf16 vector arithmetic poorly.
 * :func:`widen_payload`: the copy of a task module a reference is computed
   with (`measure.jobs.prepare_reference`): every bf16 and f16 replaced by
   f32, and the ``arith.extf``/``arith.truncf`` that this makes no-ops
-  removed, so the reference rounds less than any candidate.
+  removed, so the reference rounds less than any candidate. Narrow
+  constants it cannot rewrite (``dense_resource`` blobs, torch-mlir's
+  weights) stay narrow and are extended by a generic after them.
 """
 
 from __future__ import annotations
@@ -30,7 +47,15 @@ from mlir import ir
 from mlir_ansor.errors import UnsupportedError
 from mlir_ansor.ir.program import location_str
 
-__all__ = ["accumulate_wide", "is_narrow_float", "lower_quantized_matmuls", "widen_payload", "widened_dtype"]
+__all__ = [
+    "accumulate_wide",
+    "compute_wide",
+    "fold_widening",
+    "is_narrow_float",
+    "lower_quantized_matmuls",
+    "widen_payload",
+    "widened_dtype",
+]
 
 _QUANTIZED = {"linalg.quantized_matmul": 2, "linalg.quantized_batch_matmul": 3}
 """Quantized named ops -> their number of parallel loops (then one reduction)."""
@@ -78,14 +103,17 @@ def _wide_attr(attr: ir.Attribute, new_type: ir.Type) -> ir.Attribute:
     raise UnsupportedError(f"cannot widen the constant {attr} to f32")
 
 
-def _widen_in_place(root: ir.Operation, *, include_root: bool = True) -> None:
+def _widen_in_place(root: ir.Operation, *, include_root: bool = True, keep: frozenset = frozenset()) -> None:
     """Give every narrow-float value under `root` (block arguments of its
     regions, results of its nested ops, and `root`'s own results when
     `include_root`) the f32 type, constants their f32 values, and remove the
-    ``arith.extf``/``arith.truncf`` this leaves from f32 to f32."""
+    ``arith.extf``/``arith.truncf`` this leaves from f32 to f32. The ops of
+    `keep` (and what they hold) are left as they are."""
     noop: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
+        if op in keep:
+            return ir.WalkResult.SKIP
         for region in op.regions:
             for block in region.blocks:
                 for arg in block.arguments:
@@ -112,6 +140,42 @@ def _widen_in_place(root: ir.Operation, *, include_root: bool = True) -> None:
         op.erase()
 
 
+def _extend_opaque_constants(module: ir.Module) -> frozenset:
+    """Put an elementwise ``arith.extf`` generic after every narrow tensor
+    constant of `module` whose values this module cannot rewrite (a
+    ``dense_resource`` blob: torch-mlir's weights), its users reading the f32
+    result; returns those constants and generics (to be kept as they are)."""
+    from mlir.dialects import arith, linalg, tensor
+
+    kept: list[ir.Operation] = []
+    constants: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "arith.constant" and isinstance(op.results[0].type, ir.RankedTensorType):
+            if is_narrow_float(op.results[0].type) and not isinstance(op.attributes["value"], ir.DenseFPElementsAttr):
+                constants.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    f32 = ir.F32Type.get()
+    parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
+    for op in constants:
+        narrow = ir.RankedTensorType(op.results[0].type)
+        with op.location, ir.InsertionPoint.after(op):
+            empty = tensor.EmptyOp(list(narrow.shape), f32)
+            generic = linalg.GenericOp(
+                [_wide(narrow)], [op.results[0]], [empty.result],
+                ir.ArrayAttr.get([_identity_map(narrow.rank)] * 2),
+                ir.ArrayAttr.get([parallel] * narrow.rank),
+            )
+            block = generic.regions[0].blocks.append(narrow.element_type, f32)
+            with ir.InsertionPoint(block):
+                linalg.YieldOp([arith.extf(f32, block.arguments[0])])
+        op.results[0].replace_all_uses_except(generic.results[0], generic.operation)
+        kept += [op, generic.operation]
+    return frozenset(kept)
+
+
 def widen_payload(text: str) -> str:
     """`text` (a task module) computed in f32 wherever it computes in bf16 or
     f16: arguments, results, intermediate tensors, bodies and constants,
@@ -122,7 +186,7 @@ def widen_payload(text: str) -> str:
         return text
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse(text)
-        _widen_in_place(module.operation)
+        _widen_in_place(module.operation, keep=_extend_opaque_constants(module))
         for opview in module.body.operations:
             fn = opview.operation
             if fn.name != "func.func" or not fn.regions[0].blocks:
@@ -343,5 +407,253 @@ def lower_quantized_matmuls(fn: ir.Operation) -> int:
         for opview in list(block.operations):
             op = opview.operation
             if op.name in _QUANTIZED and op.results and _lower_quantized_of(op):
+                count += 1
+    return count
+
+
+# --------------------------------------------------------------------------
+# Widening folded into the contractions that read it.
+
+_WIDENINGS = frozenset({"arith.extf", "arith.extsi", "arith.extui"})
+"""The widening ops folded into contractions (bf16/f16 -> f32, i8 -> i32: `_is_widening`)."""
+
+_NAMED_CONTRACTIONS = frozenset({
+    "linalg.matmul", "linalg.batch_matmul", "linalg.batch_reduce_matmul",
+    "linalg.matmul_transpose_a", "linalg.matmul_transpose_b",
+    "linalg.batch_matmul_transpose_a", "linalg.batch_matmul_transpose_b",
+    "linalg.matvec", "linalg.vecmat", "linalg.batch_matvec", "linalg.dot", "linalg.contract",
+})
+"""Named contractions whose builtin body widens mixed-type operands itself
+(``arith.extf``, or ``arith.extsi``/``extui`` as their ``cast`` attribute says)."""
+
+_UNSIGNED = "#linalg.type_fn<cast_unsigned>"
+
+
+def _is_widening(ext: str, narrow: ir.Type, wide: ir.Type) -> bool:
+    """Whether ``ext`` from `narrow` to `wide` is one of :data:`_WIDENINGS`."""
+    if ext == "arith.extf":
+        return isinstance(narrow, (ir.BF16Type, ir.F16Type)) and isinstance(wide, ir.F32Type)
+    return (
+        isinstance(narrow, ir.IntegerType) and isinstance(wide, ir.IntegerType)
+        and ir.IntegerType(narrow).width == 8 and ir.IntegerType(wide).width == 32
+    )
+
+
+def _only_widens(op: ir.Operation) -> tuple[ir.Value, str] | None:
+    """(the narrow input, the widening op's name) when `op` is a
+    ``linalg.generic`` on tensors that only widens its one input
+    elementwise (identity maps, parallel loops, a body of one widening op
+    of :data:`_WIDENINGS` and the yield); None for any other op."""
+    if op.name != "linalg.generic" or len(op.operands) != 2 or len(op.results) != 1:
+        return None
+    if any(str(t) != "#linalg.iterator_type<parallel>" for t in ir.ArrayAttr(op.attributes["iterator_types"])):
+        return None
+    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    if any(m != ir.AffineMap.get_identity(m.n_dims) for m in maps):
+        return None
+    block = op.regions[0].blocks[0]
+    ops = [o.operation for o in block.operations]
+    if len(ops) != 2 or ops[0].name not in _WIDENINGS or ops[1].name != "linalg.yield":
+        return None
+    ext, yield_op = ops
+    if ext.operands[0] != block.arguments[0] or list(yield_op.operands) != [ext.results[0]]:
+        return None
+    src = op.operands[0]
+    if not isinstance(src.type, ir.RankedTensorType):
+        return None
+    if not _is_widening(ext.name, block.arguments[0].type, ext.results[0].type):
+        return None
+    return src, ext.name
+
+
+def _is_contraction(op: ir.Operation) -> bool:
+    """A named contraction, or a ``linalg.generic`` with a reduction loop
+    whose body multiplies and adds (a matmul written out)."""
+    if op.name in _NAMED_CONTRACTIONS:
+        return True
+    if op.name != "linalg.generic" or len(op.results) != 1:
+        return False
+    if not any("reduction" in str(t) for t in ir.ArrayAttr(op.attributes["iterator_types"])):
+        return False
+    names = {o.operation.name for o in op.regions[0].blocks[0].operations}
+    return bool(names & {"arith.mulf", "arith.muli"}) and bool(names & {"arith.addf", "arith.addi"})
+
+
+def _num_inputs(op: ir.Operation) -> int:
+    return list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))[0]
+
+
+def _fold_into_generic(op: ir.Operation, i: int, narrow: ir.Value, ext: str) -> None:
+    """`op` (a generic) reads `narrow` as input `i` and widens it in its body."""
+    block = op.regions[0].blocks[0]
+    arg = block.arguments[i]
+    wide = arg.type
+    op.operands[i] = narrow
+    arg.set_type(ir.RankedTensorType(narrow.type).element_type)
+    first = [o.operation for o in block.operations][0]
+    with ir.InsertionPoint(first), op.location:
+        widened = ir.Operation.create(ext, results=[wide], operands=[arg]).results[0]
+    arg.replace_all_uses_except(widened, widened.owner.operation)
+
+
+def _fold_into_named(op: ir.Operation, folds: dict[int, tuple[ir.Value, str]]) -> ir.Operation | None:
+    """A copy of the named contraction `op` reading the narrow operands of
+    `folds` (input index -> (narrow value, widening op)), its builtin body
+    widening them; None where one ``cast`` cannot express the widenings (an
+    unsigned operand beside a signed one)."""
+    from mlir.dialects import linalg
+
+    operands = list(op.operands)
+    unsigned = "cast" in op.attributes and str(op.attributes["cast"]) == _UNSIGNED
+    narrow_ints = {
+        k for k in range(_num_inputs(op))
+        if isinstance(ir.ShapedType(operands[k].type).element_type, ir.IntegerType)
+        and k not in folds and ir.IntegerType(ir.ShapedType(operands[k].type).element_type).width < 32
+    }
+    exts = {e for _, e in folds.values() if e != "arith.extf"}
+    if "arith.extui" in exts and ("arith.extsi" in exts or (narrow_ints and not unsigned)):
+        return None
+    if "arith.extsi" in exts and unsigned and narrow_ints:
+        return None
+    for k, (narrow, _) in folds.items():
+        operands[k] = narrow
+    attrs = {op.attributes[j].name: op.attributes[j].attr for j in range(len(op.attributes))}
+    if "arith.extui" in exts:
+        attrs["cast"] = ir.Attribute.parse(_UNSIGNED)
+    elif "arith.extsi" in exts:
+        attrs.pop("cast", None)
+    with op.location, ir.InsertionPoint(op):
+        new = ir.Operation.create(
+            op.name, results=[r.type for r in op.results], operands=operands, attributes=attrs, regions=1
+        )
+        linalg.fill_builtin_region(new)
+    return new
+
+
+def fold_widening(fn: ir.Operation) -> int:
+    """Let every contraction directly in `fn`'s body read the narrow tensor
+    that an elementwise widening generic (``arith.extf`` bf16/f16 -> f32,
+    ``arith.extsi``/``extui`` i8 -> i32) turns into one of its inputs, and
+    widen it in its own body: a named op with mixed element types
+    (``linalg.matmul ins(bf16, bf16) outs(f32)``) or a generic whose body
+    starts with the extension. The widening stays for its other users
+    (canonicalization removes it where none is left). Returns how many
+    operands were folded.
+
+    Why: torch-mlir writes a bf16 ``nn.Linear`` as ``arith.extf`` of the
+    activations and the weights, then an f32 matmul: no task would read bf16,
+    so no bf16 dot-product instruction (the ``cpu-dot-product`` rule) could
+    apply, and every call would write and read the widened copies (twice the
+    bytes). Weights that are constants fold the same way: the contraction
+    reads the bf16 constant."""
+    count = 0
+    for block in fn.regions[0].blocks:
+        for opview in list(block.operations):
+            op = opview.operation
+            if not op.name.startswith("linalg.") or "operandSegmentSizes" not in op.attributes:
+                continue
+            if not _is_contraction(op):
+                continue
+            folds: dict[int, tuple[ir.Value, str]] = {}
+            for k in range(_num_inputs(op)):
+                v = op.operands[k]
+                if isinstance(v, ir.OpResult) and isinstance(v.type, ir.RankedTensorType):
+                    found = _only_widens(v.owner.operation)
+                    if found is not None:
+                        folds[k] = found
+            if not folds:
+                continue
+            if op.name == "linalg.generic":
+                for k, (narrow, ext) in folds.items():
+                    _fold_into_generic(op, k, narrow, ext)
+                count += len(folds)
+                continue
+            new = _fold_into_named(op, folds)
+            if new is None:
+                continue
+            op.results[0].replace_all_uses_with(new.results[0])
+            op.erase()
+            count += len(folds)
+    return count
+
+
+# --------------------------------------------------------------------------
+# Narrow-float arithmetic computed in f32.
+
+_EXACT = frozenset({"linalg.yield", "linalg.index", "arith.constant", "arith.extf", "arith.truncf"})
+"""Body ops that compute nothing in a narrow type (or only round to it)."""
+
+
+def _computes_narrow(block: ir.Block) -> bool:
+    """Whether an op of `block` other than :data:`_EXACT` has a bf16/f16
+    operand or result."""
+    for o in block.operations:
+        op = o.operation
+        if op.name in _EXACT:
+            continue
+        if any(is_narrow_float(v.type) for v in list(op.operands) + list(op.results)):
+            return True
+    return False
+
+
+def _widen_generic_body(op: ir.Operation) -> None:
+    """Rewrite `op`'s body to compute in f32: its narrow block arguments and
+    captured narrow scalars extended at the top, every narrow value widened,
+    each narrow output rounded once (``arith.truncf``) at the yield."""
+    from mlir.dialects import arith
+
+    f32 = ir.F32Type.get()
+    block = op.regions[0].blocks[0]
+    body = [o.operation for o in block.operations]
+    inside = set(body)
+    first = body[0]
+    with ir.InsertionPoint(first), op.location:
+        for arg in block.arguments:
+            if is_narrow_float(arg.type) and any(True for _ in arg.uses):
+                ext = arith.extf(f32, arg)
+                arg.replace_all_uses_except(ext, ext.owner.operation)
+        captured: dict = {}
+        for inner in body:
+            for j, v in enumerate(list(inner.operands)):
+                if not is_narrow_float(v.type) or isinstance(v, ir.BlockArgument) and v.owner == block:
+                    continue
+                if isinstance(v, ir.OpResult) and v.owner.operation in inside:
+                    continue
+                if v not in captured:
+                    captured[v] = arith.extf(f32, v)
+                inner.operands[j] = captured[v]
+    yield_op = body[-1]
+    for inner in body[:-1]:
+        _widen_in_place(inner)
+    out_args = list(block.arguments)[_num_inputs(op):]
+    with ir.InsertionPoint(yield_op), op.location:
+        for j, v in enumerate(list(yield_op.operands)):
+            want = out_args[j].type
+            if is_narrow_float(want) and not is_narrow_float(v.type):
+                yield_op.operands[j] = arith.truncf(want, v)
+
+
+def compute_wide(fn: ir.Operation) -> int:
+    """Rewrite every ``linalg.generic`` directly in `fn`'s body that computes
+    on bf16 or f16 values to compute in f32 instead: the narrow tensors it
+    reads are extended in the body, the results rounded once when they are
+    written. Data movement (copies, transposes, extensions, truncations)
+    is left as it is. Returns how many ops were rewritten.
+
+    Why: torch-mlir writes GELU, residual adds, ReLU and scalings of a bf16
+    model as bf16 arithmetic in the body, which is what neither torch (whose
+    CPU kernels compute bf16 in f32 and round once) nor the LLVM backend
+    handles: bf16 ``math.erf`` has no lowering the JIT can link, and bf16
+    vector arithmetic crashes instruction selection at -O3 ("Do not know how
+    to soft promote this operator's operand", a ``v8bf16`` splat). In f32
+    only loads, stores and the conversions touch bf16."""
+    count = 0
+    for block in fn.regions[0].blocks:
+        for opview in list(block.operations):
+            op = opview.operation
+            if op.name != "linalg.generic" or not op.regions[0].blocks:
+                continue
+            if _computes_narrow(op.regions[0].blocks[0]):
+                _widen_generic_body(op)
                 count += 1
     return count
