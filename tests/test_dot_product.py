@@ -113,7 +113,7 @@ def _object_for(src: str, tmp_path, cpu: str = "znver4") -> dict[str, int]:
         module = apply_schedule(sketch.payload, script)
         lower_to_llvm(module, 1)
         obj = emit_object(module, tmp_path / "k.o", cpu=cpu)
-    return instruction_counts(obj, ["vdpbf16ps", "vpdpwssd", "vpmaddwd", "vfmadd231ps", "vpmulld"])
+    return instruction_counts(obj, ["vdpbf16ps", "vpdpwssd", "vpdpbusd", "vpmaddwd", "vfmadd231ps", "vpmulld"])
 
 
 def test_bf16_object_code_for_znver4(tmp_path):
@@ -123,9 +123,11 @@ def test_bf16_object_code_for_znver4(tmp_path):
 
 
 def test_int8_object_code_for_znver4(tmp_path):
+    """Quads of bytes (512-bit VNNI): 16 vpdpbusd and the 2 corrections of
+    the unsigned operand, one per B vector, shared by the 8 rows."""
     counts = _object_for(matmul(64, 64, 64, "i8", "i32"), tmp_path)
-    assert counts["vpdpwssd"] == 16
-    assert counts["vpmulld"] == 0
+    assert counts["vpdpbusd"] == 18
+    assert counts["vpmulld"] == counts["vpdpwssd"] == 0
 
 
 def test_int8_object_code_for_avx2(tmp_path):
@@ -134,10 +136,10 @@ def test_int8_object_code_for_avx2(tmp_path):
     assert counts["vpmaddwd"] == 8 and counts["vpdpwssd"] == 0 and counts["vpmulld"] == 0
 
 
-@pytest.mark.parametrize("ins, out, instruction", [("bf16", "f32", "vdpbf16ps"), ("i8", "i32", "vpdpwssd")])
-def test_convolution_object_code_for_znver4(tmp_path, ins, out, instruction):
+@pytest.mark.parametrize("ins, out, instruction, count", [("bf16", "f32", "vdpbf16ps", 16), ("i8", "i32", "vpdpbusd", 18)])
+def test_convolution_object_code_for_znver4(tmp_path, ins, out, instruction, count):
     counts = _object_for(conv(ins, out, hw=8), tmp_path)
-    assert counts[instruction] == 16
+    assert counts[instruction] == count
 
 
 def _host_runs(feature: str) -> None:
@@ -261,10 +263,10 @@ func.func @f(%x: vector<1x1x2xi8>, %y: vector<1x16x2xi8>, %acc: vector<1x16xi32>
 """
 
 
-def test_int8_pairs_become_vpdpwssd():
+def test_int8_pairs_and_quads_become_dot_products():
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse(PAIR)
-        assert lower_int8_pair_contracts(module) == 1  # quads are not pairs: left
+        assert lower_int8_pair_contracts(module) == 2
         module.operation.verify()
         filecheck(
             str(module),
@@ -273,6 +275,10 @@ def test_int8_pairs_become_vpdpwssd():
             CHECK: arith.extsi {{.*}} : vector<32xi8> to vector<32xi16>
             CHECK: arith.extsi {{.*}} : vector<32xi8> to vector<32xi16>
             CHECK: llvm.call_intrinsic "llvm.x86.avx512.vpdpwssd.512"
-            CHECK: vector.contract
+            CHECK: arith.xori {{.*}} : i32
+            CHECK: llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"
+            CHECK: llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"
+            CHECK: arith.subi
+            CHECK-NOT: vector.contract
             """,
         )

@@ -24,6 +24,7 @@ from mlir import ir
 
 INT8_INTRINSIC = "llvm.x86.avx512.vpdpwssd.512"
 INT8_AVX2_INTRINSIC = "llvm.x86.avx2.pmadd.wd"
+INT8_QUAD_INTRINSIC = "llvm.x86.avx512.vpdpbusd.512"
 BF16_INTRINSIC = "llvm.x86.avx512bf16.dpbf16ps.512"
 
 # The two forms a pair contraction takes: a matmul's piece (m, n, k/2, 2)
@@ -35,12 +36,12 @@ _FORMS = {
         "affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>",
         "affine_map<(d0, d1, d2, d3) -> (d2, d1, d3)>",
         "affine_map<(d0, d1, d2, d3) -> (d0, d1)>",
-    ): lambda n: ([1, 1, 2], [1, n, 2], [1, n]),
+    ): lambda n, g: ([1, 1, g], [1, n, g], [1, n]),
     (
         "affine_map<(d0, d1) -> (d1)>",
         "affine_map<(d0, d1) -> (d0, d1)>",
         "affine_map<(d0, d1) -> (d0)>",
-    ): lambda n: ([2], [n, 2], [n]),
+    ): lambda n, g: ([g], [n, g], [n]),
 }
 
 
@@ -55,7 +56,7 @@ def lower_pair_contracts(module: ir.Module, *, bf16: bool = False) -> int:
     def visit(op: ir.Operation) -> ir.WalkResult:
         if op.name == "vector.contract":
             kind = _pair_kind(op)
-            if kind == "i8" or (kind == "bf16" and bf16):
+            if kind in ("i8", "i8x4") or (kind == "bf16" and bf16):
                 found.append((op, kind))
         return ir.WalkResult.ADVANCE
 
@@ -80,13 +81,20 @@ def _pair_kind(op: ir.Operation) -> str | None:
     maps = tuple(str(m) for m in ir.ArrayAttr(op.attributes["indexing_maps"]))
     form = _FORMS.get(maps)
     lanes = acc.shape[-1] if acc.rank else 0
-    if form is None or lanes not in (8, 16) or [list(lhs.shape), list(rhs.shape), list(acc.shape)] != list(form(lanes)):
+    group = lhs.shape[-1] if lhs.rank else 0
+    if form is None or lanes not in (8, 16) or group not in (2, 4):
+        return None
+    if [list(lhs.shape), list(rhs.shape), list(acc.shape)] != list(form(lanes, group)):
         return None
     if "#vector.kind<add>" not in str(op.attributes["kind"]):
         return None
     types = (str(lhs.element_type), str(rhs.element_type), str(acc.element_type))
     kind = {("i8", "i8", "i32"): "i8", ("bf16", "bf16", "f32"): "bf16"}.get(types)
-    return None if kind == "bf16" and lanes != 16 else kind
+    if kind == "bf16" and (lanes != 16 or group != 2):
+        return None
+    if kind == "i8" and group == 4:
+        return "i8x4" if lanes == 16 else None
+    return kind
 
 
 def _rewrite(op: ir.Operation, kind: str) -> None:
@@ -97,6 +105,26 @@ def _rewrite(op: ir.Operation, kind: str) -> None:
     v = ir.VectorType.get
     lanes = ir.VectorType(acc.type).shape[-1]
     with ir.InsertionPoint(op), op.location:
+        if kind == "i8x4":
+            # vpdpbusd multiplies unsigned bytes of A by signed bytes of B:
+            # A + 128 (its sign bit flipped) is unsigned, and 128 * (sum of
+            # B's quad), one more vpdpbusd of B by 0x80 bytes shared by every
+            # row of the register tile (same B: CSE), is taken off again.
+            quad = vector.bitcast(v([1], i32), vector.shape_cast(v([4], i8), lhs))
+            a_word = arith.xori(vector.extract(quad, [], [0]), arith.constant(i32, 0x80808080 - (1 << 32)))
+            a = vector.bitcast(v([4 * lanes], i8), vector.broadcast(v([lanes], i32), a_word))
+            b = vector.shape_cast(v([4 * lanes], i8), rhs)
+            c = vector.shape_cast(v([lanes], i32), acc)
+            bias = vector.bitcast(v([4 * lanes], i8), vector.broadcast(v([lanes], i32), arith.constant(i32, 0x80808080 - (1 << 32))))
+            zero = arith.constant(v([lanes], i32), ir.DenseElementsAttr.get_splat(v([lanes], i32), ir.IntegerAttr.get(i32, 0)))
+            no_attrs = ir.DenseI32ArrayAttr.get([])
+            name = ir.StringAttr.get(INT8_QUAD_INTRINSIC)
+            dot = llvm.call_intrinsic(v([lanes], i32), name, [c, a, b], [], no_attrs)
+            correction = llvm.call_intrinsic(v([lanes], i32), name, [zero, bias, b], [], no_attrs)
+            out = vector.shape_cast(ir.VectorType(op.results[0].type), arith.subi(dot, correction))
+            op.results[0].replace_all_uses_with(out)
+            op.erase()
+            return
         if kind == "i8":
             # A's pair as one 16-bit word, repeated, then widened: two
             # instructions (vpbroadcastw, vpmovsxbw) where widening first

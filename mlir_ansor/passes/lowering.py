@@ -91,6 +91,9 @@ def mark_c_interface(module: ir.Module) -> None:
 def lower_to_llvm(module: ir.Module, threads: int = 1) -> None:
     """Lower `module` in place to the LLVM dialect (its context must be current)."""
     mark_c_interface(module)
+    # Math on bf16/f16 (a GELU's erf in a module lowered untuned) computed in
+    # f32: LLVM has no erf, and expand_math handles f32 only.
+    passmanager.PassManager.parse("builtin.module(func.func(math-extend-to-supported-types))").run(module.operation)
     expand_math(module)  # exp/erf/tanh as SIMD arith ops, not one libm call per lane
     passmanager.PassManager.parse(f"builtin.module({_front()})").run(module.operation)
     forward_output_copies(module)

@@ -86,6 +86,19 @@ VARIANTS = (
     Variant("i8", "i32", "s16xs16->i32", "arith.extsi"),
 )
 
+def group_of(a: OpStructure, target) -> int:
+    """How many reduction elements one lane's dot product takes: pairs
+    (bf16, and int8 through 16-bit products), or quads for int8 where the
+    CPU has 512-bit VNNI (``vpdpbusd``: 64 byte products per instruction,
+    twice ``vpdpwssd``; `passes.dot_products` corrects its unsigned operand)."""
+    v = variant_of(a)
+    if v is not None and v.inputs == "i8" and lanes_of(target) == 16:
+        d = target.dot_product("u8xs8->i32", bits=512)
+        if d is not None and d.bits == 512:
+            return 4
+    return 2
+
+
 def lanes_of(target) -> int:
     """32-bit lanes of one accumulator: 16 with AVX-512, 8 with AVX2."""
     return 16 if target.vector_bits >= 512 else 8
@@ -153,10 +166,10 @@ class DotProductTiling(Rule):
         d = ctx.target.dot_product(v.kind, bits=bits)
         if d is None or d.bits != bits or (v.inputs == "bf16" and bits != 512):
             return RuleResult.SKIP
-        return RuleResult.APPLY if self._tiles(a, lanes_of(ctx.target)) else RuleResult.SKIP
+        return RuleResult.APPLY if self._tiles(a, lanes_of(ctx.target), group_of(a, ctx.target)) else RuleResult.SKIP
 
     @staticmethod
-    def _tiles(a: OpStructure, lanes: int) -> list[tuple[int, int]]:
+    def _tiles(a: OpStructure, lanes: int, group: int) -> list[tuple[int, int]]:
         """The register tiles that fit the op's loops (none: not an op of
         this rule)."""
         r = a.loop_ranges
@@ -164,12 +177,12 @@ class DotProductTiling(Rule):
         if dims is None:
             return []
         rows, cols, red = dims
-        if r[red] % 2 or r[cols] % lanes:
+        if r[red] % group or r[cols] % lanes:
             return []
         return [(mr, nr) for mr, nr in REGISTER_TILES[lanes] if r[rows] % mr == 0 and r[cols] % nr == 0]
 
     def apply(self, ctx: SketchContext) -> list[Sketch]:
-        tiles = self._tiles(ctx.anchor, lanes_of(ctx.target))
+        tiles = self._tiles(ctx.anchor, lanes_of(ctx.target), group_of(ctx.anchor, ctx.target))
         dims = matmul_dims(ctx.anchor)
         if dims is None:
             return [self._conv_sketch(ctx, mr, nr) for mr, nr in tiles]
@@ -180,7 +193,8 @@ class DotProductTiling(Rule):
         lanes = lanes_of(ctx.target)
         anchor = ctx.anchor
         r = anchor.loop_ranges
-        pairs = r[k] // 2
+        group = group_of(anchor, ctx.target)
+        pairs = r[k] // group
         pair = len(r)  # the loop of the two elements of a pair, after packing
         specs = [
             KnobSpec(f"p_d{m}", tuple(d for d in divisors(r[m]) if d % mr == 0), doc=f"parallel (scf.forall) tile of loop d{m}"),
@@ -198,7 +212,7 @@ class DotProductTiling(Rule):
 
         # The layout: the reduction in pairs (A's pack is a view, B's a copy
         # over threads, 16 pair rows by 16 columns a step).
-        packed = w.pack_loops(w.match_op_id("%root", anchor.op_id), [2 if d == k else 0 for d in range(pair)], op_id=anchor.op_id)
+        packed = w.pack_loops(w.match_op_id("%root", anchor.op_id), [group if d == k else 0 for d in range(pair)], op_id=anchor.op_id)
         pack_b = w.producer_of(packed, 1)
         w.lower_pack(w.producer_of(packed, 0))
         tb, _ = w.tile_forall(pack_b, [16 if pairs % 16 == 0 else 1, 0])
@@ -275,7 +289,8 @@ class DotProductTiling(Rule):
         r = anchor.loop_ranges
         n_, oh, ow, f, kh, kw, c = range(7)
         pair = 7
-        pairs = r[c] // 2
+        group = group_of(anchor, ctx.target)
+        pairs = r[c] // group
         specs = [
             KnobSpec(f"p_d{oh}", divisors(r[oh]), doc=f"parallel (scf.forall) tile of loop d{oh} (output rows)"),
             KnobSpec(f"p_d{f}", tuple(d for d in divisors(r[f]) if d % nr == 0), doc=f"parallel (scf.forall) tile of loop d{f}"),
@@ -291,7 +306,7 @@ class DotProductTiling(Rule):
                 out[names[d]] = val
             return out
 
-        packed = w.pack_loops(w.match_op_id("%root", anchor.op_id), [2 if d == c else 0 for d in range(pair)], op_id=anchor.op_id)
+        packed = w.pack_loops(w.match_op_id("%root", anchor.op_id), [group if d == c else 0 for d in range(pair)], op_id=anchor.op_id)
         pack_w = w.producer_of(packed, 1)
         w.lower_pack(w.producer_of(packed, 0))
         tw, _ = w.tile_forall(pack_w, [1, 0, 0, 0])
