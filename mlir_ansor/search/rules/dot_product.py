@@ -149,6 +149,79 @@ def conv_dims(a: OpStructure) -> tuple[int, int, int] | None:
     return 2, 3, 6
 
 
+def _sizes(loops: int, names: dict[str, int]):
+    """A builder of tile-size lists over `loops` loops, by loop name."""
+
+    def sizes(**at: int | str) -> list[int | str]:
+        out: list[int | str] = [0] * loops
+        for d, val in at.items():
+            out[names[d]] = val
+        return out
+
+    return sizes
+
+
+def _pack_reduction(w: ScheduleWriter, ctx: SketchContext, red: int, group: int, copy_tile: list[int], copy_step: list[int]) -> None:
+    """Pack the reduction loop `red` of the anchor by `group`: the first
+    input's pack becomes a view, the second's a copy over threads
+    (`copy_tile` a thread step, `copy_step` a vector step)."""
+    anchor = ctx.anchor
+    loops = len(anchor.loop_ranges)
+    packed = w.pack_loops(
+        w.match_op_id("%root", anchor.op_id), [group if d == red else 0 for d in range(loops)], op_id=anchor.op_id
+    )
+    pack_b = w.producer_of(packed, 1)
+    w.lower_pack(w.producer_of(packed, 0))
+    tb, _ = w.tile_forall(pack_b, copy_tile)
+    w.tile_for(tb, copy_step)
+
+
+def _register_pieces(w: ScheduleWriter, op: str, piece: list[int | str], rows: int, cols: int, mr: int, nr: int, lanes: int) -> None:
+    """Tile `op` into 1 x lanes pieces (loops `rows` < or > `cols`) and
+    unroll them over the mr x nr register tile."""
+    _, loops = w.tile_for(op, piece)
+    l_rows, l_cols = loops if rows < cols else loops[::-1]
+    if nr > lanes:
+        w.unroll(l_cols, nr // lanes)
+    if mr > 1:
+        w.unroll(l_rows, mr)
+
+
+def _tile_others(w: ScheduleWriter, ctx: SketchContext, forall: str, cols: int, lanes: int) -> None:
+    """The fill and the fused consumers in pieces of one accumulator (a
+    whole thread tile's row as one vector, 1024 x i32, crashed LLVM's code
+    generation)."""
+    anchor = ctx.anchor
+    for o in ctx.ops:
+        if o.op_id == anchor.op_id:
+            continue
+        o_sizes = [0] * len(o.loop_ranges)
+        for a_d, o_d in zip(anchor.output_dims, o.output_dims):
+            if o_d is not None and a_d is not None:
+                o_sizes[o_d] = lanes if a_d == cols else 1
+        w.tile_each(w.match_op_id(forall, o.op_id), o_sizes)
+
+
+def _vectorize(w: ScheduleWriter, func: str, *, extra_hoist: bool = False) -> str:
+    """Vectorize with the widening folded into the contractions, the
+    accumulators in registers (`extra_hoist`: one more round, for the
+    third reduction loop of a convolution), then bufferize; returns the
+    function."""
+    func = w.vectorize_children(func)
+    w.apply_patterns(
+        func, ["canonicalization", "tensor.fold_tensor_subset_ops_into_vector_transfers", "vector.fold_arith_extension"]
+    )
+    w.hoist_accumulators(func)
+    w.cleanup(func)
+    if extra_hoist:
+        loops = w.match_ops(func, ["scf.for"])
+        w.emit(f"transform.loop.hoist_loop_invariant_subsets {loops} : !transform.any_op")
+        w.cleanup(func)
+    func = w.match_func(w.bufferize("%root"))
+    w.apply_patterns(func, ["canonicalization"])
+    return func
+
+
 class DotProductTiling(Rule):
     name = "cpu-dot-product"
 
@@ -204,19 +277,10 @@ class DotProductTiling(Rule):
         w = ScheduleWriter()
         h = {sp.name: w.knob(sp.name, sp.options) for sp in specs}
 
-        def sizes(**at: int | str) -> list[int | str]:
-            out: list[int | str] = [0] * (pair + 1)
-            for d, v in at.items():
-                out[{"m": m, "n": n, "k": k, "pair": pair}[d]] = v
-            return out
-
+        sizes = _sizes(pair + 1, {"m": m, "n": n, "k": k, "pair": pair})
         # The layout: the reduction in pairs (A's pack is a view, B's a copy
         # over threads, 16 pair rows by 16 columns a step).
-        packed = w.pack_loops(w.match_op_id("%root", anchor.op_id), [group if d == k else 0 for d in range(pair)], op_id=anchor.op_id)
-        pack_b = w.producer_of(packed, 1)
-        w.lower_pack(w.producer_of(packed, 0))
-        tb, _ = w.tile_forall(pack_b, [16 if pairs % 16 == 0 else 1, 0])
-        w.tile_for(tb, [1, lanes])
+        _pack_reduction(w, ctx, k, group, [16 if pairs % 16 == 0 else 1, 0], [1, lanes])
 
         # Threads, the cache tile of pairs, the packed B tile.
         forall = tile_root_and_fuse(w, ctx, root_sizes_from_anchor(ctx, {m: h[f"p_d{m}"], n: h[f"p_d{n}"]}))
@@ -226,34 +290,11 @@ class DotProductTiling(Rule):
         # The register tile, the pairs loop inside it, 1 x 16 pieces unrolled.
         a_h, _ = w.tile_for(a_h, sizes(m=mr, n=nr))
         a_h, _ = w.tile_for(a_h, sizes(k=1))
-        _, piece_loops = w.tile_for(a_h, sizes(m=1, n=lanes))
-        l_m, l_n = piece_loops if m < n else piece_loops[::-1]
-        if nr > lanes:
-            w.unroll(l_n, nr // lanes)
-        if mr > 1:
-            w.unroll(l_m, mr)
-        # The packed tile's copy a row of 16 pairs per step; the fill and
-        # the fused consumers in pieces of one accumulator (a whole thread
-        # tile's row as one vector, 1024 x i32, crashed LLVM's code generation).
+        _register_pieces(w, a_h, sizes(m=1, n=lanes), m, n, mr, nr, lanes)
+        # The packed tile's copy a row of 16 pairs per step.
         w.tile_each(w.match_ops(forall, ["linalg.copy"]), [1, lanes, 0])
-        for o in ctx.ops:
-            if o.op_id == anchor.op_id:
-                continue
-            o_sizes = [0] * len(o.loop_ranges)
-            for a_d, o_d in zip(anchor.output_dims, o.output_dims):
-                if o_d is not None and a_d is not None:
-                    o_sizes[o_d] = 1 if a_d == m else lanes
-            w.tile_each(w.match_op_id(forall, o.op_id), o_sizes)
-
-        func = w.vectorize_children(w.match_func("%root"))
-        w.apply_patterns(
-            func,
-            ["canonicalization", "tensor.fold_tensor_subset_ops_into_vector_transfers", "vector.fold_arith_extension"],
-        )
-        w.hoist_accumulators(func)
-        w.cleanup(func)
-        func = w.match_func(w.bufferize("%root"))
-        w.apply_patterns(func, ["canonicalization"])
+        _tile_others(w, ctx, forall, n, lanes)
+        func = _vectorize(w, w.match_func("%root"))
         if v.inputs != "bf16":
             # The int8 contractions stay as they are: `passes.dot_products`
             # rewrites them when the module is lowered; the rest is plain
@@ -299,39 +340,16 @@ class DotProductTiling(Rule):
         w = ScheduleWriter()
         h = {sp.name: w.knob(sp.name, sp.options) for sp in specs}
 
-        def sizes(**at: int | str) -> list[int | str]:
-            out: list[int | str] = [0] * (pair + 1)
-            names = {"n": n_, "oh": oh, "ow": ow, "f": f, "kh": kh, "kw": kw, "c": c, "pair": pair}
-            for d, val in at.items():
-                out[names[d]] = val
-            return out
-
-        packed = w.pack_loops(w.match_op_id("%root", anchor.op_id), [group if d == c else 0 for d in range(pair)], op_id=anchor.op_id)
-        pack_w = w.producer_of(packed, 1)
-        w.lower_pack(w.producer_of(packed, 0))
-        tw, _ = w.tile_forall(pack_w, [1, 0, 0, 0])
-        w.tile_for(tw, [1, 1, 1, lanes])
-
+        sizes = _sizes(pair + 1, {"n": n_, "oh": oh, "ow": ow, "f": f, "kh": kh, "kw": kw, "c": c, "pair": pair})
+        _pack_reduction(w, ctx, c, group, [1, 0, 0, 0], [1, 1, 1, lanes])
         forall = tile_root_and_fuse(
             w, ctx, root_sizes_from_anchor(ctx, {n_: 1, oh: h[f"p_d{oh}"], ow: r[ow], f: h[f"p_d{f}"]})
         )
         a_h, _ = w.tile_for(w.match_op_id(forall, anchor.op_id), sizes(c=h[f"k_d{c}"]))
         a_h, _ = w.tile_for(a_h, sizes(n=1, oh=1, ow=mr, f=nr))
         a_h, _ = w.tile_for(a_h, sizes(kh=1, kw=1, c=1))
-        _, (l_w, l_f) = w.tile_for(a_h, sizes(ow=1, f=lanes))
-        if nr > lanes:
-            w.unroll(l_f, nr // lanes)
-        if mr > 1:
-            w.unroll(l_w, mr)
-        for o in ctx.ops:
-            if o.op_id == anchor.op_id:
-                continue
-            o_sizes = [0] * len(o.loop_ranges)
-            for a_d, o_d in zip(anchor.output_dims, o.output_dims):
-                if o_d is not None and a_d is not None:
-                    o_sizes[o_d] = lanes if a_d == f else 1
-            w.tile_each(w.match_op_id(forall, o.op_id), o_sizes)
-
+        _register_pieces(w, a_h, sizes(ow=1, f=lanes), ow, f, mr, nr, lanes)
+        _tile_others(w, ctx, forall, f, lanes)
         # The output tile is carried by the window and pair loops as a
         # tensor before the unit loops are folded away (after, the slices
         # no longer match and every pair step reloaded its accumulators).
@@ -341,18 +359,7 @@ class DotProductTiling(Rule):
             w.emit(f"transform.loop.hoist_loop_invariant_subsets {loops} : !transform.any_op")
             w.cleanup(func)
         w.apply_patterns(func, ["linalg.fold_unit_extent_dims_via_slices", "canonicalization"])
-        func = w.vectorize_children(w.match_func("%root"))
-        w.apply_patterns(
-            func,
-            ["canonicalization", "tensor.fold_tensor_subset_ops_into_vector_transfers", "vector.fold_arith_extension"],
-        )
-        w.hoist_accumulators(func)
-        w.cleanup(func)
-        loops = w.match_ops(func, ["scf.for"])
-        w.emit(f"transform.loop.hoist_loop_invariant_subsets {loops} : !transform.any_op")
-        w.cleanup(func)
-        func = w.match_func(w.bufferize("%root"))
-        w.apply_patterns(func, ["canonicalization"])
+        _vectorize(w, w.match_func("%root"), extra_hoist=True)
         return self._finish(ctx, w, specs, oh, f, c, mr, nr, prefer_rows=8)
 
     def _finish(self, ctx, w, specs, m, n, k, mr, nr, prefer_rows: int = 64) -> Sketch:
