@@ -67,6 +67,20 @@ func.func @cv(%x: {x}, %w: {w}) -> {o} {{
 """
 
 
+def batch_matmul(b: int, m: int, n: int, k: int, ins: str, out: str) -> str:
+    zero = "0.0" if out.startswith("f") else "0"
+    x, y, o = f"tensor<{b}x{m}x{k}x{ins}>", f"tensor<{b}x{k}x{n}x{ins}>", f"tensor<{b}x{m}x{n}x{out}>"
+    return f"""
+func.func @bmm(%a: {x}, %b: {y}) -> {o} {{
+  %z = arith.constant {zero} : {out}
+  %e = tensor.empty() : {o}
+  %c = linalg.fill ins(%z : {out}) outs(%e : {o}) -> {o}
+  %r = linalg.batch_matmul ins(%a, %b : {x}, {y}) outs(%c : {o}) -> {o}
+  return %r : {o}
+}}
+"""
+
+
 def dot_sketches(src: str, target: Target):
     (task,) = extract_tasks(load(text=src))
     return [s for s in generate_sketches(task.mlir, target) if s.name.startswith("cpu-dot-product")]
@@ -142,6 +156,12 @@ def test_convolution_object_code_for_znver4(tmp_path, ins, out, instruction, cou
     assert counts[instruction] == count
 
 
+@pytest.mark.parametrize("ins, out, instruction, count", [("bf16", "f32", "vdpbf16ps", 16), ("i8", "i32", "vpdpbusd", 18)])
+def test_batch_matmul_object_code_for_znver4(tmp_path, ins, out, instruction, count):
+    counts = _object_for(batch_matmul(3, 16, 32, 64, ins, out), tmp_path)
+    assert counts[instruction] == count
+
+
 def _host_runs(feature: str) -> None:
     if not Target.host().has(feature):
         pytest.skip(f"this host has no {feature}: the object code is checked for znver4 instead")
@@ -207,6 +227,26 @@ def test_int8_results_are_exact(tmp_path):
     b[:, 0] = -128
     out = _run_default(matmul(64, 64, 256, "i8", "i32"), tmp_path, [a, b], (64, 64), np.int32)
     assert np.array_equal(out, a.astype(np.int64) @ b.astype(np.int64))
+
+
+@pytest.mark.parametrize("ins, out", [("bf16", "f32"), ("i8", "i32")])
+def test_batch_matmul_results(tmp_path, ins, out):
+    _host_runs("avx512_bf16" if ins == "bf16" else "avx512_vnni")
+    import ml_dtypes
+
+    rng = np.random.default_rng(4)
+    if ins == "bf16":
+        a = rng.uniform(-1, 1, (3, 16, 64)).astype(ml_dtypes.bfloat16)
+        b = rng.uniform(-1, 1, (3, 64, 32)).astype(ml_dtypes.bfloat16)
+    else:
+        a = rng.integers(-128, 128, (3, 16, 64)).astype(np.int8)
+        b = rng.integers(-128, 128, (3, 64, 32)).astype(np.int8)
+    got = _run_default(batch_matmul(3, 16, 32, 64, ins, out), tmp_path, [a, b], (3, 16, 32), np.float32 if out == "f32" else np.int32)
+    if out == "i32":
+        assert np.array_equal(got, a.astype(np.int64) @ b.astype(np.int64))
+    else:
+        want = a.astype(np.float64) @ b.astype(np.float64)
+        assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-5
 
 
 def test_int8_avx2_schedule_results_are_exact(tmp_path):

@@ -138,6 +138,23 @@ def matmul_dims(a: OpStructure) -> tuple[int, int, int] | None:
     return m, n, k
 
 
+def batch_matmul_dims(a: OpStructure) -> tuple[int, int, int, int] | None:
+    """(b, m, n, k) when `a` is C[b, m, n] += A[b, m, k] * B[b, k, n] on
+    narrow inputs (attention's products of a transformer)."""
+    if len(a.loop_ranges) != 4 or len(a.reductions) != 1 or a.compound_dims or not a.is_mul_add:
+        return None
+    if a.num_inputs != 2 or variant_of(a) is None:
+        return None
+    (k,) = a.reductions
+    out = a.output_dims
+    if len(out) != 3 or None in out:
+        return None
+    b, m, n = out
+    if a.operand_dims[0] != (b, m, k) or a.operand_dims[1] != (b, k, n):
+        return None
+    return b, m, n, k
+
+
 def conv_dims(a: OpStructure) -> tuple[int, int, int] | None:
     """(ow, f, c) loops of a 2-D NHWC/HWCF convolution with unit strides
     and dilations (loops n, oh, ow, f, kh, kw, c) on narrow inputs."""
@@ -246,7 +263,8 @@ class DotProductTiling(Rule):
         """The register tiles that fit the op's loops (none: not an op of
         this rule)."""
         r = a.loop_ranges
-        dims = matmul_dims(a) or conv_dims(a)
+        batch = batch_matmul_dims(a)
+        dims = matmul_dims(a) or (batch[1:] if batch else None) or conv_dims(a)
         if dims is None:
             return []
         rows, cols, red = dims
@@ -257,12 +275,19 @@ class DotProductTiling(Rule):
     def apply(self, ctx: SketchContext) -> list[Sketch]:
         tiles = self._tiles(ctx.anchor, lanes_of(ctx.target), group_of(ctx.anchor, ctx.target))
         dims = matmul_dims(ctx.anchor)
+        batch = batch_matmul_dims(ctx.anchor)
+        if batch is not None:
+            b, m, n, k = batch
+            return [self._sketch(ctx, m, n, k, mr, nr, batch=b) for mr, nr in tiles]
         if dims is None:
             return [self._conv_sketch(ctx, mr, nr) for mr, nr in tiles]
         m, n, k = dims
         return [self._sketch(ctx, m, n, k, mr, nr) for mr, nr in tiles]
 
-    def _sketch(self, ctx: SketchContext, m: int, n: int, k: int, mr: int, nr: int) -> Sketch:
+    def _sketch(self, ctx: SketchContext, m: int, n: int, k: int, mr: int, nr: int, batch: int | None = None) -> Sketch:
+        """A matmul, or with `batch` (its loop) a batched one: each batch a
+        thread step, and its 1 x 16 pieces folded to (16 x 2) . (2) like a
+        convolution's (`passes.dot_products` lowers them)."""
         lanes = lanes_of(ctx.target)
         anchor = ctx.anchor
         r = anchor.loop_ranges
@@ -277,13 +302,20 @@ class DotProductTiling(Rule):
         w = ScheduleWriter()
         h = {sp.name: w.knob(sp.name, sp.options) for sp in specs}
 
-        sizes = _sizes(pair + 1, {"m": m, "n": n, "k": k, "pair": pair})
+        names = {"m": m, "n": n, "k": k, "pair": pair}
+        if batch is not None:
+            names["b"] = batch
+        sizes = _sizes(pair + 1, names)
+        lead = [1] if batch is not None else []  # the batch loop, a step at a time
         # The layout: the reduction in pairs (A's pack is a view, B's a copy
         # over threads, 16 pair rows by 16 columns a step).
-        _pack_reduction(w, ctx, k, group, [16 if pairs % 16 == 0 else 1, 0], [1, lanes])
+        _pack_reduction(w, ctx, k, group, lead + [16 if pairs % 16 == 0 else 1, 0], lead + [1, lanes])
 
         # Threads, the cache tile of pairs, the packed B tile.
-        forall = tile_root_and_fuse(w, ctx, root_sizes_from_anchor(ctx, {m: h[f"p_d{m}"], n: h[f"p_d{n}"]}))
+        thread = {m: h[f"p_d{m}"], n: h[f"p_d{n}"]}
+        if batch is not None:
+            thread[batch] = 1
+        forall = tile_root_and_fuse(w, ctx, root_sizes_from_anchor(ctx, thread))
         a_h, _ = w.tile_for(w.match_op_id(forall, anchor.op_id), sizes(k=h[f"k_d{k}"]))
         v = variant_of(anchor)
         a_h = w.pack_operand(a_h, 1, 3, [v.inputs, v.inputs, v.output], sorted((k, n, pair)))
@@ -292,8 +324,19 @@ class DotProductTiling(Rule):
         a_h, _ = w.tile_for(a_h, sizes(k=1))
         _register_pieces(w, a_h, sizes(m=1, n=lanes), m, n, mr, nr, lanes)
         # The packed tile's copy a row of 16 pairs per step.
-        w.tile_each(w.match_ops(forall, ["linalg.copy"]), [1, lanes, 0])
+        w.tile_each(w.match_ops(forall, ["linalg.copy"]), lead + [1, lanes, 0])
         _tile_others(w, ctx, forall, n, lanes)
+        if batch is not None:
+            # As a convolution's: accumulators carried as tensors first, then
+            # the unit loops folded away, then vectorized.
+            func = w.match_func("%root")
+            for _ in range(2):
+                loops = w.match_ops(func, ["scf.for"])
+                w.emit(f"transform.loop.hoist_loop_invariant_subsets {loops} : !transform.any_op")
+                w.cleanup(func)
+            w.apply_patterns(func, ["linalg.fold_unit_extent_dims_via_slices", "canonicalization"])
+            _vectorize(w, w.match_func("%root"))
+            return self._finish(ctx, w, specs, m, n, k, mr, nr)
         func = _vectorize(w, w.match_func("%root"))
         if v.inputs != "bf16":
             # The int8 contractions stay as they are: `passes.dot_products`
