@@ -91,7 +91,7 @@ def test_sketches_where_the_instruction_is():
     i8 = dot_sketches(matmul(64, 64, 64, "i8", "i32"), ZNVER4)
     assert {s.name for s in bf16} == {"cpu-dot-product-8x32", "cpu-dot-product-4x64"}
     assert {s.name for s in i8} == {s.name for s in bf16}
-    assert all({k.name for k in s.knobs} == {"p_d0", "p_d1", "k_d2"} for s in bf16 + i8)
+    assert all({k.name for k in s.knobs} == {"p_d0", "p_d1", "k_d2", "pack"} for s in bf16 + i8)
     # No AVX-512 BF16 (Zen 3; Skylake-X without VNNI for int8), unsigned
     # bytes, f32, odd shapes: none.
     assert dot_sketches(matmul(64, 64, 64, "bf16", "f32"), ZNVER3) == []

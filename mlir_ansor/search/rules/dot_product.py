@@ -298,9 +298,12 @@ class DotProductTiling(Rule):
             KnobSpec(f"p_d{m}", tuple(d for d in divisors(r[m]) if d % mr == 0), doc=f"parallel (scf.forall) tile of loop d{m}"),
             KnobSpec(f"p_d{n}", tuple(d for d in divisors(r[n]) if d % nr == 0), doc=f"parallel (scf.forall) tile of loop d{n}"),
             KnobSpec(f"k_d{k}", divisors(pairs), doc=f"reduction (cache) tile of loop d{k}, in pairs"),
+            # The packed B read in place saves a copy of it per thread tile of
+            # rows (B's rows are then N x 4 bytes apart; 4 KiB at N = 1024).
+            KnobSpec("pack", (0, 1), alternatives=True, doc="0: copy the packed B tile to a contiguous buffer; 1: read it in place"),
         ]
         w = ScheduleWriter()
-        h = {sp.name: w.knob(sp.name, sp.options) for sp in specs}
+        h = {sp.name: w.knob(sp.name, sp.options) for sp in specs if not sp.alternatives}
 
         names = {"m": m, "n": n, "k": k, "pair": pair}
         if batch is not None:
@@ -318,7 +321,11 @@ class DotProductTiling(Rule):
         forall = tile_root_and_fuse(w, ctx, root_sizes_from_anchor(ctx, thread))
         a_h, _ = w.tile_for(w.match_op_id(forall, anchor.op_id), sizes(k=h[f"k_d{k}"]))
         v = variant_of(anchor)
-        a_h = w.pack_operand(a_h, 1, 3, [v.inputs, v.inputs, v.output], sorted((k, n, pair)))
+        cur = a_h
+        (a_h,) = w.alternatives(
+            "pack",
+            [lambda wr: [wr.pack_operand(cur, 1, 3, [v.inputs, v.inputs, v.output], sorted((k, n, pair)))], lambda wr: [cur]],
+        )
         # The register tile, the pairs loop inside it, 1 x 16 pieces unrolled.
         a_h, _ = w.tile_for(a_h, sizes(m=mr, n=nr))
         a_h, _ = w.tile_for(a_h, sizes(k=1))
@@ -408,6 +415,7 @@ class DotProductTiling(Rule):
     def _finish(self, ctx, w, specs, m, n, k, mr, nr, prefer_rows: int = 64) -> Sketch:
         r = ctx.anchor.loop_ranges
         prefer = {
+            **({"pack": 0} if any(sp.name == "pack" for sp in specs) else {}),
             f"k_d{k}": min(specs[2].options, key=lambda x: abs(x - 128)),
             f"p_d{m}": min(specs[0].options, key=lambda x: abs(x - prefer_rows)),
             f"p_d{n}": min(specs[1].options, key=lambda x: abs(x - 128)),
