@@ -14,7 +14,7 @@ from mlir_ansor.graph.task import extract_tasks
 from mlir_ansor.ir.program import load
 from mlir_ansor.measure.builder import build
 from mlir_ansor.measure.runner import Kernel, aligned_copy, aligned_full
-from mlir_ansor.passes.dot_products import lower_int8_pair_contracts
+from mlir_ansor.passes.dot_products import lower_pair_contracts
 from mlir_ansor.passes.lowering import lower_to_llvm
 from mlir_ansor.passes.objcode import emit_object, instruction_counts
 from mlir_ansor.passes.vector_flatten import flatten_contiguous_transfers
@@ -306,7 +306,7 @@ func.func @f(%x: vector<1x1x2xi8>, %y: vector<1x16x2xi8>, %acc: vector<1x16xi32>
 def test_int8_pairs_and_quads_become_dot_products():
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse(PAIR)
-        assert lower_int8_pair_contracts(module) == 2
+        assert lower_pair_contracts(module) == 2
         module.operation.verify()
         filecheck(
             str(module),

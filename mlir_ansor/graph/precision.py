@@ -45,6 +45,7 @@ from __future__ import annotations
 from mlir import ir
 
 from mlir_ansor.errors import UnsupportedError
+from mlir_ansor.ir.dtypes import ACCUMULATION_DTYPE
 from mlir_ansor.ir.program import location_str
 
 __all__ = [
@@ -70,7 +71,7 @@ def is_narrow_float(t: ir.Type) -> bool:
 
 def widened_dtype(dtype: str) -> str:
     """The element type a reference computes `dtype` in ("bf16" -> "f32")."""
-    return "f32" if dtype in ("bf16", "f16") else dtype
+    return ACCUMULATION_DTYPE.get(dtype, dtype)
 
 
 def _wide(t: ir.Type) -> ir.Type:

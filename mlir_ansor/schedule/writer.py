@@ -314,11 +314,7 @@ class ScheduleWriter:
 
     def cleanup(self, func: str) -> None:
         """Canonicalize, fold tensor slices into transfers, CSE."""
-        self.emit(f"transform.apply_patterns to {func} {{")
-        self.emit("  transform.apply_patterns.canonicalization")
-        self.emit("  transform.apply_patterns.tensor.fold_tensor_subset_ops_into_vector_transfers")
-        self.emit(f"}} : {ANY}")
-        self.emit(f"transform.apply_cse to {func} : {ANY}")
+        self.apply_patterns(func, ["canonicalization", "tensor.fold_tensor_subset_ops_into_vector_transfers"])
 
     def hoist_accumulators(self, func: str) -> None:
         """Keep accumulators in registers across reduction loops.

@@ -120,39 +120,24 @@ def variant_of(a: OpStructure) -> Variant | None:
     return None
 
 
-def matmul_dims(a: OpStructure) -> tuple[int, int, int] | None:
-    """(m, n, k) when `a` is C[m, n] += A[m, k] * B[k, n] with narrow inputs
-    widened in the body (:data:`VARIANTS`), each operand's last dimension
-    contiguous."""
-    if len(a.loop_ranges) != 3 or len(a.reductions) != 1 or a.compound_dims or not a.is_mul_add:
+def matmul_dims(a: OpStructure) -> tuple[int | None, int, int, int] | None:
+    """(batch, m, n, k) when `a` is C[m, n] += A[m, k] * B[k, n], or with a
+    leading batch loop C[b, m, n] += A[b, m, k] * B[b, k, n] (attention's
+    products in a transformer; `batch` is None without one), with narrow
+    inputs widened in the body (:data:`VARIANTS`), each operand's last
+    dimension contiguous."""
+    if len(a.loop_ranges) not in (3, 4) or len(a.reductions) != 1 or a.compound_dims or not a.is_mul_add:
         return None
     if a.num_inputs != 2 or variant_of(a) is None:
         return None
     (k,) = a.reductions
     out = a.output_dims
-    if len(out) != 2 or None in out:
+    if len(out) != len(a.loop_ranges) - 1 or None in out:
         return None
-    m, n = out
-    if a.operand_dims[0] != (m, k) or a.operand_dims[1] != (k, n):
+    *lead, m, n = out
+    if a.operand_dims[0] != (*lead, m, k) or a.operand_dims[1] != (*lead, k, n):
         return None
-    return m, n, k
-
-
-def batch_matmul_dims(a: OpStructure) -> tuple[int, int, int, int] | None:
-    """(b, m, n, k) when `a` is C[b, m, n] += A[b, m, k] * B[b, k, n] on
-    narrow inputs (attention's products of a transformer)."""
-    if len(a.loop_ranges) != 4 or len(a.reductions) != 1 or a.compound_dims or not a.is_mul_add:
-        return None
-    if a.num_inputs != 2 or variant_of(a) is None:
-        return None
-    (k,) = a.reductions
-    out = a.output_dims
-    if len(out) != 3 or None in out:
-        return None
-    b, m, n = out
-    if a.operand_dims[0] != (b, m, k) or a.operand_dims[1] != (b, k, n):
-        return None
-    return b, m, n, k
+    return (lead[0] if lead else None), m, n, k
 
 
 def conv_dims(a: OpStructure) -> tuple[int, int, int] | None:
@@ -263,8 +248,8 @@ class DotProductTiling(Rule):
         """The register tiles that fit the op's loops (none: not an op of
         this rule)."""
         r = a.loop_ranges
-        batch = batch_matmul_dims(a)
-        dims = matmul_dims(a) or (batch[1:] if batch else None) or conv_dims(a)
+        mm = matmul_dims(a)
+        dims = mm[1:] if mm else conv_dims(a)
         if dims is None:
             return []
         rows, cols, red = dims
@@ -274,15 +259,11 @@ class DotProductTiling(Rule):
 
     def apply(self, ctx: SketchContext) -> list[Sketch]:
         tiles = self._tiles(ctx.anchor, lanes_of(ctx.target), group_of(ctx.anchor, ctx.target))
-        dims = matmul_dims(ctx.anchor)
-        batch = batch_matmul_dims(ctx.anchor)
-        if batch is not None:
-            b, m, n, k = batch
-            return [self._sketch(ctx, m, n, k, mr, nr, batch=b) for mr, nr in tiles]
-        if dims is None:
+        mm = matmul_dims(ctx.anchor)
+        if mm is None:
             return [self._conv_sketch(ctx, mr, nr) for mr, nr in tiles]
-        m, n, k = dims
-        return [self._sketch(ctx, m, n, k, mr, nr) for mr, nr in tiles]
+        batch, m, n, k = mm
+        return [self._sketch(ctx, m, n, k, mr, nr, batch=batch) for mr, nr in tiles]
 
     def _sketch(self, ctx: SketchContext, m: int, n: int, k: int, mr: int, nr: int, batch: int | None = None) -> Sketch:
         """A matmul, or with `batch` (its loop) a batched one: each batch a
