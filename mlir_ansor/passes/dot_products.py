@@ -22,10 +22,19 @@ from __future__ import annotations
 
 from mlir import ir
 
-INT8_INTRINSIC = "llvm.x86.avx512.vpdpwssd.512"
-INT8_AVX2_INTRINSIC = "llvm.x86.avx2.pmadd.wd"
-INT8_QUAD_INTRINSIC = "llvm.x86.avx512.vpdpbusd.512"
-BF16_INTRINSIC = "llvm.x86.avx512bf16.dpbf16ps.512"
+from mlir_ansor.target import DOT_PRODUCTS
+
+
+def _intrinsic(instruction: str, bits: int) -> str:
+    """The LLVM intrinsic of `instruction` at `bits` wide, from the one
+    table of them (`target.DOT_PRODUCTS`)."""
+    return next(d.intrinsic for d in DOT_PRODUCTS if d.instruction == instruction and d.bits == bits)
+
+
+INT8_INTRINSIC = _intrinsic("vpdpwssd", 512)
+INT8_AVX2_INTRINSIC = _intrinsic("vpmaddwd", 256)
+INT8_QUAD_INTRINSIC = _intrinsic("vpdpbusd", 512)
+BF16_INTRINSIC = _intrinsic("vdpbf16ps", 512)
 
 # The two forms a pair contraction takes: a matmul's piece (m, n, k/2, 2)
 # with its unit loops, and the same after `fold_unit_extent_dims` (what a
