@@ -14,3 +14,15 @@ def sub_byte_elements(t: ir.Type) -> bool:
         return False
     e = ir.ShapedType(t).element_type
     return isinstance(e, ir.IntegerType) and ir.IntegerType(e).width < 8
+
+
+def identity_layout(t: ir.Type) -> bool:
+    """Whether `t` is laid out row-major without offset: a memref whose
+    layout is the identity map (any other type: True)."""
+    if not isinstance(t, ir.MemRefType):
+        return True
+    layout = ir.MemRefType(t).layout
+    if not isinstance(layout, ir.AffineMapAttr):
+        return False
+    m = ir.AffineMapAttr(layout).value
+    return m == ir.AffineMap.get_identity(m.n_dims)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from mlir import ir
 
 from mlir_ansor.ir.attrs import NORMALIZED_ATTR
-from mlir_ansor.ir.types import sub_byte_elements
+from mlir_ansor.ir.types import identity_layout, sub_byte_elements
 
 
 def widen_bool_buffers(module: ir.Module) -> int:
@@ -80,16 +80,6 @@ def widen_bool_buffers(module: ir.Module) -> int:
     return widened
 
 
-def _identity_layout(t: ir.Type) -> bool:
-    if not isinstance(t, ir.MemRefType):
-        return True
-    layout = ir.MemRefType(t).layout
-    if not isinstance(layout, ir.AffineMapAttr):
-        return False
-    m = ir.AffineMapAttr(layout).value
-    return m == ir.AffineMap.get_identity(m.n_dims)
-
-
 def _block_ops(block: ir.Block) -> list[ir.Operation]:
     return [op.operation for op in block.operations]
 
@@ -128,7 +118,7 @@ def _forward_one_copy(entry: ir.Block) -> bool:
         if copy.name != "memref.copy":
             continue
         src, dst = copy.operands[0], copy.operands[1]
-        if not any(dst == a for a in args) or src.type != dst.type or not _identity_layout(dst.type):
+        if not any(dst == a for a in args) or src.type != dst.type or not identity_layout(dst.type):
             continue
         if sum(1 for _ in dst.uses) != 1 or not isinstance(src, ir.OpResult):
             continue
@@ -143,7 +133,7 @@ def _forward_one_copy(entry: ir.Block) -> bool:
         else:
             buf = src
         alloc = buf.owner.operation
-        if alloc.name != "memref.alloc" or alloc not in position or not _identity_layout(buf.type):
+        if alloc.name != "memref.alloc" or alloc not in position or not identity_layout(buf.type):
             continue
         users = [u.owner.operation for u in buf.uses]
         others = [u for u in users if u != copy and (reshape is None or u != reshape) and u.name != "memref.dealloc"]
@@ -282,7 +272,7 @@ def _view_into_one_call(module: ir.Module, entry: ir.Block, clones: dict) -> boo
             if not isinstance(buf, ir.OpResult) or buf.owner.operation.name != "memref.alloc":
                 continue
             alloc = buf.owner.operation
-            if alloc not in position or alloc.operands or not _identity_layout(buf.type):
+            if alloc not in position or alloc.operands or not identity_layout(buf.type):
                 continue
             if sum(1 for v in operands if v == buf) != 1:
                 continue
@@ -671,7 +661,7 @@ def static_driver_buffers(module: ir.Module) -> int:
             if inner.name != "memref.alloc" or inner.operands:
                 continue
             t = ir.MemRefType(inner.results[0].type)
-            if not t.has_static_shape or not _identity_layout(t):
+            if not t.has_static_shape or not identity_layout(t):
                 continue
             if sub_byte_elements(t):
                 continue  # masks stay allocations, which widen_bool_buffers stores as bytes
@@ -742,7 +732,7 @@ def strided_copies_to_linalg(module: ir.Module) -> int:
     copies: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "memref.copy" and not all(_identity_layout(v.type) for v in op.operands):
+        if op.name == "memref.copy" and not all(identity_layout(v.type) for v in op.operands):
             copies.append(op)
         return ir.WalkResult.ADVANCE
 

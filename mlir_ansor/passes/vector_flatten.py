@@ -16,6 +16,8 @@ import math
 
 from mlir import ir
 
+from mlir_ansor.ir.types import identity_layout
+
 
 def flatten_contiguous_transfers(module: ir.Module) -> int:
     """Rewrite every ``vector.transfer_read``/``transfer_write`` of an n-D
@@ -90,8 +92,7 @@ def _flatten_one(op: ir.Operation) -> bool:
     inner = math.prod(mshape[g + 1 :])
     c_shape = mshape[:g] + [math.prod(mshape[g:])]
     c_strides = strides[:g] + [strides[-1]]
-    identity = str(mtype.layout).startswith("affine_map") and ir.AffineMapAttr(mtype.layout).value == ir.AffineMap.get_identity(mtype.rank)
-    if identity:
+    if identity_layout(mtype):
         c_type = ir.MemRefType.get(c_shape, mtype.element_type, memory_space=mtype.memory_space)
     else:
         layout = ir.StridedLayoutAttr.get(offset, c_strides)
