@@ -58,6 +58,7 @@ from mlir_ansor.measure.runner import Kernel, aligned_copy, aligned_empty, np_dt
 from mlir_ansor.passes.artifacts import emit_shared_library
 from mlir_ansor.passes.drivers import linalg_inits
 from mlir_ansor.passes.lowering import BUFFERIZE, lower_to_llvm
+from mlir_ansor.search.rules.dot_product import weight_packing
 from mlir_ansor.target import Target, usable_cores
 
 __all__ = ["CompiledModule", "KernelPlan", "ScheduledModule", "compile", "compile_untuned", "plan_kernels", "schedule_module"]
@@ -656,7 +657,7 @@ def schedule_module(
         raise AnsorError(f"default={default!r}: expected 'sketch' or 'naive'")
     target = target or Target.host()
     program = load(source.module if isinstance(source, Program) else source)
-    occs = partition(program)
+    occs = partition(program, prepack=weight_packing(target))
     tasks: dict[str, Task] = {}
     for o in occs:
         tasks.setdefault(o.task.workload_key, o.task)

@@ -55,6 +55,7 @@ from mlir_ansor.measure.runner import TimingPolicy, buffer_bytes, format_bytes, 
 from mlir_ansor.records.database import RETIME_KEY, Database, Record
 from mlir_ansor.search.generate import generate_sketches
 from mlir_ansor.search.rules import NO_PACKING
+from mlir_ansor.search.rules.dot_product import weight_packing
 from mlir_ansor.search.sketch import Sketch, default_assignment
 from mlir_ansor.search.space import Assignment
 from mlir_ansor.search.strategy import EvolutionConfig, MeasuredCandidate, SearchStrategy, TaskContext
@@ -394,7 +395,7 @@ def tune(
     if target.kind == "cuda":
         check_cuda_host(target, config, gpu_here=measurer is None)
     program = source if isinstance(source, Program) else load(source)
-    tasks = extract_tasks(program, func=func)
+    tasks = extract_tasks(program, func=func, prepack=weight_packing(target))
     own_db = db is None
     db_path = str(db) if db is not None else os.path.join(tempfile.mkdtemp(prefix="mlir-ansor-db-"), "tuning.db")
     _check_names(config)

@@ -35,7 +35,8 @@ from mlir.passmanager import PassManager
 
 from mlir_ansor.errors import InputError, UnsupportedError
 from mlir_ansor.graph.normalize import normalize
-from mlir_ansor.ir.attrs import ANCHOR_ATTR, FUSED_ATTR
+from mlir_ansor.graph.prepack import Decide, prepack_weights
+from mlir_ansor.ir.attrs import ANCHOR_ATTR, FUSED_ATTR, PACKED_ATTR
 from mlir_ansor.ir.dtypes import EPSILON, tolerance
 from mlir_ansor.ir.program import Program, load, location_str
 
@@ -437,8 +438,19 @@ def constant_linalg_ops(block: ir.Block) -> list[ir.Operation]:
     every call), and :func:`mlir_ansor.compile` evaluates them once at compile
     time. Fills stay where they are: tasks clone them as producers.
     """
-    const_vals: set = set()
     found: list[ir.Operation] = []
+    _constants(block, found)
+    return found
+
+
+def constant_values(block: ir.Block) -> set:
+    """The values of ``block`` computed from constants only (see
+    :func:`constant_linalg_ops`)."""
+    return _constants(block, [])
+
+
+def _constants(block: ir.Block, linalg_ops: list[ir.Operation]) -> set:
+    const_vals: set = set()
     for opview in block.operations:
         op = opview.operation
         if op.name in ("arith.constant", "tensor.empty"):
@@ -454,8 +466,8 @@ def constant_linalg_ops(block: ir.Block) -> list[ir.Operation]:
         if all(v in const_vals for v in operands):
             const_vals.update(op.results)
             if op.name.startswith("linalg.") and op.name != "linalg.fill":
-                found.append(op)
-    return found
+                linalg_ops.append(op)
+    return const_vals
 
 
 def _check_function(block: ir.Block, linalg_types: bool = True, left_out: list[str] | None = None) -> list[ir.Operation]:
@@ -886,6 +898,8 @@ def workload_key(task_mlir: str | ir.Module) -> str:
 
 
 def _short(info: _OpInfo) -> str:
+    if PACKED_ATTR in info.op.attributes:
+        return "matmul_packed"  # graph.prepack's matmul on a packed constant B
     if info.name != "linalg.generic":
         return info.name.removeprefix("linalg.")
     arith = [n for n in info.body if _is_arith(n)]
@@ -1009,7 +1023,7 @@ def _load_program(program_or_module: Program | ir.Module | str) -> Program:
 
 
 def extract_tasks(
-    program_or_module: Program | ir.Module | str, *, func: str | None = None
+    program_or_module: Program | ir.Module | str, *, func: str | None = None, prepack: Decide | None = None
 ) -> list[Task]:
     """Split every function (or only ``func``) into tuning tasks.
 
@@ -1019,19 +1033,22 @@ def extract_tasks(
     each occurrence. Raises :class:`UnsupportedError` for what cannot be tuned
     (dynamic shapes, element types other than those of
     :data:`SUPPORTED_DTYPES`, non-Linalg compute ops, no Linalg op at all).
+    `prepack`: which matmuls with a constant B to read it packed for the
+    target's dot products (:mod:`.prepack`; the tuner and the compiler pass
+    `search.rules.dot_product.weight_packing` of their target); None: none.
     """
-    return _extract(_load_program(program_or_module), func)[0]
+    return _extract(_load_program(program_or_module), func, prepack)[0]
 
 
-def partition(program: Program, func: str | None = None) -> list[Occurrence]:
+def partition(program: Program, func: str | None = None, prepack: Decide | None = None) -> list[Occurrence]:
     """Every task occurrence of every function (or only ``func``), in program
     order, with the mapping from the function's values to the task's
     arguments and results. The tasks are those :func:`extract_tasks` returns
     for the same arguments (merged, with weights)."""
-    return _extract(program, func)[1]
+    return _extract(program, func, prepack)[1]
 
 
-def _extract(program: Program, func: str | None) -> tuple[list[Task], list[Occurrence]]:
+def _extract(program: Program, func: str | None, prepack: Decide | None = None) -> tuple[list[Task], list[Occurrence]]:
     ctx = program.context
     # Unsupported ops are reported as the user wrote them, before
     # normalization's canonicalization can fold them away.
@@ -1041,6 +1058,12 @@ def _extract(program: Program, func: str | None) -> tuple[list[Task], list[Occur
             if body is not None:
                 _check_function(body, linalg_types=False)
     normalize(program.module)
+    if prepack is not None:
+        with ctx, ir.Location.unknown():
+            for fn in program.module.body.operations:
+                body = _function_body(fn.operation) if fn.operation.name == "func.func" else None
+                if body is not None:
+                    prepack_weights(fn.operation, prepack, constant_values(body))
     funcs = [
         o.operation
         for o in program.module.body.operations

@@ -25,3 +25,8 @@ FLOPS_ATTR = "ansor.flops"
 """Integer attribute on a scheduled kernel function: its task's operation
 count, read by the lowering to pick a dynamic OpenMP schedule for large
 kernels (`passes.lowering.dynamic_schedules`)."""
+
+PACKED_ATTR = "ansor.packed"
+"""Integer attribute on a ``linalg.generic`` that `graph.prepack` made from a
+matmul with a constant B: the reduction group B is packed in (B[k/g, n, g]);
+the `cpu-dot-product` rule takes the op as already packed."""

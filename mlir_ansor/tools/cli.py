@@ -562,8 +562,11 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     weights = None
     if args.input:
         from mlir_ansor.graph.task import extract_tasks
+        from mlir_ansor.search.rules.dot_product import weight_packing
+        from mlir_ansor.target import Target
 
-        weights = {t.workload_key: t.weight for t in extract_tasks(args.input)}
+        # The tasks as `tune` on this host cut them (constant weights packed).
+        weights = {t.workload_key: t.weight for t in extract_tasks(args.input, prepack=weight_packing(Target.host()))}
     output = args.output
     if os.path.isdir(output):
         output = os.path.join(output, "curve.png")

@@ -92,11 +92,50 @@ def group_of(a: OpStructure, target) -> int:
     CPU has 512-bit VNNI (``vpdpbusd``: 64 byte products per instruction,
     twice ``vpdpwssd``; `passes.dot_products` corrects its unsigned operand)."""
     v = variant_of(a)
-    if v is not None and v.inputs == "i8" and lanes_of(target) == 16:
+    return _group(v, target) if v is not None else 2
+
+
+def _group(v: Variant, target) -> int:
+    if v.inputs == "i8" and lanes_of(target) == 16:
         d = target.dot_product("u8xs8->i32", bits=512)
         if d is not None and d.bits == 512:
             return 4
     return 2
+
+
+def _maps_instruction(v: Variant, target) -> bool:
+    """Whether `target` has the instruction of `v` at the width the sketch
+    uses: 512-bit with AVX-512 (Skylake-X has only AVX2's 256-bit vpmaddwd:
+    no sketch), 256-bit with AVX2; 256-bit vdpbf16ps (AVX512-VL) is not
+    mapped."""
+    if target.kind != "cpu" or target.vector_bits < 256:
+        return False
+    bits = 32 * lanes_of(target)
+    d = target.dot_product(v.kind, bits=bits)
+    return d is not None and d.bits == bits and (v.inputs != "bf16" or bits == 512)
+
+
+def _fitting_tiles(rows: int, cols: int, reduction: int, lanes: int, group: int) -> list[tuple[int, int]]:
+    """The register tiles of :data:`REGISTER_TILES` that fit loops of these
+    ranges (none when the reduction is not whole groups)."""
+    if reduction % group or cols % lanes:
+        return []
+    return [(mr, nr) for mr, nr in REGISTER_TILES[lanes] if rows % mr == 0 and cols % nr == 0]
+
+
+def weight_packing(target):
+    """The :data:`graph.prepack.Decide` of `target`: the group this rule
+    packs a matmul's B in when it makes sketches of it (B constant: packed
+    once at compile time, `graph.prepack`), None where it makes none."""
+
+    def decide(inputs: str, output: str, m: int, n: int, k: int) -> int | None:
+        v = next((v for v in VARIANTS if (v.inputs, v.output) == (inputs, output)), None)
+        if v is None or not _maps_instruction(v, target):
+            return None
+        group = _group(v, target)
+        return group if _fitting_tiles(m, n, k, lanes_of(target), group) else None
+
+    return decide
 
 
 def lanes_of(target) -> int:
@@ -138,6 +177,18 @@ def matmul_dims(a: OpStructure) -> tuple[int | None, int, int, int] | None:
     if a.operand_dims[0] != (*lead, m, k) or a.operand_dims[1] != (*lead, k, n):
         return None
     return (lead[0] if lead else None), m, n, k
+
+
+def packed_matmul_dims(a: OpStructure) -> tuple[int, int, int, int] | None:
+    """(m, n, pairs, pair) loops when `a` is `graph.prepack`'s matmul
+    C[m, n] += A[m, pairs, pair] * B[pairs, n, pair] on narrow inputs."""
+    if len(a.loop_ranges) != 4 or a.reductions != (2, 3) or a.compound_dims or not a.is_mul_add:
+        return None
+    if a.num_inputs != 2 or variant_of(a) is None:
+        return None
+    if a.operand_dims[0] != (0, 2, 3) or a.operand_dims[1] != (2, 1, 3) or a.output_dims != (0, 1):
+        return None
+    return 0, 1, 2, 3
 
 
 def conv_dims(a: OpStructure) -> tuple[int, int, int] | None:
@@ -228,18 +279,9 @@ class DotProductTiling(Rule):
     name = "cpu-dot-product"
 
     def condition(self, ctx: SketchContext) -> RuleResult:
-        if ctx.target.kind != "cpu" or ctx.target.vector_bits < 256:
-            return RuleResult.SKIP
         a = ctx.anchor
         v = variant_of(a) if a.num_inputs == 2 and a.is_mul_add else None
-        if v is None:
-            return RuleResult.SKIP
-        # The instruction at the width the sketch uses: 512-bit with AVX-512
-        # (Skylake-X has only AVX2's 256-bit vpmaddwd: no sketch), 256-bit
-        # with AVX2; 256-bit vdpbf16ps (AVX512-VL) is not mapped.
-        bits = 32 * lanes_of(ctx.target)
-        d = ctx.target.dot_product(v.kind, bits=bits)
-        if d is None or d.bits != bits or (v.inputs == "bf16" and bits != 512):
+        if v is None or not _maps_instruction(v, ctx.target):
             return RuleResult.SKIP
         return RuleResult.APPLY if self._tiles(a, lanes_of(ctx.target), group_of(a, ctx.target)) else RuleResult.SKIP
 
@@ -248,33 +290,43 @@ class DotProductTiling(Rule):
         """The register tiles that fit the op's loops (none: not an op of
         this rule)."""
         r = a.loop_ranges
+        packed = packed_matmul_dims(a)
+        if packed is not None:
+            m, n, pairs, pair = packed
+            return _fitting_tiles(r[m], r[n], r[pairs] * r[pair], lanes, group) if r[pair] == group else []
         mm = matmul_dims(a)
         dims = mm[1:] if mm else conv_dims(a)
         if dims is None:
             return []
         rows, cols, red = dims
-        if r[red] % group or r[cols] % lanes:
-            return []
-        return [(mr, nr) for mr, nr in REGISTER_TILES[lanes] if r[rows] % mr == 0 and r[cols] % nr == 0]
+        return _fitting_tiles(r[rows], r[cols], r[red], lanes, group)
 
     def apply(self, ctx: SketchContext) -> list[Sketch]:
         tiles = self._tiles(ctx.anchor, lanes_of(ctx.target), group_of(ctx.anchor, ctx.target))
+        packed = packed_matmul_dims(ctx.anchor)
+        if packed is not None:
+            m, n, pairs, _ = packed
+            return [self._sketch(ctx, m, n, pairs, mr, nr, packed=True) for mr, nr in tiles]
         mm = matmul_dims(ctx.anchor)
         if mm is None:
             return [self._conv_sketch(ctx, mr, nr) for mr, nr in tiles]
         batch, m, n, k = mm
         return [self._sketch(ctx, m, n, k, mr, nr, batch=batch) for mr, nr in tiles]
 
-    def _sketch(self, ctx: SketchContext, m: int, n: int, k: int, mr: int, nr: int, batch: int | None = None) -> Sketch:
+    def _sketch(
+        self, ctx: SketchContext, m: int, n: int, k: int, mr: int, nr: int, batch: int | None = None, packed: bool = False
+    ) -> Sketch:
         """A matmul, or with `batch` (its loop) a batched one: each batch a
         thread step, and its 1 x 16 pieces folded to (16 x 2) . (2) like a
-        convolution's (`passes.dot_products` lowers them)."""
+        convolution's (`passes.dot_products` lowers them). `packed`: the
+        anchor is `graph.prepack`'s matmul on a packed constant B, loops
+        (m, n, pairs `k`, pair), which the packing here would make."""
         lanes = lanes_of(ctx.target)
         anchor = ctx.anchor
         r = anchor.loop_ranges
         group = group_of(anchor, ctx.target)
-        pairs = r[k] // group
-        pair = len(r)  # the loop of the two elements of a pair, after packing
+        pairs = r[k] if packed else r[k] // group
+        pair = 3 if packed else len(r)  # the loop of the two elements of a pair, after packing
         specs = [
             KnobSpec(f"p_d{m}", tuple(d for d in divisors(r[m]) if d % mr == 0), doc=f"parallel (scf.forall) tile of loop d{m}"),
             KnobSpec(f"p_d{n}", tuple(d for d in divisors(r[n]) if d % nr == 0), doc=f"parallel (scf.forall) tile of loop d{n}"),
@@ -293,7 +345,8 @@ class DotProductTiling(Rule):
         lead = [1] if batch is not None else []  # the batch loop, a step at a time
         # The layout: the reduction in pairs (A's pack is a view, B's a copy
         # over threads, 16 pair rows by 16 columns a step).
-        _pack_reduction(w, ctx, k, group, lead + [16 if pairs % 16 == 0 else 1, 0], lead + [1, lanes])
+        if not packed:
+            _pack_reduction(w, ctx, k, group, lead + [16 if pairs % 16 == 0 else 1, 0], lead + [1, lanes])
 
         # Threads, the cache tile of pairs, the packed B tile.
         thread = {m: h[f"p_d{m}"], n: h[f"p_d{n}"]}
