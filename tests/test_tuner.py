@@ -238,6 +238,31 @@ def test_a_small_budget_still_reaches_every_task(tmp_path):
     assert all(np.isfinite(r.best_latency_s) for r in result.tasks)
 
 
+MATMUL_AND_TRANSPOSE = """
+func.func @f(%a: tensor<96x96xf32>, %b: tensor<96x96xf32>) -> tensor<96x96xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<96x96xf32>
+  %z = linalg.fill ins(%zero : f32) outs(%e : tensor<96x96xf32>) -> tensor<96x96xf32>
+  %m = linalg.matmul ins(%a, %b : tensor<96x96xf32>, tensor<96x96xf32>) outs(%z : tensor<96x96xf32>) -> tensor<96x96xf32>
+  %t = linalg.transpose ins(%m : tensor<96x96xf32>) outs(%e : tensor<96x96xf32>) permutation = [1, 0]
+  return %t : tensor<96x96xf32>
+}
+"""
+
+
+@pytest.mark.slow
+def test_first_batches_follow_the_share_of_time(tmp_path):
+    """A task that is a sliver of the untuned module's time (a transpose
+    beside a matmul) gets a first batch of 2, and the budget goes to the
+    matmul: 10 trials, batches of 5 (an equal share), round-robin."""
+    path = tmp_path / "mt.mlir"
+    path.write_text(MATMUL_AND_TRANSPOSE)
+    config = _config(trials=10, batch_size=8, task_scheduler="round-robin")
+    result = tune(str(path), config=config, db=tmp_path / "mt.db")
+    trials = {r.task.name.split("_")[0]: r.trials for r in result.tasks}
+    assert trials == {"matmul": 8, "transpose": 2}
+
+
 SIBLINGS = """
 func.func @f(%a: tensor<32x40xf32>, %b: tensor<40x48xf32>, %c: tensor<32x40xf32>) -> (tensor<32x48xf32>, tensor<32x48xf32>) {
   %zero = arith.constant 0.0 : f32
