@@ -79,6 +79,22 @@ def test_compile_untuned_defaults_match_reference_and_numpy():
     np.testing.assert_allclose(o, out, rtol=1e-6)
 
 
+def test_calls_take_any_array_and_return_fresh_outputs():
+    """A call passes aligned C-contiguous inputs of the right type as they
+    are and copies the others (views, other dtypes, misaligned); each call
+    has outputs of its own (the descriptors are set up once per function)."""
+    cm = mlir_ansor.compile(str(INPUTS / "two_matmuls.mlir"))
+    x, w1, w2, w3 = (aligned_copy(a) for a in _inputs(cm))
+    want = ((x @ w1) @ w2) @ w3
+    first = cm(x, w1, w2, w3)
+    np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-4)
+    x2 = x * 2
+    second = cm(np.asfortranarray(x2), w1.astype(np.float64), w2, w3[:, :])
+    assert second is not first
+    np.testing.assert_allclose(second, 2 * want, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-4)  # untouched by the second call
+
+
 def test_aligned_buffers():
     for shape, dtype in [((3, 5), np.float32), ((7,), np.float64), ((), np.int32), ((0, 4), np.float32)]:
         e = aligned_empty(shape, dtype)

@@ -9,6 +9,7 @@ and ctypes only, not MLIR, so a measuring host needs nothing but the artifact.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import statistics
 import time
@@ -111,9 +112,9 @@ def aligned_empty(shape: tuple[int, ...], dtype) -> np.ndarray:
     """An uninitialized C-contiguous array whose data starts on an
     `ALIGNMENT`-byte boundary."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
-    start = -raw.ctypes.data % ALIGNMENT
+    start = -raw.__array_interface__["data"][0] % ALIGNMENT
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
@@ -140,7 +141,11 @@ def aligned_copy(a: np.ndarray, dtype=None) -> np.ndarray:
     return out
 
 
+@functools.cache
 def _descriptor_type(rank: int) -> type:
+    """The ctypes struct of a rank-`rank` memref descriptor (one class per
+    rank: making a ctypes class costs tens of microseconds, which a
+    compiled module's every call paid three times over)."""
     fields = [
         ("allocated", ctypes.c_void_p),
         ("aligned", ctypes.c_void_p),
@@ -178,15 +183,14 @@ class Kernel:
     def bind(self, arrays: list[np.ndarray]):
         """Return a no-argument callable that runs the kernel on `arrays`."""
         descs = [descriptor(a) for a in arrays]
-        ptrs = [ctypes.pointer(d) for d in descs]
         fn = self.fn
-        fn.argtypes = [ctypes.c_void_p] * len(ptrs)
-        raw = [ctypes.cast(p, ctypes.c_void_p) for p in ptrs]
+        fn.argtypes = [ctypes.c_void_p] * len(descs)
+        raw = [ctypes.addressof(d) for d in descs]
 
         def call() -> None:
             fn(*raw)
 
-        call._keepalive = (descs, ptrs, arrays)  # type: ignore[attr-defined]
+        call._keepalive = (descs, arrays)  # type: ignore[attr-defined]
         return call
 
     def close(self) -> None:
