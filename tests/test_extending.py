@@ -231,10 +231,11 @@ def test_cli_flags_make_the_config(tmp_path):
     args = _parser().parse_args(
         ["tune", "--search", "evolutionary", "--no-cost-model", "--no-crossover", "--no-packing",
          "--random-task-scheduler", "--local-share", "0.5", "--rules", "cpu-contraction, cpu-default",
-         "--retime-top", "2", "--retime-rounds", "0"]
+         "--retime-top", "2", "--retime-rounds", "0", "--flush-caches"]
     )
     c = config_from_args(args, TuneConfig)
     assert (c.retime_top, c.retime_rounds) == (2, 0)
+    assert c.timing.flush_caches is True
     assert (c.strategy, c.cost_model, c.task_scheduler) == ("evolutionary", "random", "random")
     assert c.packing is False and c.evolution.crossover is False and c.evolution.local_share == 0.5
     assert c.rules == ("cpu-contraction", "cpu-default")
@@ -242,6 +243,7 @@ def test_cli_flags_make_the_config(tmp_path):
     assert (plain.cost_model, plain.task_scheduler, plain.packing, plain.rules) == ("xgb", "gradient", True, None)
     assert plain.evolution.crossover is True and plain.evolution.local_share == 0.0
     assert (plain.retime_top, plain.retime_rounds) == (TuneConfig.retime_top, TuneConfig.retime_rounds)
+    assert plain.timing == TuneConfig().timing and plain.timing.flush_caches is False
     with pytest.raises(SystemExit):
         _parser().parse_args(["tune", "--retime-rounds", "-1"])
     with pytest.raises(InputError, match="--local-share"):

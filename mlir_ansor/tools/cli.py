@@ -91,6 +91,10 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--retime-rounds", type=_positive(int, zero_ok=True), default=3, metavar="R",
                    help="timings of each re-timed schedule, taking turns; the pick is made on all of a "
                         "schedule's timings (default 3; 0: no re-timing)")
+    t.add_argument("--flush-caches", action="store_true",
+                   help="evict the caches before each timed run, so kernels are timed with their inputs in memory, "
+                        "as a model's kernels find their weights (TimingPolicy.flush_caches; keep such records in "
+                        "a database of their own)")
     t.add_argument("--share-best", action="store_true",
                    help="seed each batch with the best schedule of a task whose sketch has the same knobs "
                         "(one per batch; off by default, see TuneConfig.share_best)")
@@ -299,6 +303,7 @@ def config_from_args(args: argparse.Namespace, config_cls):
     """The `TuneConfig` that the `tune` flags describe (plugins imported
     first, so the names they register can be selected). The ablation flags
     override the corresponding selections."""
+    from mlir_ansor.measure.runner import TimingPolicy
     from mlir_ansor.search.strategy import EvolutionConfig
 
     _load_plugins(args)
@@ -323,6 +328,7 @@ def config_from_args(args: argparse.Namespace, config_cls):
         build_only=getattr(args, "build_only", False),
         retime_top=args.retime_top,
         retime_rounds=args.retime_rounds,
+        **({"timing": TimingPolicy(flush_caches=True)} if getattr(args, "flush_caches", False) else {}),
     )
 
 
