@@ -1,5 +1,9 @@
-"""Ansor's single-operator set: tuned latency against numpy/OpenBLAS and
-PyTorch CPU, measured in the same run, at each thread count.
+"""Ansor's single-operator set: tuned latency against numpy/OpenBLAS,
+PyTorch CPU eager, `torch.compile` (inductor, max-autotune-no-cudagraphs) and
+IREE (`iree_peer.py`: its best and its default flags, on the same MLIR we
+tune), measured in the same run, at each thread count; the ratio to the best
+peer per op, its median and lowest per thread count, and the peers' compile
+times.
 
 For every workload of `mlir_ansor.examples.workloads.ANSOR_SET` (C1D, C2D, C3D, GMM,
 GRP, DIL, DEP, NRM, SFM, conv + bias + ReLU, transpose + batch matmul, and
@@ -14,8 +18,10 @@ drifts over seconds moves all of them), and
 print one table of latencies, GFLOP/s and ratios (>1 means mlir-ansor is faster).
 
 Usage:
-  python benchmarks/ansor_ops.py [--ops GMM,C2D] [--threads 1,2] [--trials 200]
+  python benchmarks/ansor_ops.py [--ops GMM,C2D] [--threads 1,2] [--trials 200] [--peers numpy,torch,compile,iree]
 PyTorch is optional (`pip install torch==2.13.0`); without it that column is "-".
+IREE: `bash benchmarks/setup_peers.sh --iree` (its own venv); in-process peers are
+timed in turns with ours, IREE's `iree-benchmark-module` right after.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -39,6 +46,7 @@ from mlir_ansor.examples import workloads  # noqa: A004
 from mlir_ansor.graph.task import extract_tasks
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from iree_peer import DEFAULT_IREE_PYTHON, Iree  # noqa: E402
 from timing import interleaved_medians, median_time  # noqa: E402
 
 _time = median_time
@@ -117,6 +125,22 @@ def peer_kernels(name: str, arrays: list[np.ndarray], threads: int) -> dict[str,
     if fn is not None:
         out["torch"] = fn
     return out
+
+
+def torch_compiled(name: str, arrays: list[np.ndarray], threads: int) -> tuple[Callable[[], object] | None, float]:
+    """PyTorch's computation of `name` through ``torch.compile`` (inductor,
+    ``mode="max-autotune-no-cudagraphs"``) and its compile time (the first
+    call); (None, nan) without PyTorch or a torch form of `name`."""
+    fn = peer_kernels(name, arrays, threads).get("torch")
+    if fn is None:
+        return None, math.nan
+    import torch
+
+    compiled = torch.compile(fn, mode="max-autotune-no-cudagraphs")
+    t0 = time.perf_counter()
+    with peer_settings(threads):
+        compiled()
+    return compiled, time.perf_counter() - t0
 
 
 @contextlib.contextmanager
@@ -218,24 +242,53 @@ def main() -> None:
     ap.add_argument("--search", default="evolutionary", help="our search strategy")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", metavar="DIR", help="copy each tuning database (<op>_<threads>.db) into DIR")
+    ap.add_argument("--peers", default="numpy,torch,compile,iree",
+                    help="peers to time, of: numpy, torch (eager), compile (torch.compile), iree (both flag sets)")
+    ap.add_argument("--iree-python", default=DEFAULT_IREE_PYTHON, help="python of IREE's env")
     args = ap.parse_args()
+    wanted = {p.strip() for p in args.peers.split(",") if p.strip()}
     unlimited = _numpy_threads_unlimited()
     if unlimited:
         print(unlimited, file=sys.stderr)
     rows = []
+    compile_times: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="ansor-ops-") as wd:
+        iree = None
+        if "iree" in wanted:
+            if os.path.exists(args.iree_python):
+                iree = Iree(args.iree_python, wd, ["best", "default"], min_time=0.5)
+            else:
+                print(f"IREE: no {args.iree_python} (bash benchmarks/setup_peers.sh --iree); not timed", file=sys.stderr)
         for name in args.ops.split(","):
             path = os.path.join(wd, f"{name}.mlir")
             with open(path, "w") as f:
                 f.write(workloads.ANSOR_SET[name]())
             flops = sum(t.flops * t.weight for t in extract_tasks(path))
             arrays = random_inputs(path)
+            work = None
             for threads in (int(x) for x in args.threads.split(",")):
                 db = os.path.join(wd, f"{name}_{threads}.db")
                 config = TuneConfig(trials=args.trials, threads=threads, seed=args.seed, strategy=args.search)
                 o = tune_and_time(path, arrays, config, db)
-                peers = time_in_turns(o.kernel, peer_kernels(name, arrays, threads), threads)
+                in_turns = {k: v for k, v in peer_kernels(name, arrays, threads).items() if k in wanted}
+                compiled, compile_s = torch_compiled(name, arrays, threads) if "compile" in wanted else (None, math.nan)
+                if compiled is not None:
+                    in_turns["torch.compile"] = compiled
+                    compile_times.setdefault(name, {})["torch.compile"] = compile_s
+                peers = time_in_turns(o.kernel, in_turns, threads)
                 ours = peers.pop("ours")
+                if iree is not None:
+                    work = work or SimpleNamespace(name=name, path=path, arrays=arrays, reference=[o.output])
+                    prepared = iree.prepare(work, threads)
+                    for fs, r in prepared.items():
+                        if "error" in r:
+                            print(f"{name}: IREE ({fs} flags): {r['error']}", file=sys.stderr)
+                        elif "compile_s" in r:
+                            compile_times.setdefault(name, {})[f"IREE {fs}"] = r["compile_s"]
+                    ok = [fs for fs, r in prepared.items() if "error" not in r]
+                    for fs, v in (iree.time(work, threads, ok) if ok else {}).items():
+                        if isinstance(v, float):
+                            peers[f"IREE {fs}"] = v
                 rows.append((name, threads, ours, o.untuned_s, peers, flops, o.tune_s, o.rel_err, o.trials))
                 if args.keep:
                     os.makedirs(args.keep, exist_ok=True)
@@ -247,22 +300,31 @@ def main() -> None:
                     file=sys.stderr,
                     flush=True,
                 )
+    systems = [s for s in ("numpy", "torch", "torch.compile", "IREE best", "IREE default") if any(s in r[4] for r in rows)]
     hdr = (
-        f"{'op':<5} {'thr':>3} {'ours ms':>9} {'GF/s':>7} {'untuned ms':>10} {'numpy ms':>9} {'torch ms':>9} "
-        f"{'vs numpy':>8} {'vs torch':>8} {'trials':>6} {'tune s':>6} {'rel err':>8}"
+        f"{'op':<5} {'thr':>3} {'ours ms':>9} {'GF/s':>7} {'untuned ms':>10} "
+        + " ".join(f"{s + ' ms':>16}" for s in systems)
+        + f" {'best peer':>13} {'vs best':>7} {'trials':>6} {'tune s':>6} {'rel err':>8}"
     )
     print(hdr)
     print("-" * len(hdr))
     fmt = lambda x: f"{x * 1e3:.3f}" if x is not None and math.isfinite(x) else "-"  # noqa: E731
+    ratios: dict[int, list[float]] = {}
     for name, threads, ours, untuned, peers, flops, tune_s, err, n in rows:
-        npy, trc = peers.get("numpy"), peers.get("torch")
-        def vs(p: float | None, ours: float = ours) -> str:
-            return f"{p / ours:.2f}" if p else "-"
-
+        best = min(peers.items(), key=lambda kv: kv[1], default=(None, math.nan))
+        vs = best[1] / ours if best[0] else math.nan
+        if best[0]:
+            ratios.setdefault(threads, []).append(vs)
         print(
-            f"{name:<5} {threads:>3} {fmt(ours):>9} {flops / ours / 1e9:>7.1f} {fmt(untuned):>10} {fmt(npy):>9} {fmt(trc):>9} "
-            f"{vs(npy):>8} {vs(trc):>8} {n:>6} {tune_s:>6.0f} {err:>8.1e}"
+            f"{name:<5} {threads:>3} {fmt(ours):>9} {flops / ours / 1e9:>7.1f} {fmt(untuned):>10} "
+            + " ".join(f"{fmt(peers.get(s)):>16}" for s in systems)
+            + f" {(best[0] or '-'):>13} {vs:>7.2f} {n:>6} {tune_s:>6.0f} {err:>8.1e}"
         )
+    for threads, rs in ratios.items():
+        print(f"{threads} thread(s): against the best peer, median {float(np.median(rs)):.2f}, lowest {min(rs):.2f} "
+              f"({sum(r >= 1.0 for r in rs)} of {len(rs)} ops >= 1.0)")
+    if compile_times:
+        print("compile s: " + "; ".join(f"{op} " + ", ".join(f"{k} {v:.1f}" for k, v in c.items()) for op, c in compile_times.items()))
     if unlimited:
         print(unlimited)
 
