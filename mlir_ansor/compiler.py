@@ -155,25 +155,19 @@ class CompiledModule:
         The copies and outputs are cache-line aligned (`runner.ALIGNMENT`), as
         the tuner's were when it timed the kernels."""
         name = name or self.entry
-        ins_spec, outs_spec, written = self.functions[name]
-        if len(arrays) != len(ins_spec):
-            raise AnsorError(f"@{name} takes {len(ins_spec)} argument(s), got {len(arrays)}")
-        ins = []
-        for i, (a, (shape, dtype)) in enumerate(zip(arrays, ins_spec)):
-            a = np.asarray(a)
-            if tuple(a.shape) != tuple(shape):
-                raise AnsorError(f"@{name}: argument {i} has shape {a.shape}, expected {tuple(shape)}")
-            ins.append(aligned_copy(a, np_dtype(dtype)))
-        outs = [aligned_empty(shape, np_dtype(dtype)) for shape, dtype in outs_spec]
-        run = self._kernel(name).bind(ins + outs)
-        results = outs if outs_spec else [ins[i] for i in written]
-        return run, results
+        plan = self._plan(name)
+        ins = plan.inputs(name, arrays, copy=True)
+        outs = plan.outputs()
+        return self._kernel(name).bind(ins + outs), plan.results(ins, outs)
 
-    def _call(self, name: str, arrays) -> np.ndarray | tuple[np.ndarray, ...] | None:
+    def _plan(self, name: str) -> _CallPlan:
         plan = self._plans.get(name)
         if plan is None:
             plan = self._plans[name] = _CallPlan(self._kernel(name), *self.functions[name])
-        results = plan(name, arrays)
+        return plan
+
+    def _call(self, name: str, arrays) -> np.ndarray | tuple[np.ndarray, ...] | None:
+        results = self._plan(name)(name, arrays)
         if not results:
             return None
         return results[0] if len(results) == 1 else tuple(results)
@@ -189,10 +183,10 @@ class CompiledModule:
 
 
 class _CallPlan:
-    """One function's call, set up once: its memref descriptors (static
-    shapes: only the data pointers change from call to call) and the byte
-    sizes of its outputs. A call then costs a few microseconds of Python
-    beyond the kernels (it was about 20 with descriptors made per call)."""
+    """One function's call, set up once: its argument types and memref
+    descriptors (static shapes: only the data pointers change from call to
+    call). A call then costs a few microseconds of Python beyond the kernels
+    (it was about 20 with descriptors made per call)."""
 
     def __init__(self, kernel: Kernel, ins_spec, outs_spec, written) -> None:
         self.fn = kernel.fn
@@ -204,7 +198,10 @@ class _CallPlan:
         self.raw = [ctypes.addressof(d) for d in self.descs]
         self.argtypes = [ctypes.c_void_p] * len(self.descs)
 
-    def __call__(self, name: str, arrays) -> list[np.ndarray]:
+    def inputs(self, name: str, arrays, copy: bool) -> list[np.ndarray]:
+        """`arrays` checked against the signature, as the kernel reads them:
+        an aligned copy of each (`copy`), or of those that are written, of
+        another type, not C-contiguous or not aligned."""
         if len(arrays) != len(self.ins):
             raise AnsorError(f"@{name} takes {len(self.ins)} argument(s), got {len(arrays)}")
         bufs = []
@@ -212,15 +209,25 @@ class _CallPlan:
             a = np.asarray(a)
             if a.shape != shape:
                 raise AnsorError(f"@{name}: argument {i} has shape {a.shape}, expected {shape}")
-            if i in self.written or a.dtype != dtype or not a.flags.c_contiguous or a.ctypes.data % ALIGNMENT:
+            if copy or i in self.written or a.dtype != dtype or not a.flags.c_contiguous or a.ctypes.data % ALIGNMENT:
                 a = aligned_copy(a, dtype)
             bufs.append(a)
-        outs = [aligned_empty(shape, dtype) for shape, dtype in self.outs]
+        return bufs
+
+    def outputs(self) -> list[np.ndarray]:
+        return [aligned_empty(shape, dtype) for shape, dtype in self.outs]
+
+    def results(self, bufs: list[np.ndarray], outs: list[np.ndarray]) -> list[np.ndarray]:
+        """What a call returns: its outputs, or the memref arguments it wrote."""
+        return outs if self.outs else [bufs[i] for i in self.written]
+
+    def __call__(self, name: str, arrays) -> list[np.ndarray]:
+        bufs, outs = self.inputs(name, arrays, copy=False), self.outputs()
         for d, a in zip(self.descs, bufs + outs):
             d.allocated = d.aligned = a.ctypes.data
         self.fn.argtypes = self.argtypes
         self.fn(*self.raw)
-        return outs if self.outs else [bufs[i] for i in self.written]
+        return self.results(bufs, outs)
 
 
 def _symbol(task: Task) -> str:

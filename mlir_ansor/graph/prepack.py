@@ -37,9 +37,6 @@ Decide = Callable[[str, str, int, int, int], "int | None"]
 """``decide(input type, accumulator type, m, n, k)``: the reduction group
 to pack a matmul's constant B in (2 or 4), or None to leave it."""
 
-_WIDENING = {"bf16": "extf", "f16": "extf", "i8": "extsi", "i16": "extsi"}
-
-
 def _is_default_matmul(op: ir.Operation) -> bool:
     """A plain ``linalg.matmul`` (no transposing ``indexing_maps``, no
     ``cast`` other than the default signed one)."""
@@ -129,8 +126,8 @@ def prepack_weights(fn: ir.Operation, decide: Decide, constant: set) -> int:
         if not _is_default_matmul(op) or op.operands[1] not in constant:
             continue
         types = [_element(v) for v in op.operands]
-        if types[0] != types[1] or types[0] not in _WIDENING:
-            continue
+        if types[0] != types[1]:
+            continue  # `decide` takes one input type
         a_t, b_t = (ir.RankedTensorType(v.type) for v in op.operands[:2])
         if not (a_t.has_static_shape and b_t.has_static_shape):
             continue

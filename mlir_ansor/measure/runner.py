@@ -232,6 +232,7 @@ class TimingPolicy:
 def last_level_cache_bytes() -> int:
     """The largest CPU cache of this host (sysfs; 32 MiB when it says
     nothing)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     sizes = []
     for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
         try:
@@ -239,7 +240,6 @@ def last_level_cache_bytes() -> int:
                 text = f.read().strip()
         except OSError:
             continue
-        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
         if text[-1:] in units and text[:-1].isdigit():
             sizes.append(int(text[:-1]) * units[text[-1]])
         elif text.isdigit():
