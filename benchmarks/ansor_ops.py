@@ -279,16 +279,9 @@ def main() -> None:
                 ours = peers.pop("ours")
                 if iree is not None:
                     work = work or SimpleNamespace(name=name, path=path, arrays=arrays, reference=[o.output])
-                    prepared = iree.prepare(work, threads)
-                    for fs, r in prepared.items():
-                        if "error" in r:
-                            print(f"{name}: IREE ({fs} flags): {r['error']}", file=sys.stderr)
-                        elif "compile_s" in r:
-                            compile_times.setdefault(name, {})[f"IREE {fs}"] = r["compile_s"]
-                    ok = [fs for fs, r in prepared.items() if "error" not in r]
-                    for fs, v in (iree.time(work, threads, ok) if ok else {}).items():
-                        if isinstance(v, float):
-                            peers[f"IREE {fs}"] = v
+                    timed, compiled_s = iree.latencies(work, threads)
+                    peers.update({f"IREE {fs}": v for fs, v in timed.items()})
+                    compile_times.setdefault(name, {}).update({f"IREE {fs}": v for fs, v in compiled_s.items()})
                 rows.append((name, threads, ours, o.untuned_s, peers, flops, o.tune_s, o.rel_err, o.trials))
                 if args.keep:
                     os.makedirs(args.keep, exist_ok=True)

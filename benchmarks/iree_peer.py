@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from typing import Protocol
 
 import numpy as np
@@ -81,6 +82,21 @@ class Iree:
         if "error" in info:
             return {f: info["error"] for f in flag_sets}
         return {f: r.get("latency_s", r.get("error", "no figure")) for f, r in info["results"].items()}
+
+    def latencies(self, w: Peerable, threads: int) -> tuple[dict[str, float], dict[str, float]]:
+        """Compile, check and time `w` once with every flag set:
+        ({flag set: latency s}, {flag set: compile s}); a flag set that
+        fails is left out and its error printed on stderr."""
+        prepared = self.prepare(w, threads)
+        compile_s = {}
+        for fs, r in prepared.items():
+            if "error" in r:
+                print(f"{w.name}: IREE ({fs} flags): {r['error']}", file=sys.stderr)
+            elif "compile_s" in r:
+                compile_s[fs] = r["compile_s"]
+        ok = [fs for fs, r in prepared.items() if "error" not in r]
+        timed = self.time(w, threads, ok) if ok else {}
+        return {fs: v for fs, v in timed.items() if isinstance(v, float)}, compile_s
 
 
 def _bits(a: np.ndarray) -> np.ndarray:

@@ -197,16 +197,8 @@ def main() -> None:
                     peer["torch.compile"] = median_time(lambda c=compiled_torch, i=inputs: c(*i), min_time=1.0, min_repeat=5)
             iree_compile_s: dict[str, float] = {}
             if iree is not None:
-                prepared = iree.prepare(work, threads)
-                ok = [fs for fs, r in prepared.items() if "error" not in r]
-                for fs, r in prepared.items():
-                    if "error" in r:
-                        print(f"IREE ({fs} flags): {r['error']}", file=sys.stderr)
-                    elif "compile_s" in r:
-                        iree_compile_s[fs] = r["compile_s"]
-                for fs, v in (iree.time(work, threads, ok) if ok else {}).items():
-                    if isinstance(v, float):
-                        peer[f"IREE {fs}"] = v
+                timed, iree_compile_s = iree.latencies(work, threads)
+                peer.update({f"IREE {fs}": v for fs, v in timed.items()})
             sources = Counter(k.source for k in cm.kernels)
             cm.close()
             rows.append(dict(model=name, threads=threads, ours=ours, kernels=kernels_s, untuned=untuned, peer=peer,
