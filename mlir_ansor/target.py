@@ -82,6 +82,7 @@ NAMED_CPUS: dict[str, tuple[str, ...]] = {
     "cooperlake": _SKX + ("avx512_vnni", "avx512_bf16"),
     "icelake-server": _SKX + ("avx512_vnni",),
     "sapphirerapids": _SPR,
+    "emeraldrapids": _SPR,
     "graniterapids": _SPR,
     "alderlake": _HASWELL + ("avx_vnni",),
     "sierraforest": _HASWELL + ("avx_vnni", "avx_vnni_int8"),
@@ -158,6 +159,32 @@ AVX512-VNNI + AVX512-VL, VEX with AVX-VNNI (LLVM picks). AMX (tiles, not
 vectors) is recorded in the features but is not a vector dot product."""
 
 
+DOT_RATES: dict[tuple[str, str, int], float] = {
+    # Zen 5 (EPYC 9005, family 26), full-width AVX-512: FMA zmm 240 GFLOP/s,
+    # vdpbf16ps 478, vpdpbusd 956 GOP/s, vpdpwssd 475 (one core).
+    ("znver5", "vdpbf16ps", 512): 2.0,
+    ("znver5", "vpdpbusd", 512): 4.0,
+    ("znver5", "vpdpwssd", 512): 2.0,
+    # Zen 4 (family 25), AVX-512 in two halves: FMA 118 GFLOP/s, vdpbf16ps
+    # 202-227.
+    ("znver4", "vdpbf16ps", 512): 1.8,
+    # Sapphire / Emerald Rapids (Golden / Raptor Cove; measured on family 6
+    # model 207 without AMX exposed): FMA zmm 166-173 GFLOP/s, vdpbf16ps
+    # only 83 (one every other cycle), vpdpbusd 713 GOP/s, vpdpwssd 349.
+    ("sapphirerapids", "vdpbf16ps", 512): 0.5,
+    ("sapphirerapids", "vpdpbusd", 512): 4.1,
+    ("sapphirerapids", "vpdpwssd", 512): 2.0,
+}
+"""How many multiply-adds one core's dot-product instruction (by
+:attr:`Target.core`, mnemonic and width) does per cycle, relative to f32 FMAs
+of the same width: measured with a loop of 16 independent accumulators
+(one core, the figures in the comments). A dot product is only worth its data
+layout where this exceeds what widening plus FMAs gives (1.0): on Intel's
+server cores without AMX, ``vdpbf16ps`` runs at half the FMAs' rate, so bf16
+is computed in f32 there (`search.rules.dot_product`). Cores not in the table
+get the instruction's nominal rate (:meth:`Target.dot_rate`)."""
+
+
 def _vector_bits(flags: frozenset[str] | set[str]) -> int:
     if "avx512f" in flags:
         return 512
@@ -182,6 +209,50 @@ def parse_cpuinfo(text: str) -> tuple[frozenset[str], str]:
         elif key == "model name" and not model:
             model = value.strip()
     return frozenset(flags), model
+
+
+_INTEL_CORES: dict[int, str] = {
+    85: "skylake-avx512",  # also Cascade and Cooper Lake: told apart by their flags
+    106: "icelake-server",
+    108: "icelake-server",
+    143: "sapphirerapids",
+    207: "sapphirerapids",  # Emerald Rapids: the same core (LLVM's "emeraldrapids" is an alias)
+    173: "graniterapids",
+    174: "graniterapids",
+}
+"""Intel family 6 server models -> the LLVM name of their core."""
+
+
+def core_of_cpuinfo(text: str) -> str:
+    """The LLVM name of the core a ``/proc/cpuinfo`` text's first processor
+    has ("znver5", "sapphirerapids"...), from its vendor, family and model
+    (and flags, where one model number covers several), or "" when it is
+    not one of the cores :data:`DOT_RATES` and :data:`NAMED_CPUS` know."""
+    info: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if not key and info:
+            break  # the first processor only
+        info.setdefault(key, value.strip())
+    flags = set(info.get("flags", "").split())
+    try:
+        family, model = int(info.get("cpu family", "")), int(info.get("model", ""))
+    except ValueError:
+        return ""
+    vendor = info.get("vendor_id", "")
+    if vendor == "AuthenticAMD":
+        if family == 26:
+            return "znver5"
+        if family == 25:
+            return "znver4" if "avx512f" in flags else "znver3"
+        return "znver2" if family == 23 and model >= 0x30 else ""
+    if vendor == "GenuineIntel" and family == 6:
+        core = _INTEL_CORES.get(model, "")
+        if core == "skylake-avx512" and "avx512_vnni" in flags:
+            return "cooperlake" if "avx512_bf16" in flags else "cascadelake"
+        return core
+    return ""
 
 
 def _read_cpuinfo() -> str:
@@ -233,6 +304,10 @@ class Target:
     llvm_cpu: the CPU LLVM builds for (``llc -mcpu``): "native" for the
         host, the name for ``Target.cpu(name)``; "" for a target made by hand
         (then generic x86-64, or AArch64, with its `features`).
+    core: the LLVM name of the CPU's core where it is known ("znver5",
+        "sapphirerapids": the host's from its cpuinfo, `core_of_cpuinfo`),
+        else ""; it says how fast each dot product runs (:data:`DOT_RATES`).
+        Not part of the :attr:`key` (the features are).
 
     CUDA only (zero for a CPU):
     arch: compute capability as an int (90 for sm_90).
@@ -255,6 +330,7 @@ class Target:
     max_registers_per_thread: int = 0
     warp_size: int = 0
     llvm_cpu: str = ""
+    core: str = ""
 
     @staticmethod
     def cuda(arch: int | str = 90) -> Target:
@@ -302,7 +378,7 @@ class Target:
         flags, model = parse_cpuinfo(text)
         feats = tuple(sorted(f for f in CPU_FEATURES if f in flags))
         model = model or platform.processor() or platform.machine()
-        return Target("cpu", _vector_bits(flags), max(1, cores), model, feats, llvm_cpu="native")
+        return Target("cpu", _vector_bits(flags), max(1, cores), model, feats, llvm_cpu="native", core=core_of_cpuinfo(text))
 
     @staticmethod
     def cpu(name: str, *, cores: int | None = None) -> Target:
@@ -315,7 +391,9 @@ class Target:
         if feats is None:
             raise AnsorError(f"CPU {name!r} is not known; expected one of {', '.join(NAMED_CPUS)}")
         n = usable_cores() if cores is None else max(1, cores)
-        return Target("cpu", _vector_bits(set(feats)), n, name.lower(), tuple(sorted(feats)), llvm_cpu=name.lower())
+        name = name.lower()
+        core = "sapphirerapids" if name == "emeraldrapids" else name
+        return Target("cpu", _vector_bits(set(feats)), n, name, tuple(sorted(feats)), llvm_cpu=name, core=core)
 
     @staticmethod
     def parse(spec: str | None) -> Target:
@@ -368,6 +446,14 @@ class Target:
             if d.kind == kind and (bits is None or d.bits <= bits):
                 return d
         return None
+
+    def dot_rate(self, d: DotProduct) -> float:
+        """Multiply-adds per cycle of `d` relative to f32 FMAs of its width
+        on this target's core: measured (:data:`DOT_RATES`), or else the
+        nominal rate, `d.group` products per lane at one instruction per
+        FMA (half that where an add follows: AVX2's ``vpmaddwd``)."""
+        nominal = d.group if d.accumulates else d.group / 2
+        return DOT_RATES.get((self.core, d.instruction, d.bits), float(nominal))
 
     @property
     def llvm_attrs(self) -> tuple[str, ...]:

@@ -107,6 +107,28 @@ def test_sketches_where_the_instruction_is():
     assert {s.name for s in dot_sketches(matmul(64, 64, 64, "i8", "i32", ext="arith.extsi"), ZNVER4)} == {s.name for s in i8}
 
 
+def test_no_bf16_sketch_where_the_core_runs_it_slower_than_fmas(tmp_path):
+    """Sapphire / Emerald Rapids run vdpbf16ps at half the FMAs' rate
+    (`Target.dot_rate`): a bf16 matmul gets no dot-product sketch there and
+    `cpu-contraction` computes it in f32 (widened loads, FMAs); int8 keeps
+    its vpdpbusd sketches. A core the table does not know gets the nominal
+    rate, and the sketch."""
+    spr = Target.cpu("sapphirerapids", cores=1)
+    src = matmul(64, 64, 64, "bf16", "f32")
+    assert dot_sketches(src, spr) == []
+    assert {s.name for s in dot_sketches(matmul(64, 64, 64, "i8", "i32"), spr)} == {"cpu-dot-product-8x32", "cpu-dot-product-4x64"}
+    unknown = Target("cpu", 512, 1, "t", spr.features)
+    assert unknown.core == "" and len(dot_sketches(src, unknown)) == 2
+    (task,) = extract_tasks(load(text=src))
+    sketch = next(s for s in generate_sketches(task.mlir, spr) if s.name.startswith("cpu-contraction"))
+    with ir.Context(), ir.Location.unknown():
+        module = apply_schedule(sketch.payload, sketch.concrete(default_assignment(sketch, 1)))
+        lower_to_llvm(module, 1)
+        obj = emit_object(module, tmp_path / "k.o", cpu="sapphirerapids")
+    counts = instruction_counts(obj, ["vdpbf16ps", "vfmadd231ps"])
+    assert counts["vdpbf16ps"] == 0 and counts["vfmadd231ps"] > 0
+
+
 def test_convolution_sketches():
     """A unit-stride NHWC convolution gets them too (its output row is the
     register tile's rows); a strided one, an odd channel count do not."""

@@ -87,6 +87,11 @@ def test_what_is_not_packed():
     plain = "matmul_16x32x64_bf16_f32"
     assert _task(weight_module(16, 32, 64, "bf16", "f32", b), None).name == plain  # no target given
     assert _task(weight_module(16, 32, 64, "bf16", "f32", b), ZNVER3).name == plain  # no vdpbf16ps
+    # Sapphire Rapids has it, but at half the FMAs' rate: bf16 is computed in
+    # f32 there, from B as it is; its int8 weights are still packed in quads.
+    spr = Target.cpu("sapphirerapids", cores=1)
+    assert _task(weight_module(16, 32, 64, "bf16", "f32", b), spr).name == plain
+    assert _task(weight_module(16, 32, 64, "i8", "i32", _weights(64, 32, "i8")), spr).name == "matmul_packed_16x32x16x4_i8_i32"
     assert _task(weight_module(16, 32, 64, "bf16", "f32", None), ZNVER4).name == plain  # B an argument
     assert _task(weight_module(16, 40, 64, "bf16", "f32", _weights(64, 40, "bf16")), ZNVER4).name == "matmul_16x40x64_bf16_f32"
 

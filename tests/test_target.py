@@ -38,6 +38,20 @@ SPR = f"""processor	: 0
 model name	: Intel(R) Xeon(R) Platinum 8480+
 flags		: {_COMMON} avx f16c fma avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx_vnni avx512_bf16 avx512_vnni avx512_fp16 amx_bf16 amx_tile amx_int8 serialize tsxldtrk
 """
+EMR = f"""processor	: 0
+vendor_id	: GenuineIntel
+cpu family	: 6
+model		: 207
+model name	: Intel(R) Xeon(R) Processor
+flags		: {_COMMON} avx f16c fma avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx_vnni avx512_bf16 avx512_vnni avx512_fp16
+"""
+ZEN5 = f"""processor	: 0
+vendor_id	: AuthenticAMD
+cpu family	: 26
+model		: 2
+model name	: AMD EPYC
+flags		: {_COMMON} avx f16c fma avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx_vnni avx512_bf16 avx512_vnni
+"""
 ARM = """processor	: 0
 BogoMIPS	: 243.75
 Features	: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp
@@ -46,6 +60,26 @@ CPU implementer	: 0x41
 
 
 # --- features and keys -------------------------------------------------------
+
+
+def test_core_from_cpuinfo_and_its_dot_product_rates():
+    """The core (LLVM's name) comes from the vendor, family and model; it
+    says how fast each dot product runs (`DOT_RATES`, measured), and is
+    not part of the key."""
+    cores = {name: Target.from_cpuinfo(t).core for name, t in (("z3", ZEN3), ("z5", ZEN5), ("emr", EMR), ("arm", ARM))}
+    assert cores == {"z3": "znver3", "z5": "znver5", "emr": "sapphirerapids", "arm": ""}
+    zen4 = ZEN4.replace("model name", "vendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name")
+    assert Target.from_cpuinfo(zen4).core == "znver4" and Target.from_cpuinfo(ZEN4).core == ""
+    cascade = EMR.replace(": 207", ": 85").replace(" avx512_bf16", "").replace(" avx512_fp16", "")
+    assert Target.from_cpuinfo(cascade).core == "cascadelake"
+    emr, z5 = Target.from_cpuinfo(EMR), Target.from_cpuinfo(ZEN5)
+    assert Target.cpu("emeraldrapids").core == emr.core == "sapphirerapids"
+    assert emr.key != Target.cpu("emeraldrapids").key  # that virtual machine exposed no AMX: other records
+    rate = {(t.core, d.instruction, d.bits): t.dot_rate(d) for t in (emr, z5) for d in t.dot_products}
+    assert rate["sapphirerapids", "vdpbf16ps", 512] < 1 < rate["znver5", "vdpbf16ps", 512]
+    assert rate["sapphirerapids", "vpdpbusd", 512] > rate["sapphirerapids", "vpdpwssd", 512] > 1
+    hand = Target("cpu", 256, 1, "t", ("avx2", "fma"))  # no core: nominal rates
+    assert [(d.instruction, hand.dot_rate(d)) for d in hand.dot_products] == [("vpmaddwd", 1.0)]
 
 
 def test_cpuinfo_features_and_width():

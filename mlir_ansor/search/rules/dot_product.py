@@ -38,8 +38,9 @@ The register tile is fixed per sketch (``transform.loop.unroll`` takes no
 knob), so the rule makes one sketch per tile shape that fits the loops;
 thread and cache tiles are knobs, and the search picks among these sketches
 and `cpu-contraction` (widening plus FMAs) like among any other choices.
-Targets without the instruction (Zen 3, `Target.dot_product_kinds`) get no
-such sketch.
+Targets without the instruction (Zen 3, `Target.dot_product_kinds`), or
+whose core runs it no faster than FMAs (``vdpbf16ps`` on Sapphire and
+Emerald Rapids, `Target.dot_rate`), get no such sketch.
 
 Measured on the 2-core Zen 5 host (AMD family 26, avx512_bf16 and VNNI), at
 1 thread with 24 trials, GEMM 1024: bf16 5.9 ms (363 GFLOP/s), i8 5.8 ms
@@ -97,22 +98,27 @@ def group_of(a: OpStructure, target) -> int:
 
 def _group(v: Variant, target) -> int:
     if v.inputs == "i8" and lanes_of(target) == 16:
-        d = target.dot_product("u8xs8->i32", bits=512)
-        if d is not None and d.bits == 512:
+        quads = target.dot_product("u8xs8->i32", bits=512)
+        pairs = target.dot_product("s16xs16->i32", bits=512)
+        if quads is not None and quads.bits == 512 and (pairs is None or target.dot_rate(quads) > target.dot_rate(pairs)):
             return 4
     return 2
 
 
 def _maps_instruction(v: Variant, target) -> bool:
     """Whether `target` has the instruction of `v` at the width the sketch
-    uses: 512-bit with AVX-512 (Skylake-X has only AVX2's 256-bit vpmaddwd:
-    no sketch), 256-bit with AVX2; 256-bit vdpbf16ps (AVX512-VL) is not
-    mapped."""
+    uses, and it computes faster than widening plus FMAs would: 512-bit
+    with AVX-512 (Skylake-X has only AVX2's 256-bit vpmaddwd: no sketch),
+    256-bit with AVX2; 256-bit vdpbf16ps (AVX512-VL) is not mapped. Intel's
+    server cores run vdpbf16ps at half the FMAs' rate (`Target.dot_rate`):
+    no bf16 sketch there, `cpu-contraction` computes it in f32."""
     if target.kind != "cpu" or target.vector_bits < 256:
         return False
     bits = 32 * lanes_of(target)
     d = target.dot_product(v.kind, bits=bits)
-    return d is not None and d.bits == bits and (v.inputs != "bf16" or bits == 512)
+    if d is None or d.bits != bits or (v.inputs == "bf16" and bits != 512):
+        return False
+    return target.dot_rate(d) >= 1.0
 
 
 def _fitting_tiles(rows: int, cols: int, reduction: int, lanes: int, group: int) -> list[tuple[int, int]]:
