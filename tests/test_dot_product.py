@@ -337,9 +337,54 @@ def test_int8_pairs_and_quads_become_dot_products():
             CHECK: arith.extsi {{.*}} : vector<32xi8> to vector<32xi16>
             CHECK: arith.extsi {{.*}} : vector<32xi8> to vector<32xi16>
             CHECK: llvm.call_intrinsic "llvm.x86.avx512.vpdpwssd.512"
-            CHECK: arith.xori {{.*}} : i32
+            CHECK: arith.xori {{.*}} : vector<16xi32>
             CHECK: llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"
             CHECK: llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"
+            CHECK: arith.subi
+            CHECK-NOT: vector.contract
+            """,
+        )
+
+
+QUAD_LOOP = """
+#a = affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>
+#b = affine_map<(d0, d1, d2, d3) -> (d2, d1, d3)>
+#c = affine_map<(d0, d1, d2, d3) -> (d0, d1)>
+func.func @f(%x: memref<2x8x4xi8>, %y: memref<8x16x4xi8>, %acc0: vector<1x16xi32>, %acc1: vector<1x16xi32>) -> (vector<1x16xi32>, vector<1x16xi32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c8 = arith.constant 8 : index
+  %z = arith.constant 0 : i8
+  %r:2 = scf.for %k = %c0 to %c8 step %c1 iter_args(%p = %acc0, %q = %acc1) -> (vector<1x16xi32>, vector<1x16xi32>) {
+    %u0 = vector.transfer_read %x[%c0, %k, %c0], %z {in_bounds = [true, true, true]} : memref<2x8x4xi8>, vector<1x1x4xi8>
+    %u1 = vector.transfer_read %x[%c1, %k, %c0], %z {in_bounds = [true, true, true]} : memref<2x8x4xi8>, vector<1x1x4xi8>
+    %v = vector.transfer_read %y[%k, %c0, %c0], %z {in_bounds = [true, true, true]} : memref<8x16x4xi8>, vector<1x16x4xi8>
+    %0 = vector.contract {indexing_maps = [#a, #b, #c], iterator_types = ["parallel", "parallel", "reduction", "reduction"], kind = #vector.kind<add>} %u0, %v, %p : vector<1x1x4xi8>, vector<1x16x4xi8> into vector<1x16xi32>
+    %1 = vector.contract {indexing_maps = [#a, #b, #c], iterator_types = ["parallel", "parallel", "reduction", "reduction"], kind = #vector.kind<add>} %u1, %v, %q : vector<1x1x4xi8>, vector<1x16x4xi8> into vector<1x16xi32>
+    scf.yield %0, %1 : vector<1x16xi32>, vector<1x16xi32>
+  }
+  return %r#0, %r#1 : vector<1x16xi32>, vector<1x16xi32>
+}
+"""
+
+
+def test_int8_quad_correction_leaves_the_loop():
+    """Quads carried by a reduction loop: inside it, one vpdpbusd per
+    accumulator and one per B vector for the correction (shared by both rows,
+    carried in a third iter_arg); the subtraction happens once, after it."""
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(QUAD_LOOP)
+        assert lower_pair_contracts(module) == 2
+        module.operation.verify()
+        filecheck(
+            str(module),
+            """
+            CHECK: scf.for {{.*}} iter_args({{.*}}, {{.*}}, %[[S:.*]] = %{{.*}}) -> (vector<1x16xi32>, vector<1x16xi32>, vector<16xi32>)
+            CHECK-COUNT-3: llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.512"
+            CHECK-NOT: arith.subi
+            CHECK: scf.yield
+            CHECK-NOT: vpdpbusd
+            CHECK: arith.subi
             CHECK: arith.subi
             CHECK-NOT: vector.contract
             """,
