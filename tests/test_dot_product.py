@@ -282,6 +282,48 @@ def test_int8_avx2_schedule_results_are_exact(tmp_path):
     assert np.array_equal(out, a.astype(np.int64) @ b.astype(np.int64))
 
 
+def mixed(m: int, n: int, k: int, unsigned: str) -> str:
+    """An int8 matmul whose `unsigned` operand ("a" or "b") is unsigned
+    bytes (``arith.extui`` in the body), the other signed."""
+    src = matmul(m, n, k, "i8", "i32", ext="arith.extsi")
+    var = "%xe" if unsigned == "a" else "%ye"
+    return src.replace(f"{var} = arith.extsi", f"{var} = arith.extui")
+
+
+def test_unsigned_bytes_sketches_and_object_code(tmp_path):
+    """One unsigned operand is what vpdpbusd takes as it is: the sketches
+    are those of signed int8, and the quads need no sign flip and no
+    correction (16 vpdpbusd for the 8 x 32 tile, not 18, and no vpsubd);
+    two unsigned operands get none."""
+    names = {s.name for s in dot_sketches(matmul(64, 64, 64, "i8", "i32"), ZNVER4)}
+    for unsigned in ("a", "b"):
+        src = mixed(64, 64, 64, unsigned)
+        assert {s.name for s in dot_sketches(src, ZNVER4)} == names
+        counts = _object_for(src, tmp_path)
+        assert counts["vpdpbusd"] == 16 and counts["vpmulld"] == 0
+        assert instruction_counts(tmp_path / "k.o", ["vpsubd"]) == {"vpsubd": 0}
+    assert _object_for(mixed(64, 64, 64, "a"), tmp_path, cpu="znver3")["vpmaddwd"] == 8
+    assert dot_sketches(matmul(64, 64, 64, "i8", "i32", ext="arith.extui"), ZNVER4) == []
+
+
+@pytest.mark.parametrize("unsigned, target, sketch_name, feature", [
+    ("a", None, "cpu-dot-product-8x32", "avx512_vnni"),
+    ("b", None, "cpu-dot-product-8x32", "avx512_vnni"),
+    ("a", ZNVER3, "cpu-dot-product-4x16", "avx2"),
+])
+def test_unsigned_bytes_results_are_exact(tmp_path, unsigned, target, sketch_name, feature):
+    _host_runs(feature)
+    rng = np.random.default_rng(4)
+    u = rng.integers(0, 256, (64, 128) if unsigned == "a" else (128, 64)).astype(np.uint8)
+    s8 = rng.integers(-128, 128, (128, 64) if unsigned == "a" else (64, 128)).astype(np.int8)
+    u[0, :] = 255  # the extremes: 255 * -128 pairs and quads
+    s8[:, 0] = -128
+    a, b = (u, s8) if unsigned == "a" else (s8, u)
+    out = _run_default(mixed(64, 64, 128, unsigned), tmp_path, [a.view(np.int8), b.view(np.int8)], (64, 64), np.int32,
+                       target=target, sketch_name=sketch_name)
+    assert np.array_equal(out, a.astype(np.int64) @ b.astype(np.int64))
+
+
 FLATTEN = """
 func.func @f(%m: memref<64x128x2xbf16>, %s: memref<64x128x2xbf16, strided<[512, 4, 1]>>, %i: index, %j: index) -> (vector<16x2xbf16>, vector<16x2xbf16>) {
   %c0 = arith.constant 0 : index

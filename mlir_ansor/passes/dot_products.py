@@ -21,6 +21,8 @@ instruction, twice an f32 FMA, with no rounding.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from mlir import ir
 
 from mlir_ansor.target import DOT_PRODUCTS
@@ -55,29 +57,50 @@ _FORMS = {
 }
 
 
+@dataclass(frozen=True)
+class _Pair:
+    """A contraction `lower_pair_contracts` rewrites: its kind ("bf16";
+    "i8": pairs through 16-bit products; "i8x4": quads through vpdpbusd),
+    its two operands as narrow vectors, and which of them are unsigned
+    bytes (the body widened them with ``arith.extui``: the contraction
+    then has i32 operands, each the widening of an i8 vector)."""
+
+    kind: str
+    lhs: ir.Value
+    rhs: ir.Value
+    lhs_unsigned: bool = False
+    rhs_unsigned: bool = False
+
+    @property
+    def corrected(self) -> bool:
+        """Signed x signed quads: vpdpbusd takes one unsigned operand, so
+        A's sign is flipped and 128 x sum(B) taken off again."""
+        return self.kind == "i8x4" and not (self.lhs_unsigned or self.rhs_unsigned)
+
+
 def lower_pair_contracts(module: ir.Module) -> int:
     """Rewrite every pair (or quad) contraction of i8 or bf16 operands in
     one of the forms above into dot-product instructions; returns how many.
     Other contractions are left alone. (The matmul sketch's bf16 pieces
     already went through the upstream x86vector patterns inside its
     script; a convolution's or batch's folded pieces do not match those.)"""
-    found: list[tuple[ir.Operation, str]] = []
+    found: list[tuple[ir.Operation, _Pair]] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         if op.name == "vector.contract":
-            kind = _pair_kind(op)
-            if kind is not None:
-                found.append((op, kind))
+            pair = _pair_kind(op)
+            if pair is not None:
+                found.append((op, pair))
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
-    carried: dict[ir.Operation, list[tuple[ir.Operation, int]]] = {}
-    for op, kind in found:
-        loop_and_slot = _carried_by_loop(op) if kind == "i8x4" else None
+    carried: dict[ir.Operation, list[tuple[ir.Operation, _Pair, int]]] = {}
+    for op, pair in found:
+        loop_and_slot = _carried_by_loop(op) if pair.corrected else None
         if loop_and_slot is None:
-            _rewrite(op, kind)
+            _rewrite(op, pair)
         else:
-            carried.setdefault(loop_and_slot[0], []).append((op, loop_and_slot[1]))
+            carried.setdefault(loop_and_slot[0], []).append((op, pair, loop_and_slot[1]))
     for loop, contracts in carried.items():
         _correct_after_loop(loop, contracts)
     return len(found)
@@ -105,7 +128,7 @@ def _carried_by_loop(op: ir.Operation) -> tuple[ir.Operation, int] | None:
     return loop, slot
 
 
-def _correct_after_loop(loop: ir.Operation, contracts: list[tuple[ir.Operation, int]]) -> None:
+def _correct_after_loop(loop: ir.Operation, contracts: list[tuple[ir.Operation, _Pair, int]]) -> None:
     """Quad contractions carried by `loop`: their vpdpbusd steps without the
     correction, and the correction (128 x the sum of each distinct B vector
     over the loop, one vpdpbusd per B vector and step, shared by every row
@@ -119,14 +142,13 @@ def _correct_after_loop(loop: ir.Operation, contracts: list[tuple[ir.Operation, 
     v = ir.VectorType.get
     b_vectors: list[ir.Value] = []
     owner: dict[int, int] = {}  # iter_arg slot -> its B vector's correction
-    for op, slot in contracts:
-        rhs = op.operands[1]
-        j = next((j for j, b in enumerate(b_vectors) if b == rhs), None)
+    for op, pair, slot in contracts:
+        j = next((j for j, b in enumerate(b_vectors) if b == pair.rhs), None)
         if j is None:
             j = len(b_vectors)
-            b_vectors.append(rhs)
+            b_vectors.append(pair.rhs)
         owner[slot] = j
-        _rewrite(op, "i8x4", correct=False)
+        _rewrite(op, pair, correct=False)
     old = loop.opview
     body = old.body
     n = len(old.initArgs)
@@ -161,7 +183,23 @@ def _correct_after_loop(loop: ir.Operation, contracts: list[tuple[ir.Operation, 
     loop.erase()
 
 
-def _pair_kind(op: ir.Operation) -> str | None:
+def _narrow(value: ir.Value, shape: list[int]) -> tuple[ir.Value, bool] | None:
+    """`value` as an i8 vector of `shape` and whether it is unsigned: itself
+    (a contraction on i8 operands, which `fold_arith_extension` made from
+    sign extensions), or the source of its ``arith.extsi`` / ``extui``."""
+    t = ir.VectorType(value.type)
+    if str(t.element_type) == "i8":
+        return value, False
+    owner = value.owner
+    if not isinstance(owner, ir.Block) and owner.name in ("arith.extsi", "arith.extui"):
+        src = owner.operands[0]
+        st = ir.VectorType(src.type) if isinstance(src.type, ir.VectorType) else None
+        if st is not None and str(st.element_type) == "i8" and list(st.shape) == shape:
+            return src, owner.name == "arith.extui"
+    return None
+
+
+def _pair_kind(op: ir.Operation) -> _Pair | None:
     if len(op.operands) != 3:
         return None  # masked
     try:
@@ -178,63 +216,79 @@ def _pair_kind(op: ir.Operation) -> str | None:
         return None
     if "#vector.kind<add>" not in str(op.attributes["kind"]):
         return None
+    a, b = op.operands[0], op.operands[1]
     types = (str(lhs.element_type), str(rhs.element_type), str(acc.element_type))
-    kind = {("i8", "i8", "i32"): "i8", ("bf16", "bf16", "f32"): "bf16"}.get(types)
-    if kind == "bf16" and (lanes != 16 or group != 2):
+    if types == ("bf16", "bf16", "f32"):
+        return _Pair("bf16", a, b) if lanes == 16 and group == 2 else None
+    if types[2] != "i32":
         return None
-    if kind == "i8" and group == 4:
-        return "i8x4" if lanes == 16 else None
-    return kind
+    na, nb = _narrow(a, list(lhs.shape)), _narrow(b, list(rhs.shape))
+    if na is None or nb is None or (na[1] and nb[1]):
+        return None  # not bytes, or both unsigned (no instruction takes two)
+    if group == 4 and lanes != 16:
+        return None
+    return _Pair("i8x4" if group == 4 else "i8", na[0], nb[0], na[1], nb[1])
 
 
-def _rewrite(op: ir.Operation, kind: str, correct: bool = True) -> None:
+def _rewrite(op: ir.Operation, pair: _Pair, correct: bool = True) -> None:
     from mlir.dialects import arith, llvm, vector
 
-    lhs, rhs, acc = (op.operands[i] for i in range(3))
+    lhs, rhs, acc = pair.lhs, pair.rhs, op.operands[2]
     i8, i16, i32 = (ir.IntegerType.get_signless(b) for b in (8, 16, 32))
     v = ir.VectorType.get
     lanes = ir.VectorType(acc.type).shape[-1]
+    no_attrs = ir.DenseI32ArrayAttr.get([])
     with ir.InsertionPoint(op), op.location:
-        if kind == "i8x4":
+        if pair.kind == "i8x4":
+            quad = vector.bitcast(v([1], i32), vector.shape_cast(v([4], i8), lhs))
+            a_rep = vector.broadcast(v([lanes], i32), vector.extract(quad, [], [0]))
+            b = vector.shape_cast(v([4 * lanes], i8), rhs)
+            c = vector.shape_cast(v([lanes], i32), acc)
+            name = ir.StringAttr.get(INT8_QUAD_INTRINSIC)
+            if pair.lhs_unsigned or pair.rhs_unsigned:
+                # One operand is unsigned bytes already: vpdpbusd as it is,
+                # the unsigned one first (products commute).
+                a = vector.bitcast(v([4 * lanes], i8), a_rep)
+                first, second = (a, b) if pair.lhs_unsigned else (b, a)
+                dot = llvm.call_intrinsic(v([lanes], i32), name, [c, first, second], [], no_attrs)
+                out = vector.shape_cast(ir.VectorType(op.results[0].type), dot)
+                op.results[0].replace_all_uses_with(out)
+                op.erase()
+                return
             # vpdpbusd multiplies unsigned bytes of A by signed bytes of B:
             # A + 128 (its sign bit flipped) is unsigned, and 128 * (sum of
             # B's quad), one more vpdpbusd of B by 0x80 bytes shared by every
             # row of the register tile (same B: CSE), is taken off again:
             # here, or (`correct` False) once after the loop that carries
             # the accumulator (`_correct_after_loop`).
-            quad = vector.bitcast(v([1], i32), vector.shape_cast(v([4], i8), lhs))
             flip = arith.constant(v([lanes], i32), ir.DenseElementsAttr.get_splat(v([lanes], i32), ir.IntegerAttr.get(i32, 0x80808080 - (1 << 32))))
-            a_rep = vector.broadcast(v([lanes], i32), vector.extract(quad, [], [0]))
             a = vector.bitcast(v([4 * lanes], i8), arith.xori(a_rep, flip))
-            b = vector.shape_cast(v([4 * lanes], i8), rhs)
-            c = vector.shape_cast(v([lanes], i32), acc)
-            bias = vector.bitcast(v([4 * lanes], i8), vector.broadcast(v([lanes], i32), arith.constant(i32, 0x80808080 - (1 << 32))))
-            zero = arith.constant(v([lanes], i32), ir.DenseElementsAttr.get_splat(v([lanes], i32), ir.IntegerAttr.get(i32, 0)))
-            no_attrs = ir.DenseI32ArrayAttr.get([])
-            name = ir.StringAttr.get(INT8_QUAD_INTRINSIC)
             dot = llvm.call_intrinsic(v([lanes], i32), name, [c, a, b], [], no_attrs)
             if not correct:
                 op.results[0].replace_all_uses_with(vector.shape_cast(ir.VectorType(op.results[0].type), dot))
                 op.erase()
                 return
+            bias = vector.bitcast(v([4 * lanes], i8), vector.broadcast(v([lanes], i32), arith.constant(i32, 0x80808080 - (1 << 32))))
+            zero = arith.constant(v([lanes], i32), ir.DenseElementsAttr.get_splat(v([lanes], i32), ir.IntegerAttr.get(i32, 0)))
             correction = llvm.call_intrinsic(v([lanes], i32), name, [zero, bias, b], [], no_attrs)
             out = vector.shape_cast(ir.VectorType(op.results[0].type), arith.subi(dot, correction))
             op.results[0].replace_all_uses_with(out)
             op.erase()
             return
-        if kind == "i8":
-            # A's pair as one 16-bit word, repeated, then widened: two
-            # instructions (vpbroadcastw, vpmovsxbw) where widening first
-            # and broadcasting a 32-bit word took four.
+        if pair.kind == "i8":
+            # A's pair as one 16-bit word, repeated, then widened (each
+            # operand as the body widens it): two instructions (vpbroadcastw,
+            # vpmovsxbw) where widening first and broadcasting a 32-bit word
+            # took four. Unsigned bytes fit 16-bit products exactly too.
             a_word = vector.extract(vector.bitcast(v([1], i16), vector.shape_cast(v([2], i8), lhs)), [], [0])
             a_rep = vector.bitcast(v([2 * lanes], i8), vector.broadcast(v([lanes], i16), a_word))
-            a = arith.extsi(v([2 * lanes], i16), a_rep)
-            b = arith.extsi(v([2 * lanes], i16), vector.shape_cast(v([2 * lanes], i8), rhs))
+            a = (arith.extui if pair.lhs_unsigned else arith.extsi)(v([2 * lanes], i16), a_rep)
+            b = (arith.extui if pair.rhs_unsigned else arith.extsi)(v([2 * lanes], i16), vector.shape_cast(v([2 * lanes], i8), rhs))
             c = vector.shape_cast(v([lanes], i32), acc)
             if lanes == 8:
                 # AVX2: vpmaddwd, then the add (LLVM fuses the two into a
                 # vpdpwssd where the CPU has AVX-VNNI).
-                pairs = llvm.call_intrinsic(v([lanes], i32), ir.StringAttr.get(INT8_AVX2_INTRINSIC), [a, b], [], ir.DenseI32ArrayAttr.get([]))
+                pairs = llvm.call_intrinsic(v([lanes], i32), ir.StringAttr.get(INT8_AVX2_INTRINSIC), [a, b], [], no_attrs)
                 out = vector.shape_cast(ir.VectorType(op.results[0].type), arith.addi(c, pairs))
                 op.results[0].replace_all_uses_with(out)
                 op.erase()
@@ -247,7 +301,7 @@ def _rewrite(op: ir.Operation, kind: str, correct: bool = True) -> None:
             b = vector.shape_cast(v([2 * lanes], bf16), rhs)
             c = vector.shape_cast(v([lanes], ir.F32Type.get()), acc)
             name, res = BF16_INTRINSIC, v([lanes], ir.F32Type.get())
-        dot = llvm.call_intrinsic(res, ir.StringAttr.get(name), [c, a, b], [], ir.DenseI32ArrayAttr.get([]))
+        dot = llvm.call_intrinsic(res, ir.StringAttr.get(name), [c, a, b], [], no_attrs)
         out = vector.shape_cast(ir.VectorType(op.results[0].type), dot)
     op.results[0].replace_all_uses_with(out)
     op.erase()

@@ -65,6 +65,7 @@ class OpStructure:
     used_inputs: tuple[bool, ...] = ()  # per input: is its block argument read by the body
     input_dtypes: tuple[str, ...] = ()  # per input: its element type ("bf16"; the type itself for scalars)
     shapes: tuple[tuple[int, ...], ...] = ()  # per operand: its static shape (() for scalars)
+    input_extensions: tuple[str, ...] = ()  # per input: the op widening it in the body ("arith.extui"), or ""
 
     @property
     def is_mul_add(self) -> bool:
@@ -182,6 +183,9 @@ def _structure(op: ir.Operation, op_id: int, name: str, role: str, is_root: bool
     block = op.regions[0].blocks[0]
     body_ops = tuple(o.operation.name for o in block.operations if o.operation.name != "linalg.yield")
     used = tuple(len(list(block.arguments[i].uses)) > 0 for i in range(num_inputs))
+    widening = ("arith.extf", "arith.extsi", "arith.extui")
+    users = [[u.owner.name for u in block.arguments[i].uses] for i in range(num_inputs)]
+    extensions = tuple(u[0] if len(u) == 1 and u[0] in widening else "" for u in users)
     in_types = tuple(
         str(ir.ShapedType(v.type).element_type) if isinstance(v.type, (ir.RankedTensorType, ir.MemRefType)) else str(v.type)
         for v in list(op.operands)[:num_inputs]
@@ -201,6 +205,7 @@ def _structure(op: ir.Operation, op_id: int, name: str, role: str, is_root: bool
         used_inputs=used,
         input_dtypes=in_types,
         shapes=tuple(tuple(int(d) for d in sh) for sh in shapes),
+        input_extensions=extensions,
     )
 
 

@@ -156,12 +156,16 @@ REGISTER_TILES = {16: ((8, 32), (4, 64), (6, 64), (12, 32)), 8: ((4, 16), (6, 16
 
 
 def variant_of(a: OpStructure) -> Variant | None:
-    """The variant whose types and widening `a`'s body has."""
+    """The variant whose types and widening `a`'s body has. int8 operands
+    may be unsigned (``arith.extui``), one of the two: `passes.dot_products`
+    widens each as its body does, and ``vpdpbusd`` takes an unsigned byte
+    operand as it is; two unsigned operands are not mapped."""
     for v in VARIANTS:
         if a.input_dtypes[:2] == (v.inputs, v.inputs) and a.dtype == v.output and v.extension in a.body_ops:
-            if v.inputs == "i8" and "arith.extui" in a.body_ops:
-                return None  # unsigned operands: not the signed pairs of vpdpwssd
             return v
+        if v.inputs == "i8" and a.input_dtypes[:2] == ("i8", "i8") and a.dtype == "i32":
+            if sorted(a.input_extensions[:2]) == ["arith.extsi", "arith.extui"]:
+                return v
     return None
 
 
