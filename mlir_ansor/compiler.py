@@ -20,10 +20,18 @@ Roadmap: :func:`compile` is the entry point.
    which is true because kernels are scheduled with read-only arguments), then
    the scheduled kernels replace their declarations. That module, on memrefs,
    is the scheduled MLIR.
-5. :func:`lower_and_link` (in a worker too) lowers it to LLVM with the same
-   pipeline candidates are measured with and links one shared library; every
-   function gets a C entry point ``_mlir_ciface_<name>(inputs..., outputs...)``
-   (memref descriptors, results as trailing out-parameters).
+5. :func:`lower_and_split` (in a worker too) lowers it to LLVM with the same
+   pipeline candidates are measured with (the driver rewrites see the whole
+   module) and splits it into units (`passes.split`: the drivers, one per
+   kernel); :func:`emit_unit` code-generates the units in parallel workers,
+   and ``cc`` links one shared library; every function gets a C entry point
+   ``_mlir_ciface_<name>(inputs..., outputs...)`` (memref descriptors,
+   results as trailing out-parameters).
+
+The compile cache (`passes.compile_cache`) keeps each unit's object code,
+the folded constants (evaluated with numpy where that is exact,
+`graph.fold_eval`) and, for a file input, the whole result, so a second
+compile of the same module with the same database copies a library.
 
 Why one MLIR driver rather than Python glue between separate kernel
 libraries: the shared library is then self-contained (a C program can call
@@ -56,7 +64,7 @@ from mlir_ansor.ir.dtypes import ELEMENT_BYTES
 from mlir_ansor.ir.program import Program, load
 from mlir_ansor.measure.pool import WorkerPool
 from mlir_ansor.measure.runner import ALIGNMENT, Kernel, aligned_copy, aligned_empty, descriptor, np_dtype
-from mlir_ansor.passes.artifacts import emit_shared_library
+from mlir_ansor.passes.compile_cache import CompileCache, cache_for, file_digest
 from mlir_ansor.passes.drivers import linalg_inits
 from mlir_ansor.passes.lowering import BUFFERIZE, lower_to_llvm
 from mlir_ansor.search.rules.dot_product import weight_packing
@@ -132,6 +140,9 @@ class CompiledModule:
     entry: str
     kernels: list[KernelPlan] = field(default_factory=list)
     threads: int = 1
+    cache_stats: dict = field(default_factory=dict)
+    """What the compile cache gave this compile (`passes.compile_cache.CompileCache.stats`:
+    ``module_hit``, ``obj_hit``, ``obj_miss``, ``fold_hit``...); empty without a cache."""
     _lib: dict = field(default_factory=dict, repr=False)
     _plans: dict = field(default_factory=dict, repr=False)
 
@@ -464,19 +475,89 @@ def _externalize_weights(module: ir.Module, mlir_text: str, workdir: str) -> tup
     return (outs[0],), (outs[1],)
 
 
-def lower_and_link(mlir_text: str, threads: int, so_path: str, opt_level: int = 3) -> dict:
-    """Lower the scheduled whole module to LLVM and link it into `so_path`
-    (large constants go in as raw data, see :func:`_externalize_weights`)."""
-    workdir = tempfile.mkdtemp(prefix="weights-", dir=os.path.dirname(so_path) or None)
+def lower_and_split(mlir_text: str, threads: int, workdir: str, drivers: list[str]) -> dict:
+    """Lower the scheduled whole module to LLVM (large constants go in as
+    raw data, see :func:`_externalize_weights`; their files go to
+    `workdir`) and split it into units that compile apart
+    (`passes.split.split_units`: the drivers, and one per kernel), or one
+    unit of the whole module where it does not split. Returns the units
+    (name, text, symbols defined, symbols needed) and the weights' jit
+    libraries and objects (:func:`_externalize_weights`)."""
+    from mlir_ansor.passes.split import split_units
+
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(mlir_text)
+        jit_libs, link_inputs = _externalize_weights(module, mlir_text, workdir)
+        lower_to_llvm(module, threads)
+        units = split_units(module, set(drivers))
+        if units is None:
+            units_out = [("module", str(module), (), ())]
+        else:
+            units_out = [(u.name, u.text, u.defines, u.needs) for u in units]
+    return {"units": units_out, "jit_libs": jit_libs, "link_inputs": link_inputs, "split": units is not None}
+
+
+def emit_unit(text: str, obj_path: str, opt_level: int, jit_libs: tuple[str, ...]) -> bytes:
+    """Code-generate one unit (an LLVM-dialect module's text) to an object;
+    returns its bytes (a worker job)."""
+    from mlir_ansor.passes.artifacts import emit_object
+
+    with ir.Context(), ir.Location.unknown():
+        emit_object(ir.Module.parse(text), obj_path, opt_level=opt_level, jit_libs=jit_libs)
+    with open(obj_path, "rb") as f:
+        return f.read()
+
+
+def _lower_and_link(module_text: str, signatures: dict, threads: int, so_path: str, opt_level: int,
+                    cache: CompileCache | None) -> None:
+    """Lower `module_text` in a worker, code-generate its units in parallel
+    workers (the cached ones come from `cache`) and link them at `so_path`."""
+    from mlir_ansor.passes.artifacts import link_shared_library, symbol_stub
+
+    pool = _pool()
+    workdir = tempfile.mkdtemp(prefix="units-", dir=os.path.dirname(so_path) or None)
     try:
-        with ir.Context(), ir.Location.unknown():
-            module = ir.Module.parse(mlir_text)
-            jit_libs, link_inputs = _externalize_weights(module, mlir_text, workdir)
-            lower_to_llvm(module, threads)
-            emit_shared_library(module, so_path, opt_level=opt_level, jit_libs=jit_libs, link_inputs=link_inputs)
+        start = time.perf_counter()
+        res = pool.run(lower_and_split, (module_text, threads, workdir, list(signatures)), timeout_s=1800)
+        if not res.ok:
+            raise AnsorError(f"lowering the whole module failed ({res.error_kind.value}): {res.error_msg.strip()[-2000:]}")
+        lowered = res.value
+        lower_s = time.perf_counter() - start
+        units = lowered["units"]
+        objs = [os.path.join(workdir, f"u{i}.o") for i in range(len(units))]
+        keys = [cache.key("obj", text, opt_level) if cache else "" for _, text, _, _ in units]
+        missing = []
+        for i, key in enumerate(keys):
+            data = cache.get("obj", key, ".o") if cache else None
+            if data is None:
+                missing.append(i)
+            else:
+                with open(objs[i], "wb") as f:
+                    f.write(data)
+        start = time.perf_counter()
+        if missing:
+            needs = sorted({n for i in missing for n in units[i][3]})
+            jit = tuple(lowered["jit_libs"])
+            if needs:
+                jit += (symbol_stub(needs, os.path.join(workdir, "stub.so")),)
+            results = pool.map(emit_unit, [(units[i][1], objs[i], opt_level, jit) for i in missing], timeout_s=1800)
+            for i, r in zip(missing, results):
+                if not r.ok:
+                    raise AnsorError(f"code generation of {units[i][0]} failed ({r.error_kind.value}): "
+                                     f"{r.error_msg.strip()[-2000:]}")
+                if cache:
+                    cache.put("obj", keys[i], ".o", r.value)
+        gen_s = time.perf_counter() - start
+        start = time.perf_counter()
+        try:
+            link_shared_library(objs + list(lowered["link_inputs"]), so_path)
+        except RuntimeError as e:
+            raise AnsorError(str(e)) from None
+        log.info("compile: lowered in %.1f s; %d unit(s)%s, %d from the cache, %d code-generated in %.1f s; "
+                 "linked in %.1f s", lower_s, len(units), "" if lowered["split"] else " (the whole module: it does not split)",
+                 len(units) - len(missing), len(missing), gen_s, time.perf_counter() - start)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    return {"path": so_path}
 
 
 # --------------------------------------------------------------------------
@@ -549,21 +630,55 @@ def _build_driver(program: Program, occs: list[Occurrence], plans: dict[str, Ker
     passmanager.PassManager.parse("builtin.module(canonicalize,cse)", program.context).run(module.operation)
 
 
-def _evaluate_fold(fold: ir.Module, entry: str) -> tuple[np.ndarray, ...]:
-    """Run `entry` of the constants-only module `fold` (graph.constants) once,
-    through the untuned lowering in a worker, and return its results."""
+def _evaluate_fold(fold: ir.Module, entry: str, cache: CompileCache | None = None) -> tuple[np.ndarray, ...]:
+    """Run `entry` of the constants-only module `fold` (graph.constants) once
+    and return its results: with numpy where it computes them exactly as
+    LLVM would (`graph.fold_eval`), else through the untuned lowering in a
+    worker; with a `cache`, the results of the same fold function come from
+    there."""
+    from mlir_ansor.graph.fold_eval import NotEvaluable, evaluate
+
     signatures = _signatures(fold)
+    text = str(fold)
+    specs = [(shape, np_dtype(dtype)) for shape, dtype in signatures[entry][1]]
+    key = cache.key("fold", text) if cache else ""
+    data = cache.get("fold", key, ".bin") if cache else None
+    if data is not None:
+        sizes = [math.prod(shape) * dt.itemsize for shape, dt in specs]
+        if sum(sizes) == len(data):
+            values, at = [], 0
+            for (shape, dt), size in zip(specs, sizes):
+                values.append(np.frombuffer(data, dtype=dt, count=math.prod(shape), offset=at).reshape(shape).copy())
+                at += size
+            log.info("compile: the folded constants come from the compile cache")
+            return tuple(values)
+    try:
+        values = evaluate(fold, entry, _resource_blobs(text))
+    except NotEvaluable as e:
+        log.info("compile: the constant-only ops are built through LLVM (numpy does not evaluate them exactly: %s)", e)
+    else:
+        values = tuple(np.ascontiguousarray(v, dtype=dt) for v, (_, dt) in zip(values, specs))
+        if all(v.shape == tuple(shape) for v, (shape, _) in zip(values, specs)):
+            log.info("compile: the constant-only ops evaluated with numpy")
+            if cache:
+                cache.put("fold", key, ".bin", b"".join(v.tobytes() for v in values))
+            return values
+        log.info("compile: numpy's results of the constant-only ops have other shapes; built through LLVM")
     # Bufferized here, so that its constants are memref.globals when
-    # lower_and_link looks for large ones to keep out of LLVM: on
+    # lower_and_split looks for large ones to keep out of LLVM: on
     # tensors, ResNet-50's filters (the layout pass's transposes)
     # went through LLVM as 100 MB of initializers, 135 s of a build.
     passmanager.PassManager.parse(f"builtin.module({BUFFERIZE})", fold.context).run(fold.operation)
-    cm = _finish(str(fold), signatures, entry, 1, [], 2)
+    text = str(fold)
+    cm = _finish(text, signatures, entry, 1, [], 2)
     try:
         values = cm()
     finally:
         cm.close()
-    return values if isinstance(values, tuple) else (values,)
+    values = values if isinstance(values, tuple) else (values,)
+    if cache:
+        cache.put("fold", key, ".bin", b"".join(np.ascontiguousarray(v, dtype=dt).tobytes() for v, (_, dt) in zip(values, specs)))
+    return values
 
 
 def _spec(t: ir.Type) -> tuple[tuple[int, ...], str]:
@@ -640,15 +755,17 @@ def _pool() -> WorkerPool:
     return _POOL[0]
 
 
-def _finish(module_text: str, signatures: dict, entry: str, threads: int, plans: list[KernelPlan], opt_level: int) -> CompiledModule:
+def _finish(module_text: str, signatures: dict, entry: str, threads: int, plans: list[KernelPlan], opt_level: int,
+            cache: CompileCache | None = None) -> CompiledModule:
     workdir = _workdir()
     so_path = os.path.join(workdir, "module.so")
     start = time.perf_counter()
-    res = _pool().run(lower_and_link, (module_text, threads, so_path, opt_level), timeout_s=1800)
-    log.info("compile: lowered and linked @%s's module in %.1f s", entry, time.perf_counter() - start)
-    if not res.ok:
+    try:
+        _lower_and_link(module_text, signatures, threads, so_path, opt_level, cache)
+    except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
-        raise AnsorError(f"lowering the whole module failed ({res.error_kind.value}): {res.error_msg.strip()[-2000:]}")
+        raise
+    log.info("compile: lowered and linked @%s's module in %.1f s", entry, time.perf_counter() - start)
     cm = CompiledModule(so_path, module_text, signatures, entry, plans, threads)
     weakref.finalize(cm, shutil.rmtree, workdir, True)
     return cm
@@ -663,6 +780,7 @@ def compile(  # noqa: A001 - the public name the design asks for
     default: str = "sketch",
     entry: str | None = None,
     opt_level: int = 3,
+    cache_dir: str | os.PathLike | bool | None = None,
 ) -> CompiledModule:
     """Compile a whole module with the best schedule of every task.
 
@@ -671,9 +789,84 @@ def compile(  # noqa: A001 - the public name the design asks for
     `threads`); None or a missing file: every task gets the default.
     `default`: "sketch" (the default sketch with parallel tiles; the naive
     lowering where it fails to build) or "naive" (no schedule).
+    `cache_dir`: the compile cache (`passes.compile_cache`): None for the default
+    folder (``<db>.cache``, or ``$MLIR_ANSOR_CACHE_DIR``...), a folder, or
+    False for none.
     """
-    s = schedule_module(source, db=db, threads=threads, target=target, default=default, entry=entry)
-    return _finish(s.mlir, s.signatures, s.entry, threads, s.kernels, opt_level)
+    if default not in ("sketch", "naive"):
+        raise AnsorError(f"default={default!r}: expected 'sketch' or 'naive'")
+    target = target or Target.host()
+    cache = cache_for(cache_dir, db)
+    mkey = _module_key(source, db, threads, target, default, entry, opt_level) if cache else None
+    if mkey is not None:
+        cm = _cached_module(cache, mkey)
+        if cm is not None:
+            cm.cache_stats = dict(cache.stats)
+            return cm
+    s = schedule_module(source, db=db, threads=threads, target=target, default=default, entry=entry, cache=cache)
+    cm = _finish(s.mlir, s.signatures, s.entry, threads, s.kernels, opt_level, cache)
+    if mkey is not None:
+        _store_module(cache, mkey, cm)
+    if cache is not None:
+        cm.cache_stats = dict(cache.stats)
+    return cm
+
+
+def _module_key(source, db, threads: int, target: Target, default: str, entry: str | None, opt_level: int) -> str | None:
+    """The compile cache's key of a whole compile (`passes.compile_cache`): the
+    input file's path and bytes, the records database's bytes (and its
+    write-ahead log's), the options, the target and the sketch rules that
+    are registered; None for a source that is no file (stdin, a module
+    object: only its units and folded constants are cached)."""
+    if not isinstance(source, (str, os.PathLike)) or os.fspath(source) == "-" or not os.path.isfile(source):
+        return None
+    parts: list = [os.path.abspath(source), file_digest(source)]
+    for path in ([os.fspath(db), os.fspath(db) + "-wal"] if db is not None else []):
+        parts.append(file_digest(path) if os.path.isfile(path) else "-")
+    parts += [threads, repr(target), default, entry or "", opt_level, _rules_fingerprint()]
+    return CompileCache.key("module", *parts)
+
+
+def _rules_fingerprint() -> str:
+    """The registered sketch rules, by name and class (plugins change the
+    sketches, and so what a record applies to)."""
+    from mlir_ansor.search import registry
+
+    return ";".join(f"{name}={type(rule).__module__}.{type(rule).__qualname__}"
+                    for name, rule in zip(registry.rules(), registry.sketch_rules()))
+
+
+def _cached_module(cache: CompileCache, key: str) -> CompiledModule | None:
+    """The whole compile stored under `key`, in a fresh folder; None on a miss."""
+    import pickle
+
+    meta = cache.get("module", key, ".meta", count=False)
+    lib = cache.get("module", key, ".so", count=False) if meta is not None else None
+    text = cache.get("module", key, ".mlir", count=False) if lib is not None else None
+    try:
+        signatures, entry, plans, threads = pickle.loads(meta) if text is not None else (None,) * 4
+    except Exception:  # noqa: BLE001 - any damage is a miss
+        signatures = None
+    cache.count("module", signatures is not None)
+    if signatures is None:
+        return None
+    workdir = _workdir()
+    so_path = os.path.join(workdir, "module.so")
+    with open(so_path, "wb") as f:
+        f.write(lib)
+    log.info("compile: the whole module comes from the compile cache (%s)", cache.root)
+    cm = CompiledModule(so_path, text.decode(), signatures, entry, plans, threads)
+    weakref.finalize(cm, shutil.rmtree, workdir, True)
+    return cm
+
+
+def _store_module(cache: CompileCache, key: str, cm: CompiledModule) -> None:
+    import pickle
+
+    with open(cm.library_path, "rb") as f:
+        cache.put("module", key, ".so", f.read())
+    cache.put("module", key, ".mlir", cm.mlir.encode())
+    cache.put("module", key, ".meta", pickle.dumps((cm.functions, cm.entry, cm.kernels, cm.threads)))
 
 
 @dataclass
@@ -695,10 +888,12 @@ def schedule_module(
     target: Target | None = None,
     default: str = "sketch",
     entry: str | None = None,
+    cache: CompileCache | None = None,
 ) -> ScheduledModule:
     """The whole module with the best schedule of every task applied, not
     lowered (what ``ansor-apply-best`` splices into a pass pipeline); the
-    arguments are those of :func:`compile`."""
+    arguments are those of :func:`compile`; `cache` keeps the folded
+    constants (`passes.compile_cache`)."""
     if default not in ("sketch", "naive"):
         raise AnsorError(f"default={default!r}: expected 'sketch' or 'naive'")
     target = target or Target.host()
@@ -734,7 +929,7 @@ def schedule_module(
     user_funcs = [_name(f) for f in _func_ops(program.module)]
     _build_driver(program, occs, by_key)
     start = time.perf_counter()
-    if fold_constants(program, _evaluate_fold):
+    if fold_constants(program, lambda fold, name: _evaluate_fold(fold, name, cache)):
         log.info("compile: folded the constant-only ops in %.1f s", time.perf_counter() - start)
     with program.context, ir.Location.unknown():
         module = program.module

@@ -15,6 +15,14 @@ import pytest
 
 INPUTS = Path(__file__).parent / "inputs"
 
+# The compile cache (mlir_ansor.passes.compile_cache) of a test session: a folder of
+# its own, never the user's ~/.cache nor one beside a test's database.
+if "MLIR_ANSOR_CACHE_DIR" not in os.environ:
+    import atexit
+
+    os.environ["MLIR_ANSOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="mlir-ansor-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["MLIR_ANSOR_CACHE_DIR"], True)
+
 
 def _filecheck_exe() -> str:
     exe = Path(sys.executable).parent / "filecheck"

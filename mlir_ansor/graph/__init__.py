@@ -14,6 +14,8 @@
   `partition`).
 - `constants`: the ops that compute from constants only, evaluated once at
   compile time (the evaluator is passed in by the compiler).
+- `fold_eval`: that evaluation with numpy, for the ops numpy computes
+  exactly as the LLVM build does (copies, transposes, IEEE arithmetic).
 
 May import: `errors`, `target`, `ir`. Knows nothing of schedules, lowering
 or measurement.

@@ -7,6 +7,10 @@
   buffers, strided copies, byte-wide booleans).
 - `artifacts`: the runtime libraries (OpenMP, MLIR's C runner utilities) and
   shared libraries emitted from the LLVM dialect.
+- `split`: a lowered module split into units (drivers, one per kernel) that
+  are code-generated apart, in parallel, and linked by ``cc``.
+- `compile_cache`: the folder where the compiler keeps units' object code,
+  folded constants and whole compiles, keyed by what decides their bytes.
 - `objcode`: object code for a named CPU on any host (``mlir-translate``,
   ``llc -mcpu``), its disassembly and instruction counts.
 - `math_approx`: SIMD polynomials for ``exp``, ``erf`` and ``tanh``.

@@ -2,7 +2,9 @@
 (:func:`runtime_libs`: the OpenMP runtime, :func:`find_openmp`, and MLIR's C
 runner utilities) and :func:`emit_shared_library`, which compiles an
 LLVM-dialect module (from `lowering.lower_to_llvm`) to a shared library with
-the ExecutionEngine and links it with the system's ``cc``.
+the ExecutionEngine and links it with the system's ``cc``; the same in two
+steps for a module split into units (`split.split_units`): :func:`emit_object`
+per unit, :func:`link_shared_library` of all the objects.
 """
 
 from __future__ import annotations
@@ -61,19 +63,57 @@ def emit_shared_library(
     `jit_libs` are shared libraries that only resolve, during code
     generation, the symbols those objects will define (external data).
     """
-    from mlir.execution_engine import ExecutionEngine
-
     path = Path(path)
     obj = path.with_suffix(".o")
-    libs = runtime_libs()
-    engine = ExecutionEngine(llvm_module, opt_level=opt_level, shared_libs=libs + list(jit_libs))
-    engine.dump_to_object_file(str(obj))
-    cmd = ["cc", "-shared", "-o", str(path), str(obj), *link_inputs]
-    for lib in libs:
-        d = os.path.dirname(lib)
-        cmd += [lib, f"-Wl,-rpath,{d}"]
+    emit_object(llvm_module, obj, opt_level=opt_level, jit_libs=jit_libs)
+    try:
+        return link_shared_library([str(obj), *link_inputs], path)
+    finally:
+        obj.unlink(missing_ok=True)
+
+
+def emit_object(
+    llvm_module: ir.Module, path: str | os.PathLike, *, opt_level: int = 3, jit_libs: tuple[str, ...] = ()
+) -> str:
+    """Compile an LLVM-dialect module to a relocatable object at `path`
+    (the ExecutionEngine's optimization and code generation for this host).
+    Every symbol the module references must resolve while the engine links
+    it in memory: the runtime libraries, and `jit_libs` for the rest
+    (symbols that other objects of the same library will define)."""
+    from mlir.execution_engine import ExecutionEngine
+
+    engine = ExecutionEngine(llvm_module, opt_level=opt_level, shared_libs=runtime_libs() + list(jit_libs))
+    engine.dump_to_object_file(str(path))
+    if not os.path.exists(path):
+        raise RuntimeError(f"code generation wrote no object ({os.path.basename(path)}): a symbol it needs did not resolve")
+    return str(path)
+
+
+def link_shared_library(objects: list[str], path: str | os.PathLike) -> str:
+    """Link `objects` with ``cc`` into a shared library at `path`, against
+    the runtime libraries, with an rpath so that it loads from anywhere."""
+    path = Path(path)
+    cmd = ["cc", "-shared", "-o", str(path), *objects]
+    for lib in runtime_libs():
+        cmd += [lib, f"-Wl,-rpath,{os.path.dirname(lib)}"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    obj.unlink(missing_ok=True)
     if proc.returncode != 0:
         raise RuntimeError(f"linking {path.name} failed: {proc.stderr.strip()}")
+    return str(path)
+
+
+def symbol_stub(names: list[str], path: str | os.PathLike) -> str:
+    """A shared library at `path` that defines each of `names` (one byte of
+    data each): it gives the ExecutionEngine an address for the symbols of
+    a unit that another object of the library defines, so that it can
+    generate the unit's object (where they stay undefined references)."""
+    src = Path(path).with_suffix(".s")
+    lines = [".data"]
+    for name in names:
+        lines += [f'.globl "{name}"', f'"{name}":', ".byte 0"]
+    src.write_text("\n".join(lines) + "\n")
+    proc = subprocess.run(["cc", "-shared", "-o", str(path), str(src)], capture_output=True, text=True)
+    src.unlink(missing_ok=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"assembling a symbol stub failed: {proc.stderr.strip()[-1000:]}")
     return str(path)

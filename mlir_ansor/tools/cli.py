@@ -7,7 +7,7 @@ Subcommands (shared/DESIGN.md, "The command line"):
        [--plugin MODULE_OR_FILE.py]... [--pretrained-model FILE]
        [--no-cost-model] [--no-crossover] [--no-packing] [--random-task-scheduler]
        [--no-default-candidate] [--share-best] [--local-share F] [--retime-top N] [--retime-rounds R]
-  compile [INPUT] [--db FILE] [--threads N] [-o OUT.mlir|OUT.so]
+  compile [INPUT] [--db FILE] [--threads N] [-o OUT.mlir|OUT.so] [--cache-dir DIR] [--no-cache]
   run [INPUT] [--db FILE] [--threads N] [--repeat N] [--memory-limit MB] [--json]
   show FILE.db [--json]
   plot FILE.db [-o curve.png] [--input MODULE.mlir]
@@ -127,6 +127,11 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--output", default=None, help="OUT.mlir (scheduled MLIR) or OUT.so (shared library); default: MLIR on stdout")
     c.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import a module that registers the sketch rules the records were made with")
+    c.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="compile cache: kernels' object code, folded constants and whole compiles, reused by the "
+                        "next compile of the same thing (default: $MLIR_ANSOR_CACHE_DIR, else DB.cache beside --db)")
+    c.add_argument("--no-cache", action="store_true",
+                   help="neither read nor write the compile cache (also: MLIR_ANSOR_NO_CACHE=1)")
 
     r = sub.add_parser("run", help="compile, run on random inputs, time, and check against the untuned module")
     r.add_argument("input", nargs="?", help="MLIR file ('-' for stdin); default: a bundled 256^3 matmul")
@@ -407,8 +412,10 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         if not out.endswith((".so", ".mlir")):
             raise AnsorError(f"-o {out}: expected a file name ending in .mlir or .so")
         _check_output(out)
-    cm = compile_module(source, db=None if args.untuned else args.db, threads=args.threads, target=target,
-                        default="naive" if args.untuned else "sketch")
+    db = None if args.untuned else args.db
+    cache_dir = False if args.no_cache else (args.cache_dir or (None if db is not None else args.db + ".cache"))
+    cm = compile_module(source, db=db, threads=args.threads, target=target,
+                        default="naive" if args.untuned else "sketch", cache_dir=cache_dir)
     if out is None:
         sys.stdout.write(cm.mlir)
         return 0

@@ -1,0 +1,252 @@
+"""The compile cache (mlir_ansor.passes.compile_cache): a second compile reuses
+what the first built and gives the same library; what changes the code
+misses; damaged entries are rebuilt; it can be switched off. Also the
+pieces it rests on: the split of a lowered module into units
+(passes.split) and the numpy evaluation of constant-only ops
+(graph.fold_eval)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mlir_ansor
+from mlir_ansor.passes.compile_cache import CompileCache, cache_for
+from mlir_ansor.tools.cli import main
+
+MATMUL_RELU = """
+func.func @f(%a: tensor<64x64xf32>, %b: tensor<64x64xf32>) -> tensor<64x64xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<64x64xf32>
+  %z = linalg.fill ins(%zero : f32) outs(%e : tensor<64x64xf32>) -> tensor<64x64xf32>
+  %m = linalg.matmul ins(%a, %b : tensor<64x64xf32>, tensor<64x64xf32>) outs(%z : tensor<64x64xf32>) -> tensor<64x64xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i, j)>],
+                       iterator_types = ["parallel", "parallel"]}
+      ins(%m : tensor<64x64xf32>) outs(%e : tensor<64x64xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %y = arith.maximumf %x, %zero : f32
+    linalg.yield %y : f32
+  } -> tensor<64x64xf32>
+  return %r : tensor<64x64xf32>
+}
+"""
+
+
+def _weights_module() -> str:
+    """A matmul by a constant weight that is transposed, and scaled by
+    1 / sqrt(v + eps) of a constant v: the ops a model's folding sees."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    v = rng.random(16).astype(np.float32) + 0.5
+    dense_w = ", ".join("[" + ", ".join(f"{x:.6e}" for x in row) + "]" for row in w)
+    dense_v = ", ".join(f"{x:.6e}" for x in v)
+    id1 = "affine_map<(d0) -> (d0)>"
+    return f"""
+func.func @g(%x: tensor<4x8xf32>) -> tensor<4x16xf32> {{
+  %w = arith.constant dense<[{dense_w}]> : tensor<16x8xf32>
+  %v = arith.constant dense<[{dense_v}]> : tensor<16xf32>
+  %eps = arith.constant 1.0e-5 : f64
+  %one = arith.constant 1.0 : f32
+  %zero = arith.constant 0.0 : f32
+  %e8 = tensor.empty() : tensor<8x16xf32>
+  %wt = linalg.transpose ins(%w : tensor<16x8xf32>) outs(%e8 : tensor<8x16xf32>) permutation = [1, 0]
+  %e16 = tensor.empty() : tensor<16xf32>
+  %ve = linalg.generic {{indexing_maps = [{id1}, {id1}], iterator_types = ["parallel"]}}
+      ins(%v : tensor<16xf32>) outs(%e16 : tensor<16xf32>) {{
+  ^bb0(%in: f32, %o: f32):
+    %t = arith.truncf %eps : f64 to f32
+    %s = arith.addf %in, %t : f32
+    linalg.yield %s : f32
+  }} -> tensor<16xf32>
+  %sq = linalg.generic {{indexing_maps = [{id1}, {id1}], iterator_types = ["parallel"]}}
+      ins(%ve : tensor<16xf32>) outs(%e16 : tensor<16xf32>) {{
+  ^bb0(%in: f32, %o: f32):
+    %s = math.sqrt %in : f32
+    linalg.yield %s : f32
+  }} -> tensor<16xf32>
+  %inv = linalg.generic {{indexing_maps = [{id1}, {id1}], iterator_types = ["parallel"]}}
+      ins(%sq : tensor<16xf32>) outs(%e16 : tensor<16xf32>) {{
+  ^bb0(%in: f32, %o: f32):
+    %s = arith.divf %one, %in : f32
+    linalg.yield %s : f32
+  }} -> tensor<16xf32>
+  %e = tensor.empty() : tensor<4x16xf32>
+  %z = linalg.fill ins(%zero : f32) outs(%e : tensor<4x16xf32>) -> tensor<4x16xf32>
+  %m = linalg.matmul ins(%x, %wt : tensor<4x8xf32>, tensor<8x16xf32>) outs(%z : tensor<4x16xf32>) -> tensor<4x16xf32>
+  %r = linalg.generic {{indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (j)>, affine_map<(i, j) -> (i, j)>],
+                        iterator_types = ["parallel", "parallel"]}}
+      ins(%m, %inv : tensor<4x16xf32>, tensor<16xf32>) outs(%e : tensor<4x16xf32>) {{
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %y = arith.mulf %a, %b : f32
+    linalg.yield %y : f32
+  }} -> tensor<4x16xf32>
+  return %r : tensor<4x16xf32>
+}}
+"""
+
+
+@pytest.fixture
+def module(tmp_path):
+    path = tmp_path / "mm.mlir"
+    path.write_text(MATMUL_RELU)
+    return str(path)
+
+
+def _run(cm) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    ins = [rng.standard_normal(shape).astype(np.float32) for shape, _ in cm.functions[cm.entry][0]]
+    return cm(*ins)
+
+
+def _library(cm) -> bytes:
+    with open(cm.library_path, "rb") as f:
+        return f.read()
+
+
+def test_second_compile_hits_and_gives_the_same_library(module, tmp_path):
+    cache = tmp_path / "cache"
+    first = mlir_ansor.compile(module, cache_dir=cache)
+    assert first.cache_stats["module_miss"] == 1 and first.cache_stats.get("obj_hit", 0) == 0
+    units = first.cache_stats["obj_write"]
+    assert units >= 2  # the driver and the kernels, code-generated apart
+    second = mlir_ansor.compile(module, cache_dir=cache)
+    assert second.cache_stats == {"module_hit": 1}
+    assert second.library_path != first.library_path and _library(second) == _library(first)
+    assert _run(second).tobytes() == _run(first).tobytes()
+    assert second.mlir == first.mlir and second.entry == first.entry and second.functions == first.functions
+    assert [k.source for k in second.kernels] == [k.source for k in first.kernels]
+    # Without the whole-compile entry: every unit's object comes from the cache.
+    for p in (cache / "module").iterdir():
+        p.unlink()
+    third = mlir_ansor.compile(module, cache_dir=cache)
+    assert third.cache_stats["obj_hit"] == units and third.cache_stats.get("obj_miss", 0) == 0
+    assert _library(third) == _library(first)
+    # ... and a build without any cache makes the same library.
+    fresh = mlir_ansor.compile(module, cache_dir=False)
+    assert fresh.cache_stats == {} and _library(fresh) == _library(first)
+
+
+def test_threads_opt_level_and_schedule_miss(module, tmp_path):
+    cache = tmp_path / "cache"
+    base = mlir_ansor.compile(module, cache_dir=cache)
+    units = base.cache_stats["obj_write"]
+    for options in ({"threads": 2}, {"opt_level": 2}, {"default": "naive"}):
+        cm = mlir_ansor.compile(module, cache_dir=cache, **options)
+        assert cm.cache_stats["module_miss"] == 1, options
+        assert cm.cache_stats["obj_miss"] >= 1, options  # the kernel's code differs
+        np.testing.assert_allclose(_run(cm), _run(base), rtol=1e-5, atol=1e-5)
+    # opt level changes every unit's object
+    assert mlir_ansor.compile(module, cache_dir=cache, opt_level=1).cache_stats["obj_miss"] == units
+
+
+def test_damaged_entries_are_rebuilt(module, tmp_path):
+    cache = tmp_path / "cache"
+    first = mlir_ansor.compile(module, cache_dir=cache)
+    entries = [p for p in cache.rglob("*") if p.is_file()]
+    assert entries
+    for i, p in enumerate(entries):
+        data = p.read_bytes()
+        p.write_bytes(data[: len(data) // 2] if i % 2 else data[:-1] + bytes([data[-1] ^ 0xFF]))
+    again = mlir_ansor.compile(module, cache_dir=cache)
+    assert again.cache_stats["module_damaged"] >= 1 and again.cache_stats["obj_damaged"] >= 1
+    assert again.cache_stats.get("obj_hit", 0) == 0
+    assert _library(again) == _library(first) and _run(again).tobytes() == _run(first).tobytes()
+    # rewritten whole: the next compile hits
+    assert mlir_ansor.compile(module, cache_dir=cache).cache_stats == {"module_hit": 1}
+
+
+def test_cache_can_be_switched_off(module, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MLIR_ANSOR_CACHE_DIR", str(cache))
+    assert cache_for(None, None).root == cache
+    cm = mlir_ansor.compile(module, cache_dir=False)
+    assert cm.cache_stats == {} and not cache.exists()
+    monkeypatch.setenv("MLIR_ANSOR_NO_CACHE", "1")
+    assert cache_for(None, "x.db") is None and cache_for(tmp_path / "other", None) is None
+    assert mlir_ansor.compile(module).cache_stats == {} and not cache.exists()
+    monkeypatch.delenv("MLIR_ANSOR_NO_CACHE")
+    out = tmp_path / "m.so"
+    assert main(["compile", module, "--no-cache", "-o", str(out)]) == 0
+    assert out.exists() and not cache.exists()
+    assert main(["compile", module, "-o", str(out)]) == 0
+    assert len(list((cache / "module").iterdir())) == 3
+
+
+def test_default_folder_is_beside_the_database(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLIR_ANSOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("MLIR_ANSOR_NO_CACHE", raising=False)
+    assert cache_for(None, tmp_path / "t.db").root == tmp_path / "t.db.cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_for(None, None).root == tmp_path / "xdg" / "mlir-ansor"
+    assert cache_for(tmp_path / "mine", tmp_path / "t.db").root == tmp_path / "mine"
+
+
+def test_a_changed_database_misses_the_whole_compile(module, tmp_path):
+    cache = tmp_path / "cache"
+    db = tmp_path / "t.db"
+    db.write_bytes(b"")  # an empty file: no records (default schedules)
+    first = mlir_ansor.compile(module, db=db, cache_dir=cache)
+    db.write_bytes(b"\0" * 0)
+    assert mlir_ansor.compile(module, db=db, cache_dir=cache).cache_stats == {"module_hit": 1}
+    (tmp_path / "t.db-wal").write_bytes(b"new records")
+    cm = mlir_ansor.compile(module, db=db, cache_dir=cache)
+    assert cm.cache_stats["module_miss"] == 1 and cm.cache_stats["obj_hit"] == first.cache_stats["obj_write"]
+
+
+def test_folded_constants_are_cached_and_numpy_matches_llvm(tmp_path, monkeypatch):
+    import mlir_ansor.compiler as compiler
+    from mlir_ansor.graph import fold_eval
+
+    path = tmp_path / "w.mlir"
+    path.write_text(_weights_module())
+    cache = tmp_path / "cache"
+    first = mlir_ansor.compile(str(path), cache_dir=cache)
+    assert first.cache_stats["fold_miss"] == 1 and first.cache_stats["fold_write"] == 1
+    x = np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)
+    for p in (cache / "module").iterdir():
+        p.unlink()
+    second = mlir_ansor.compile(str(path), cache_dir=cache)
+    assert second.cache_stats["fold_hit"] == 1
+    assert second(x).tobytes() == first(x).tobytes()
+    # The folded constants through LLVM (numpy refusing) are the same bits.
+    def refuse(*args):
+        raise fold_eval.NotEvaluable("refused by the test")
+
+    monkeypatch.setattr(fold_eval, "evaluate", refuse)
+    built = compiler.compile(str(path), cache_dir=False)
+    assert built.mlir == first.mlir and built(x).tobytes() == first(x).tobytes()
+
+
+def test_split_units_of_a_lowered_module(tmp_path):
+    from mlir import ir
+
+    from mlir_ansor.compiler import schedule_module
+    from mlir_ansor.passes.lowering import lower_to_llvm
+    from mlir_ansor.passes.split import split_units
+
+    path = tmp_path / "mm.mlir"
+    path.write_text(MATMUL_RELU)
+    s = schedule_module(str(path))
+    with ir.Context(), ir.Location.unknown():
+        m = ir.Module.parse(s.mlir)
+        lower_to_llvm(m, 1)
+        units = split_units(m, {"f"})
+    assert units is not None and units[0].name == "drivers"
+    assert {"f", "_mlir_ciface_f"} <= set(units[0].defines)
+    kernels = [u for u in units[1:]]
+    assert kernels and all(u.name.startswith("ansor_") for u in kernels)
+    assert set(units[0].needs) == {u.name for u in kernels}
+    for u in kernels:
+        assert u.name in u.defines and f"_mlir_ciface_{u.name}" in u.defines and "llvm.func @f(" not in u.text
+
+
+def test_cache_key_names_its_parts():
+    assert CompileCache.key("obj", "a", 3) != CompileCache.key("obj", "a", 2)
+    assert CompileCache.key("obj", "ab", "") != CompileCache.key("obj", "a", "b")
+
+
+def test_compile_help_describes_the_cache(capsys):
+    with pytest.raises(SystemExit):
+        main(["compile", "--help"])
+    out = capsys.readouterr().out
+    assert "--no-cache" in out and "--cache-dir" in out
