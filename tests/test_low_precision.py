@@ -19,6 +19,8 @@ from mlir_ansor.ir.dtypes import EPSILON, tolerance
 from mlir_ansor.measure.jobs import prepare_reference
 from mlir_ansor.measure.measurer import arg_specs
 from mlir_ansor.measure.runner import TimingPolicy, np_dtype, read_data, run, save_data
+from mlir_ansor.search.generate import generate_sketches
+from mlir_ansor.target import Target
 
 M = N = K = 64
 FAST = TimingPolicy(warmup=0, min_repeat=1, max_repeat=2, min_time_s=0.0)
@@ -284,10 +286,42 @@ CHECK:        arith.truncf
     assert out.dtype == BF16 and _rel(out, want) <= task.tolerance
 
 
-def test_quantized_matmul_subtracts_its_zero_points():
-    task = _task(QUANTIZED)
-    assert task.name == "contraction_64x64x64_i8_i32" and task.tolerance == 0.0
-    assert "linalg.quantized_matmul" not in task.mlir and task.mlir.count("arith.subi") == 2
+def _quantized_batch(za: int, zb: int) -> str:
+    x, y, o = _t((2, M, K), "i8"), _t((2, K, N), "i8"), _t((2, M, N), "i32")
+    return f"""func.func @qbmm(%a: {x}, %b: {y}) -> {o} {{
+  %z = arith.constant 0 : i32
+  %za = arith.constant {za} : i32
+  %zb = arith.constant {zb} : i32
+  %e = tensor.empty() : {o}
+  %f = linalg.fill ins(%z : i32) outs(%e : {o}) -> {o}
+  %r = linalg.quantized_batch_matmul ins(%a, %b, %za, %zb : {x}, {y}, i32, i32) outs(%f : {o}) -> {o}
+  return %r : {o}
+}}
+"""
+
+
+def test_quantized_matmul_is_a_dot_product_and_its_zero_points():
+    """sum (a - za)(b - zb) = sum a b - zb sum a - za sum b + K za zb: the
+    contraction only widens (the dot-product rule's, with the zero points'
+    terms fused after it), the row and column sums are tasks of their own;
+    exact."""
+    tasks = mlir_ansor.extract_tasks(mlir_ansor.load(text=QUANTIZED))
+    (mm,) = [t for t in tasks if t.kind == "contraction"]
+    assert sorted(t.kind for t in tasks) == ["contraction", "reduction", "reduction"]
+    assert mm.tolerance == 0.0 and "linalg.quantized_matmul" not in mm.mlir
+    filecheck(mm.mlir, """
+CHECK:      linalg.generic {{.*}} ins(%{{.*}}, %{{.*}} : tensor<64x64xi8>, tensor<64x64xi8>) outs(%{{.*}} : tensor<64x64xi32>) attrs = {ansor.anchor}
+CHECK-NEXT: ^bb0
+CHECK-NEXT:   arith.extsi
+CHECK-NEXT:   arith.extsi
+CHECK-NEXT:   arith.muli
+CHECK-NEXT:   arith.addi
+CHECK:      arith.constant -384 : i32
+CHECK:      {ansor.fused}
+CHECK-COUNT-2: arith.subi
+""")
+    znver4 = Target.cpu("znver4", cores=1)
+    assert any(s.name.startswith("cpu-dot-product") for s in generate_sketches(mm.mlir, znver4))
     rng = np.random.default_rng(2)
     a, b = _draw((M, K), "i8", rng), _draw((K, N), "i8", rng)
     cm = mlir_ansor.compile(mlir_ansor.load(text=QUANTIZED), db=None)
@@ -296,6 +330,24 @@ def test_quantized_matmul_subtracts_its_zero_points():
     finally:
         cm.close()
     np.testing.assert_array_equal(out, (a.astype(np.int64) - 3) @ (b.astype(np.int64) + 2))
+
+
+@pytest.mark.parametrize("za, zb, sums", [(5, -7, 2), (0, 4, 1), (0, 0, 0)])
+def test_quantized_batch_matmul_results(za, zb, sums):
+    """A zero point that is the constant 0 needs no sum of the other operand."""
+    src = _quantized_batch(za, zb)
+    tasks = mlir_ansor.extract_tasks(mlir_ansor.load(text=src))
+    assert sum(t.kind == "reduction" for t in tasks) == sums
+    rng = np.random.default_rng(5)
+    a, b = _draw((2, M, K), "i8", rng), _draw((2, K, N), "i8", rng)
+    a[0, 0, :] = -128
+    b[1, :, 0] = 127
+    cm = mlir_ansor.compile(mlir_ansor.load(text=src), db=None)
+    try:
+        out = cm(a, b)
+    finally:
+        cm.close()
+    np.testing.assert_array_equal(out, (a.astype(np.int64) - za) @ (b.astype(np.int64) - zb))
 
 
 def test_a_bf16_convolution_accumulates_in_f32():

@@ -14,9 +14,11 @@ Entry points:
   is added to the f32 sum in that same elementwise op (before the rounding).
 * :func:`lower_quantized_matmuls` (also run by normalization):
   ``linalg.quantized_matmul`` and ``linalg.quantized_batch_matmul`` become a
-  ``linalg.generic`` that subtracts the zero points in its body, which reads
-  them from outside: tasks take tensors, and a scalar operand is no tensor
-  (a constant zero point is cloned into the task like any constant).
+  plain int8 contraction (tensorized like any), the row sums of A and column
+  sums of B, and one elementwise op that takes the zero points' terms off;
+  it reads the zero points from outside: tasks take tensors, and a scalar
+  operand is no tensor (a constant zero point is cloned into the task like
+  any constant).
 * :func:`fold_widening` (run by normalization, before the transposes are
   folded): an elementwise generic that only widens (``arith.extf``
   bf16/f16 -> f32, ``arith.extsi``/``extui`` i8 -> i32) an input of a
@@ -362,8 +364,29 @@ def _cast_int(value: ir.Value, to: ir.Type) -> ir.Value:
     return value
 
 
+def _is_zero(value: ir.Value) -> bool:
+    """Whether `value` is the integer constant 0 (``arith.constant``)."""
+    owner = value.owner
+    if isinstance(owner, ir.Block) or owner.name != "arith.constant":
+        return False
+    attr = owner.attributes["value"]
+    return isinstance(attr, ir.IntegerAttr) and ir.IntegerAttr(attr).value == 0
+
+
 def _lower_quantized_of(op: ir.Operation) -> bool:
-    from mlir.dialects import arith, linalg
+    """One quantized (batch) matmul as a plain int8 contraction and its
+    zero-point terms:
+
+        sum_k (a - za)(b - zb) = sum_k a b - zb sum_k a - za sum_k b + K za zb
+
+    The contraction is what the dot-product instructions compute (its
+    body only widens: the ``cpu-dot-product`` rule tensorizes it); the row
+    sums of A and the column sums of B are small reductions of their own
+    (a constant B's fold at compile time), left out where the other zero
+    point is the constant 0; the rest is one elementwise op after the
+    contraction, fused into its task. Exact: the same sum in i32, reordered
+    (modulo 2^32 as the original)."""
+    from mlir.dialects import arith, linalg, tensor
 
     n_par = _QUANTIZED[op.name]
     a, b, a_zp, b_zp, c = list(op.operands)
@@ -372,28 +395,77 @@ def _lower_quantized_of(op: ir.Operation) -> bool:
         isinstance(ir.ShapedType(v.type).element_type, ir.IntegerType) for v in (a, b)
     ):
         return False
+    a_t, c_t = ir.RankedTensorType(a.type), ir.RankedTensorType(c.type)
+    if not (a_t.has_static_shape and c_t.has_static_shape):
+        return False
     n = n_par + 1
     d = [ir.AffineDimExpr.get(k) for k in range(n)]
     k = d[-1]
-    if n_par == 2:
-        maps = [[d[0], k], [k, d[1]], [d[0], d[1]]]
-    else:
-        maps = [[d[0], d[1], k], [d[0], k, d[2]], [d[0], d[1], d[2]]]
+    *batch, m_, n_ = d[:n_par]
+    maps = [[*batch, m_, k], [*batch, k, n_], [*batch, m_, n_]]
     par = ir.Attribute.parse("#linalg.iterator_type<parallel>")
     red = ir.Attribute.parse("#linalg.iterator_type<reduction>")
+    reduction = int(a_t.shape[-1])
+
+    def affine(dims: int, rows: list) -> ir.ArrayAttr:
+        return ir.ArrayAttr.get([ir.AffineMapAttr.get(ir.AffineMap.get(dims, 0, r)) for r in rows])
+
+    def widen(x: ir.Value) -> ir.Value:
+        return _cast_int(x, acc)
+
+    def zeros(shape: list[int]) -> ir.Value:
+        zero = arith.constant(acc, ir.IntegerAttr.get(acc, 0))
+        return linalg.fill(zero, outs=[tensor.EmptyOp(shape, acc).result])
+
+    def sums(x: ir.Value, kept: list, shape: list[int], x_map: list) -> ir.Value:
+        """sum over k of `x`, kept dims `kept` (loops: kept..., k)."""
+        dims = len(kept) + 1
+        out_t = ir.RankedTensorType.get(shape, acc)
+        g = linalg.GenericOp([out_t], [x], [zeros(shape)], affine(dims, [x_map, kept]), ir.ArrayAttr.get([par] * len(kept) + [red]))
+        blk = g.regions[0].blocks.append(ir.ShapedType(x.type).element_type, acc)
+        with ir.InsertionPoint(blk):
+            linalg.YieldOp([arith.addi(blk.arguments[1], widen(blk.arguments[0]))])
+        return g.results[0]
+
     with op.location, ir.InsertionPoint(op):
-        generic = linalg.GenericOp(
-            [c.type], [a, b], [c],
-            ir.ArrayAttr.get([ir.AffineMapAttr.get(ir.AffineMap.get(n, 0, m)) for m in maps]),
-            ir.ArrayAttr.get([par] * n_par + [red]),
-        )
+        contraction = linalg.GenericOp([c.type], [a, b], [c], affine(n, maps), ir.ArrayAttr.get([par] * n_par + [red]))
         elems = [ir.ShapedType(v.type).element_type for v in (a, b)]
-        block = generic.regions[0].blocks.append(elems[0], elems[1], acc)
+        block = contraction.regions[0].blocks.append(elems[0], elems[1], acc)
         with ir.InsertionPoint(block):
-            x = arith.subi(_cast_int(block.arguments[0], acc), _cast_int(a_zp, acc))
-            y = arith.subi(_cast_int(block.arguments[1], acc), _cast_int(b_zp, acc))
-            linalg.YieldOp([arith.addi(block.arguments[2], arith.muli(x, y))])
-    op.results[0].replace_all_uses_with(generic.results[0])
+            linalg.YieldOp([arith.addi(block.arguments[2], arith.muli(widen(block.arguments[0]), widen(block.arguments[1])))])
+        lead = [int(x) for x in c_t.shape[:-2]]
+        rows, cols = int(c_t.shape[-2]), int(c_t.shape[-1])
+        e = [ir.AffineDimExpr.get(i) for i in range(n_par)]  # the output's loops
+        ins, in_maps = [contraction.results[0]], [list(e)]
+        if not _is_zero(b_zp):  # zb * sum_k a[.., m, k]
+            sd = [ir.AffineDimExpr.get(i) for i in range(n_par)]  # batch..., m, k
+            ins.append(sums(a, sd[:-1], lead + [rows], sd))
+            in_maps.append(e[:-1])
+        if not _is_zero(a_zp):  # za * sum_k b[.., k, n]
+            sd = [ir.AffineDimExpr.get(i) for i in range(n_par)]  # batch..., n, k
+            ins.append(sums(b, sd[:-1], lead + [cols], [*sd[:-2], sd[-1], sd[-2]]))
+            in_maps.append([*e[:-2], e[-1]])
+        if len(ins) == 1 and _is_zero(a_zp) and _is_zero(b_zp):
+            op.results[0].replace_all_uses_with(contraction.results[0])
+            op.erase()
+            return True
+        out = linalg.GenericOp(
+            [c.type], ins, [tensor.EmptyOp(lead + [rows, cols], acc).result],
+            affine(n_par, in_maps + [list(e)]), ir.ArrayAttr.get([par] * n_par),
+        )
+        blk = out.regions[0].blocks.append(*([acc] * (len(ins) + 1)))
+        with ir.InsertionPoint(blk):
+            za, zb = widen(a_zp), widen(b_zp)
+            val = blk.arguments[0]
+            at = 1
+            if not _is_zero(b_zp):
+                val = arith.subi(val, arith.muli(zb, blk.arguments[at]))
+                at += 1
+            if not _is_zero(a_zp):
+                val = arith.subi(val, arith.muli(za, blk.arguments[at]))
+            k_zz = arith.muli(arith.muli(za, zb), arith.constant(acc, ir.IntegerAttr.get(acc, reduction)))
+            linalg.YieldOp([arith.addi(val, k_zz)])
+    op.results[0].replace_all_uses_with(out.results[0])
     op.erase()
     return True
 
