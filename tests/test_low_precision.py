@@ -332,6 +332,58 @@ CHECK-COUNT-2: arith.subi
     np.testing.assert_array_equal(out, (a.astype(np.int64) - 3) @ (b.astype(np.int64) + 2))
 
 
+def _quantized_conv(layout: str, stride: int) -> tuple[str, tuple, tuple]:
+    """A 3x3 ``_q`` convolution (input zero point 3, filter -2), its input
+    and filter shapes."""
+    hw = 8 * stride + 2
+    o = (1, 8, 8, 32) if layout == "nhwc" else (1, 32, 8, 8)
+    x = (1, hw, hw, 16) if layout == "nhwc" else (1, 16, hw, hw)
+    w = (3, 3, 16, 32) if layout == "nhwc" else (32, 16, 3, 3)
+    op = "conv_2d_nhwc_hwcf_q" if layout == "nhwc" else "conv_2d_nchw_fchw_q"
+    xt, wt, ot = _t(x, "i8"), _t(w, "i8"), _t(o, "i32")
+    return f"""func.func @cq(%x: {xt}, %w: {wt}) -> {ot} {{
+  %z = arith.constant 0 : i32
+  %zx = arith.constant 3 : i32
+  %zw = arith.constant -2 : i32
+  %e = tensor.empty() : {ot}
+  %f = linalg.fill ins(%z : i32) outs(%e : {ot}) -> {ot}
+  %r = linalg.{op} {{strides = dense<{stride}> : tensor<2xi64>, dilations = dense<1> : tensor<2xi64>}}
+      ins(%x, %w, %zx, %zw : {xt}, {wt}, i32, i32) outs(%f : {ot}) -> {ot}
+  return %r : {ot}
+}}
+""", x, w
+
+
+@pytest.mark.parametrize("layout, stride", [("nhwc", 1), ("nchw", 2)])
+def test_quantized_convolution_is_a_convolution_and_its_zero_points(layout, stride):
+    """A ``_q`` convolution: the convolution without zero points (the
+    dot-product rule's, NHWC with unit strides), the input's window sums, the
+    filters' sums; exact."""
+    src, xs, ws = _quantized_conv(layout, stride)
+    tasks = mlir_ansor.extract_tasks(mlir_ansor.load(text=src))
+    assert sorted(t.kind for t in tasks) == ["convolution", "pooling", "reduction"]
+    (conv,) = [t for t in tasks if t.kind == "convolution"]
+    assert "_q " not in conv.mlir and conv.mlir.count("arith.subi") == 2
+    if layout == "nhwc":
+        assert any(s.name.startswith("cpu-dot-product") for s in generate_sketches(conv.mlir, Target.cpu("znver4", cores=1)))
+    rng = np.random.default_rng(6)
+    x, w = _draw(xs, "i8", rng), _draw(ws, "i8", rng)
+    x.flat[0], w.flat[0] = -128, 127
+    cm = mlir_ansor.compile(mlir_ansor.load(text=src), db=None)
+    try:
+        out = cm(x, w)
+    finally:
+        cm.close()
+    xv, wv = x.astype(np.int64) - 3, w.astype(np.int64) + 2
+    if layout == "nchw":  # to NHWC / HWCF for the reference
+        xv, wv = xv.transpose(0, 2, 3, 1), wv.transpose(2, 3, 1, 0)
+    ref = sum(np.einsum("nhwc,cf->nhwf", xv[:, i:i + 8 * stride:stride, j:j + 8 * stride:stride, :], wv[i, j])
+              for i in range(3) for j in range(3))
+    if layout == "nchw":
+        ref = ref.transpose(0, 3, 1, 2)
+    np.testing.assert_array_equal(out, ref)
+
+
 @pytest.mark.parametrize("za, zb, sums", [(5, -7, 2), (0, 4, 1), (0, 0, 0)])
 def test_quantized_batch_matmul_results(za, zb, sums):
     """A zero point that is the constant 0 needs no sum of the other operand."""

@@ -38,9 +38,10 @@ What it does, and why:
   (:mod:`.fold_transpose`): a transpose feeding a matmul would otherwise be
   a task of its own with no arithmetic (BERT's attention scores, TBG).
 
-* rewrites ``linalg.quantized_matmul`` as a generic that subtracts its
-  zero points (:func:`.precision.lower_quantized_matmuls`): tasks take
-  tensors, not the scalar zero-point operands.
+* rewrites ``linalg.quantized_matmul`` (batch too) and the ``_q``
+  convolutions as the plain int8 contraction and its zero points' terms
+  (:func:`.precision.lower_quantized_ops`): tasks take tensors, not the
+  scalar zero-point operands, and the contraction is a dot product.
 
 * folds an elementwise widening (``arith.extf`` bf16 -> f32, ``arith.extsi``
   i8 -> i32) of a contraction's input into the contraction, which then
@@ -68,7 +69,7 @@ from mlir.passmanager import PassManager
 
 from mlir_ansor.graph.fold_transpose import fold_transposes
 from mlir_ansor.graph.layout import convert_layout
-from mlir_ansor.graph.precision import accumulate_wide, compute_wide, fold_widening, lower_quantized_matmuls
+from mlir_ansor.graph.precision import accumulate_wide, compute_wide, fold_widening, lower_quantized_ops
 from mlir_ansor.graph.split_conv import split_convolutions
 from mlir_ansor.ir.attrs import NORMALIZED_ATTR
 from mlir_ansor.ir.rewrite import backward_slice, clone_remapped
@@ -265,7 +266,7 @@ def normalize(module: ir.Module, *, layout: bool | None = None) -> None:
             if NORMALIZED_ATTR in fn.attributes or not _on_tensors(fn):
                 continue
             drop_dead_results(fn)
-            lower_quantized_matmuls(fn)
+            lower_quantized_ops(fn)
             if layout:
                 convert_layout(fn)
             split_convolutions(fn)

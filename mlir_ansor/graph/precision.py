@@ -12,10 +12,11 @@ Entry points:
   anchor, so the task partition fuses it into the same task. A zero or
   constant ``linalg.fill`` init becomes the same fill in f32; any other init
   is added to the f32 sum in that same elementwise op (before the rounding).
-* :func:`lower_quantized_matmuls` (also run by normalization):
-  ``linalg.quantized_matmul`` and ``linalg.quantized_batch_matmul`` become a
-  plain int8 contraction (tensorized like any), the row sums of A and column
-  sums of B, and one elementwise op that takes the zero points' terms off;
+* :func:`lower_quantized_ops` (also run by normalization):
+  ``linalg.quantized_matmul``, ``linalg.quantized_batch_matmul`` and the
+  ``_q`` convolutions become a plain int8 contraction (tensorized like any),
+  the sums of A and of B, and one elementwise op that takes the zero
+  points' terms off;
   it reads the zero points from outside: tasks take tensors, and a scalar
   operand is no tensor (a constant zero point is cloned into the task like
   any constant).
@@ -55,12 +56,13 @@ __all__ = [
     "compute_wide",
     "fold_widening",
     "is_narrow_float",
-    "lower_quantized_matmuls",
+    "lower_quantized_ops",
     "widen_payload",
     "widened_dtype",
 ]
 
 _QUANTIZED = {"linalg.quantized_matmul": 2, "linalg.quantized_batch_matmul": 3}
+_QUANTIZED_CONVS = {"linalg.conv_2d_nhwc_hwcf_q": "nhwc", "linalg.conv_2d_nchw_fchw_q": "nchw"}
 """Quantized named ops -> their number of parallel loops (then one reduction)."""
 
 
@@ -373,113 +375,173 @@ def _is_zero(value: ir.Value) -> bool:
     return isinstance(attr, ir.IntegerAttr) and ir.IntegerAttr(attr).value == 0
 
 
+def _affine(dims: int, rows: list) -> ir.ArrayAttr:
+    return ir.ArrayAttr.get([ir.AffineMapAttr.get(ir.AffineMap.get(dims, 0, r)) for r in rows])
+
+
+def _iterators(kinds: str) -> ir.ArrayAttr:
+    """"ppr" -> [parallel, parallel, reduction]."""
+    names = {"p": "parallel", "r": "reduction"}
+    return ir.ArrayAttr.get([ir.Attribute.parse(f"#linalg.iterator_type<{names[k]}>") for k in kinds])
+
+
+def _sums(x: ir.Value, kept: int, summed: int, x_map: list, shape: list[int], acc: ir.Type,
+          window: tuple[int, int] | None = None) -> ir.Value:
+    """A reduction of `x` (widened to `acc`) over loops `kept`..`kept +
+    summed`, into a zero-filled tensor of `shape` indexed by the first
+    `kept` loops; `x_map` reads `x` in those loops. `window`: the extents of
+    the first two summed loops, which `x_map` reads only in sums (a
+    convolution's window): a window operand gives them, as pooling ops do."""
+    from mlir.dialects import arith, linalg, tensor
+
+    dims = [ir.AffineDimExpr.get(i) for i in range(kept + summed)]
+    zero = arith.constant(acc, ir.IntegerAttr.get(acc, 0))
+    init = linalg.fill(zero, outs=[tensor.EmptyOp(shape, acc).result])
+    ins, maps = [x], [x_map]
+    if window is not None:
+        ins.append(tensor.EmptyOp(list(window), ir.ShapedType(x.type).element_type).result)
+        maps.append(dims[kept:kept + 2])
+    g = linalg.GenericOp([ir.RankedTensorType.get(shape, acc)], ins, [init], _affine(kept + summed, [*maps, dims[:kept]]),
+                         _iterators("p" * kept + "r" * summed))
+    elem = ir.ShapedType(x.type).element_type
+    blk = g.regions[0].blocks.append(*([elem] * len(ins)), acc)
+    with ir.InsertionPoint(blk):
+        linalg.YieldOp([arith.addi(blk.arguments[len(ins)], _cast_int(blk.arguments[0], acc))])
+    return g.results[0]
+
+
+def _minus_zero_points(op: ir.Operation, product: ir.Value, a_zp: ir.Value, b_zp: ir.Value, reduction: int,
+                       a_sums, b_sums) -> None:
+    """Replace `op` by `product` - zb * A's sums - za * B's sums + K za zb,
+    one elementwise op over the output. `a_sums()` / `b_sums()` build the
+    sums (only where the other zero point is not the constant 0) and give
+    (the tensor, its map in the output's loops)."""
+    from mlir.dialects import arith, linalg, tensor
+
+    out_t = ir.RankedTensorType(product.type)
+    acc, rank = out_t.element_type, out_t.rank
+    terms = []  # (zero point, sums, map)
+    if not _is_zero(b_zp):
+        terms.append((b_zp, *a_sums()))
+    if not _is_zero(a_zp):
+        terms.append((a_zp, *b_sums()))
+    if not terms:
+        op.results[0].replace_all_uses_with(product)
+        op.erase()
+        return
+    e = [ir.AffineDimExpr.get(i) for i in range(rank)]
+    out = linalg.GenericOp(
+        [out_t], [product] + [t[1] for t in terms], [tensor.EmptyOp(list(out_t.shape), acc).result],
+        _affine(rank, [e] + [t[2] for t in terms] + [e]), _iterators("p" * rank),
+    )
+    blk = out.regions[0].blocks.append(*([acc] * (len(terms) + 2)))
+    with ir.InsertionPoint(blk):
+        val = blk.arguments[0]
+        for i, (zp, _, _) in enumerate(terms):
+            val = arith.subi(val, arith.muli(_cast_int(zp, acc), blk.arguments[1 + i]))
+        if len(terms) == 2:
+            zz = arith.muli(_cast_int(a_zp, acc), _cast_int(b_zp, acc))
+            val = arith.addi(val, arith.muli(zz, arith.constant(acc, ir.IntegerAttr.get(acc, reduction))))
+        linalg.YieldOp([val])
+    op.results[0].replace_all_uses_with(out.results[0])
+    op.erase()
+
+
 def _lower_quantized_of(op: ir.Operation) -> bool:
-    """One quantized (batch) matmul as a plain int8 contraction and its
-    zero-point terms:
+    """One quantized (batch) matmul or convolution as a plain int8
+    contraction and its zero-point terms:
 
         sum_k (a - za)(b - zb) = sum_k a b - zb sum_k a - za sum_k b + K za zb
 
-    The contraction is what the dot-product instructions compute (its
-    body only widens: the ``cpu-dot-product`` rule tensorizes it); the row
-    sums of A and the column sums of B are small reductions of their own
-    (a constant B's fold at compile time), left out where the other zero
-    point is the constant 0; the rest is one elementwise op after the
-    contraction, fused into its task. Exact: the same sum in i32, reordered
-    (modulo 2^32 as the original)."""
-    from mlir.dialects import arith, linalg, tensor
+    The contraction (a generic, or the convolution without ``_q``) is what
+    the dot-product instructions compute (its body only widens: the
+    ``cpu-dot-product`` rule tensorizes it); the sums of A (rows of a
+    matmul, windows of a convolution) and of B (columns, filters) are small
+    reductions of their own (a constant B's fold at compile time), left out
+    where the other zero point is the constant 0; the rest is one
+    elementwise op after the contraction, fused into its task. Exact: the
+    same sum in i32, reordered (modulo 2^32 as the original)."""
+    from mlir.dialects import arith, linalg
 
-    n_par = _QUANTIZED[op.name]
     a, b, a_zp, b_zp, c = list(op.operands)
     acc = ir.RankedTensorType(c.type).element_type
     if not isinstance(acc, ir.IntegerType) or not all(
         isinstance(ir.ShapedType(v.type).element_type, ir.IntegerType) for v in (a, b)
     ):
         return False
-    a_t, c_t = ir.RankedTensorType(a.type), ir.RankedTensorType(c.type)
-    if not (a_t.has_static_shape and c_t.has_static_shape):
+    a_t, b_t, c_t = (ir.RankedTensorType(v.type) for v in (a, b, c))
+    if not (a_t.has_static_shape and b_t.has_static_shape and c_t.has_static_shape):
         return False
-    n = n_par + 1
-    d = [ir.AffineDimExpr.get(k) for k in range(n)]
-    k = d[-1]
-    *batch, m_, n_ = d[:n_par]
-    maps = [[*batch, m_, k], [*batch, k, n_], [*batch, m_, n_]]
-    par = ir.Attribute.parse("#linalg.iterator_type<parallel>")
-    red = ir.Attribute.parse("#linalg.iterator_type<reduction>")
-    reduction = int(a_t.shape[-1])
-
-    def affine(dims: int, rows: list) -> ir.ArrayAttr:
-        return ir.ArrayAttr.get([ir.AffineMapAttr.get(ir.AffineMap.get(dims, 0, r)) for r in rows])
-
-    def widen(x: ir.Value) -> ir.Value:
-        return _cast_int(x, acc)
-
-    def zeros(shape: list[int]) -> ir.Value:
-        zero = arith.constant(acc, ir.IntegerAttr.get(acc, 0))
-        return linalg.fill(zero, outs=[tensor.EmptyOp(shape, acc).result])
-
-    def sums(x: ir.Value, kept: list, shape: list[int], x_map: list) -> ir.Value:
-        """sum over k of `x`, kept dims `kept` (loops: kept..., k)."""
-        dims = len(kept) + 1
-        out_t = ir.RankedTensorType.get(shape, acc)
-        g = linalg.GenericOp([out_t], [x], [zeros(shape)], affine(dims, [x_map, kept]), ir.ArrayAttr.get([par] * len(kept) + [red]))
-        blk = g.regions[0].blocks.append(ir.ShapedType(x.type).element_type, acc)
-        with ir.InsertionPoint(blk):
-            linalg.YieldOp([arith.addi(blk.arguments[1], widen(blk.arguments[0]))])
-        return g.results[0]
-
+    if op.name in _QUANTIZED_CONVS:
+        return _lower_quantized_conv(op, _QUANTIZED_CONVS[op.name])
+    n_par = _QUANTIZED[op.name]
+    d = [ir.AffineDimExpr.get(k) for k in range(n_par + 1)]
+    *batch, m_, n_, k = d
+    lead = [int(x) for x in c_t.shape[:-2]]
+    rows, cols = int(c_t.shape[-2]), int(c_t.shape[-1])
     with op.location, ir.InsertionPoint(op):
-        contraction = linalg.GenericOp([c.type], [a, b], [c], affine(n, maps), ir.ArrayAttr.get([par] * n_par + [red]))
+        g = linalg.GenericOp([c.type], [a, b], [c], _affine(n_par + 1, [[*batch, m_, k], [*batch, k, n_], [*batch, m_, n_]]),
+                             _iterators("p" * n_par + "r"))
         elems = [ir.ShapedType(v.type).element_type for v in (a, b)]
-        block = contraction.regions[0].blocks.append(elems[0], elems[1], acc)
+        block = g.regions[0].blocks.append(elems[0], elems[1], acc)
         with ir.InsertionPoint(block):
-            linalg.YieldOp([arith.addi(block.arguments[2], arith.muli(widen(block.arguments[0]), widen(block.arguments[1])))])
-        lead = [int(x) for x in c_t.shape[:-2]]
-        rows, cols = int(c_t.shape[-2]), int(c_t.shape[-1])
+            x, y = (_cast_int(block.arguments[i], acc) for i in (0, 1))
+            linalg.YieldOp([arith.addi(block.arguments[2], arith.muli(x, y))])
         e = [ir.AffineDimExpr.get(i) for i in range(n_par)]  # the output's loops
-        ins, in_maps = [contraction.results[0]], [list(e)]
-        if not _is_zero(b_zp):  # zb * sum_k a[.., m, k]
-            sd = [ir.AffineDimExpr.get(i) for i in range(n_par)]  # batch..., m, k
-            ins.append(sums(a, sd[:-1], lead + [rows], sd))
-            in_maps.append(e[:-1])
-        if not _is_zero(a_zp):  # za * sum_k b[.., k, n]
-            sd = [ir.AffineDimExpr.get(i) for i in range(n_par)]  # batch..., n, k
-            ins.append(sums(b, sd[:-1], lead + [cols], [*sd[:-2], sd[-1], sd[-2]]))
-            in_maps.append([*e[:-2], e[-1]])
-        if len(ins) == 1 and _is_zero(a_zp) and _is_zero(b_zp):
-            op.results[0].replace_all_uses_with(contraction.results[0])
-            op.erase()
-            return True
-        out = linalg.GenericOp(
-            [c.type], ins, [tensor.EmptyOp(lead + [rows, cols], acc).result],
-            affine(n_par, in_maps + [list(e)]), ir.ArrayAttr.get([par] * n_par),
+        sd = [ir.AffineDimExpr.get(i) for i in range(n_par)]  # batch..., m or n, k
+        _minus_zero_points(
+            op, g.results[0], a_zp, b_zp, int(a_t.shape[-1]),
+            lambda: (_sums(a, n_par - 1, 1, sd, lead + [rows], acc), e[:-1]),
+            lambda: (_sums(b, n_par - 1, 1, [*sd[:-2], sd[-1], sd[-2]], lead + [cols], acc), [*e[:-2], e[-1]]),
         )
-        blk = out.regions[0].blocks.append(*([acc] * (len(ins) + 1)))
-        with ir.InsertionPoint(blk):
-            za, zb = widen(a_zp), widen(b_zp)
-            val = blk.arguments[0]
-            at = 1
-            if not _is_zero(b_zp):
-                val = arith.subi(val, arith.muli(zb, blk.arguments[at]))
-                at += 1
-            if not _is_zero(a_zp):
-                val = arith.subi(val, arith.muli(za, blk.arguments[at]))
-            k_zz = arith.muli(arith.muli(za, zb), arith.constant(acc, ir.IntegerAttr.get(acc, reduction)))
-            linalg.YieldOp([arith.addi(val, k_zz)])
-    op.results[0].replace_all_uses_with(out.results[0])
-    op.erase()
     return True
 
 
-def lower_quantized_matmuls(fn: ir.Operation) -> int:
-    """Rewrite every ``linalg.quantized_matmul`` and
-    ``linalg.quantized_batch_matmul`` on tensors directly in `fn`'s body as
-    the equivalent ``linalg.generic``, its zero points read in the body;
+def _lower_quantized_conv(op: ir.Operation, layout: str) -> bool:
+    """A ``conv_2d_nhwc_hwcf_q`` / ``conv_2d_nchw_fchw_q``: the same
+    convolution without the zero points, the window sums of the input
+    (loops n, oh, ow, kh, kw, c) and the sums of each filter (f, kh, kw, c)."""
+    from mlir.dialects import linalg
+
+    x, w, x_zp, w_zp, c = list(op.operands)
+    strides = [int(v) for v in ir.DenseIntElementsAttr(op.attributes["strides"])] if "strides" in op.attributes else [1, 1]
+    dilations = [int(v) for v in ir.DenseIntElementsAttr(op.attributes["dilations"])] if "dilations" in op.attributes else [1, 1]
+    ws, cs = list(ir.RankedTensorType(w.type).shape), list(ir.RankedTensorType(c.type).shape)
+    if layout == "nhwc":
+        kh, kw, ch, _ = ws
+        conv, (n, oh, ow, f) = linalg.conv_2d_nhwc_hwcf, cs
+    else:
+        _, ch, kh, kw = ws
+        conv, (n, f, oh, ow) = linalg.conv_2d_nchw_fchw, cs
+    d = [ir.AffineDimExpr.get(i) for i in range(6)]  # n, oh, ow, kh, kw, c
+    row = d[1] * strides[0] + d[3] * dilations[0]
+    col = d[2] * strides[1] + d[4] * dilations[1]
+    x_map = [d[0], row, col, d[5]] if layout == "nhwc" else [d[0], d[5], row, col]
+    g = [ir.AffineDimExpr.get(i) for i in range(4)]  # f, kh, kw, c
+    w_map = [g[1], g[2], g[3], g[0]] if layout == "nhwc" else [g[0], g[3], g[1], g[2]]
+    e = [ir.AffineDimExpr.get(i) for i in range(4)]  # the output's loops
+    s_map, f_map = ([e[0], e[1], e[2]], [e[3]]) if layout == "nhwc" else ([e[0], e[2], e[3]], [e[1]])
+    with op.location, ir.InsertionPoint(op):
+        product = conv(x, w, outs=[c], strides=strides, dilations=dilations)
+        _minus_zero_points(
+            op, product, x_zp, w_zp, kh * kw * ch,
+            lambda: (_sums(x, 3, 3, x_map, [n, oh, ow], ir.RankedTensorType(c.type).element_type, window=(kh, kw)), s_map),
+            lambda: (_sums(w, 1, 3, w_map, [f], ir.RankedTensorType(c.type).element_type), f_map),
+        )
+    return True
+
+
+def lower_quantized_ops(fn: ir.Operation) -> int:
+    """Rewrite every ``linalg.quantized_matmul``,
+    ``linalg.quantized_batch_matmul``, ``linalg.conv_2d_nhwc_hwcf_q`` and
+    ``linalg.conv_2d_nchw_fchw_q`` on tensors directly in `fn`'s body as an
+    int8 contraction and its zero points' terms (:func:`_lower_quantized_of`);
     returns how many ops were rewritten."""
     count = 0
     for block in fn.regions[0].blocks:
         for opview in list(block.operations):
             op = opview.operation
-            if op.name in _QUANTIZED and op.results and _lower_quantized_of(op):
+            if (op.name in _QUANTIZED or op.name in _QUANTIZED_CONVS) and op.results and _lower_quantized_of(op):
                 count += 1
     return count
 
