@@ -64,6 +64,7 @@ from mlir_ansor.ir.dtypes import ELEMENT_BYTES
 from mlir_ansor.ir.program import Program, load
 from mlir_ansor.measure.pool import WorkerPool
 from mlir_ansor.measure.runner import ALIGNMENT, Kernel, aligned_copy, aligned_empty, descriptor, np_dtype
+from mlir_ansor.passes.artifacts import symbol_stub
 from mlir_ansor.passes.compile_cache import CompileCache, cache_for, file_digest
 from mlir_ansor.passes.drivers import linalg_inits
 from mlir_ansor.passes.lowering import BUFFERIZE, lower_to_llvm
@@ -401,11 +402,10 @@ def _externalize_weights(module: ir.Module, mlir_text: str, workdir: str) -> tup
     builds in a tenth of the time). Each such global becomes an external
     declaration; its bytes go to a file that an assembler ``.incbin``
     directive places in ``.rodata``. Returns (shared libraries that resolve
-    the symbols while the ExecutionEngine generates code, objects to link
-    into the library, where the symbols are hidden).
+    the symbols while the ExecutionEngine generates code, the assembly
+    source that defines them, hidden, in the library: :func:`_lower_and_link`
+    assembles it while the units are code-generated).
     """
-    import subprocess
-
     blobs: dict[str, str] | None = None
     entries: list[tuple[str, str, int]] = []
     for opview in module.body.operations:
@@ -447,32 +447,28 @@ def _externalize_weights(module: ir.Module, mlir_text: str, workdir: str) -> tup
     if not entries:
         return (), ()
 
-    def asm(hidden: bool) -> str:
-        lines = []
-        for name, path, size in entries:
-            lines += [
-                ".section .rodata",
-                f".globl {name}",
-                *([f".hidden {name}"] if hidden else []),
-                f".type {name}, @object",
-                ".p2align 6",
-                f"{name}:",
-                f'.incbin "{path}"',
-                f".size {name}, {size}",
-            ]
-        return "\n".join(lines) + "\n"
-
-    outs = []
-    for hidden, suffix, flags in ((False, "jit.so", ["-shared"]), (True, "weights.o", ["-c"])):
-        src = os.path.join(workdir, suffix + ".s")
-        with open(src, "w") as f:
-            f.write(asm(hidden))
-        out = os.path.join(workdir, suffix)
-        proc = subprocess.run(["cc", *flags, "-o", out, src], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise AnsorError(f"assembling the weights failed: {proc.stderr.strip()[-1000:]}")
-        outs.append(out)
-    return (outs[0],), (outs[1],)
+    lines = []
+    for name, path, size in entries:
+        lines += [
+            ".section .rodata",
+            f".globl {name}",
+            f".hidden {name}",
+            f".type {name}, @object",
+            ".p2align 6",
+            f"{name}:",
+            f'.incbin "{path}"',
+            f".size {name}, {size}",
+        ]
+    src = os.path.join(workdir, "weights.s")
+    with open(src, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    # While the ExecutionEngine generates code, the weights only need an
+    # address: a stub of the names, not a second copy of the data.
+    try:
+        stub = symbol_stub([name for name, _, _ in entries], os.path.join(workdir, "weights-jit.so"))
+    except RuntimeError as e:
+        raise AnsorError(str(e)) from None
+    return (stub,), (src,)
 
 
 def lower_and_split(mlir_text: str, threads: int, workdir: str, drivers: list[str]) -> dict:
@@ -512,7 +508,9 @@ def _lower_and_link(module_text: str, signatures: dict, threads: int, so_path: s
                     cache: CompileCache | None) -> None:
     """Lower `module_text` in a worker, code-generate its units in parallel
     workers (the cached ones come from `cache`) and link them at `so_path`."""
-    from mlir_ansor.passes.artifacts import link_shared_library, symbol_stub
+    import subprocess
+
+    from mlir_ansor.passes.artifacts import link_shared_library
 
     pool = _pool()
     workdir = tempfile.mkdtemp(prefix="units-", dir=os.path.dirname(so_path) or None)
@@ -534,6 +532,10 @@ def _lower_and_link(module_text: str, signatures: dict, threads: int, so_path: s
             else:
                 with open(objs[i], "wb") as f:
                     f.write(data)
+        # The weights' assembly (100 MB of .incbin for ResNet-50) while the units compile.
+        assembling = [(src, src[:-2] + ".o", subprocess.Popen(["cc", "-c", "-o", src[:-2] + ".o", src],
+                                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+                      for src in lowered["link_inputs"]]
         start = time.perf_counter()
         if missing:
             needs = sorted({n for i in missing for n in units[i][3]})
@@ -549,14 +551,22 @@ def _lower_and_link(module_text: str, signatures: dict, threads: int, so_path: s
                     cache.put("obj", keys[i], ".o", r.value)
         gen_s = time.perf_counter() - start
         start = time.perf_counter()
+        for src, _, proc in assembling:
+            _, err = proc.communicate()
+            if proc.returncode != 0:
+                raise AnsorError(f"assembling {os.path.basename(src)} failed: {err.decode(errors='replace').strip()[-1000:]}")
         try:
-            link_shared_library(objs + list(lowered["link_inputs"]), so_path)
+            link_shared_library(objs + [o for _, o, _ in assembling], so_path)
         except RuntimeError as e:
             raise AnsorError(str(e)) from None
         log.info("compile: lowered in %.1f s; %d unit(s)%s, %d from the cache, %d code-generated in %.1f s; "
                  "linked in %.1f s", lower_s, len(units), "" if lowered["split"] else " (the whole module: it does not split)",
                  len(units) - len(missing), len(missing), gen_s, time.perf_counter() - start)
     finally:
+        for _, _, proc in locals().get("assembling", ()):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -743,13 +753,21 @@ def _workdir() -> str:
 _POOL: list[WorkerPool] = []
 
 
+def _warm_worker() -> None:
+    """A worker's first act: import what its jobs need (the MLIR bindings,
+    the ExecutionEngine), while the parent still parses the input."""
+    import mlir.execution_engine  # noqa: F401
+
+    import mlir_ansor.schedule.apply  # noqa: F401
+
+
 def _pool() -> WorkerPool:
     """The worker processes compile jobs run in, started once per process
     (a crash in one job only costs that worker)."""
     if not _POOL:
         import atexit
 
-        pool = WorkerPool(usable_cores(), env={"KMP_WARNINGS": "0"}, max_jobs_per_worker=100)
+        pool = WorkerPool(usable_cores(), env={"KMP_WARNINGS": "0"}, max_jobs_per_worker=100, initializer=_warm_worker)
         atexit.register(pool.close)
         _POOL.append(pool)
     return _POOL[0]
@@ -803,6 +821,7 @@ def compile(  # noqa: A001 - the public name the design asks for
         if cm is not None:
             cm.cache_stats = dict(cache.stats)
             return cm
+    _pool()  # the workers start (and import MLIR) while this process parses the input
     s = schedule_module(source, db=db, threads=threads, target=target, default=default, entry=entry, cache=cache)
     cm = _finish(s.mlir, s.signatures, s.entry, threads, s.kernels, opt_level, cache)
     if mkey is not None:
@@ -905,11 +924,22 @@ def schedule_module(
     plans = plan_kernels(list(tasks.values()), db=db, target=target, threads=threads, default=default)
     by_key = {p.task.workload_key: p for p in plans}
 
-    # Schedule every distinct task in isolated workers.
+    # Schedule every distinct task in isolated workers; meanwhile, this
+    # process builds the driver and folds its constants, which need only
+    # the kernels' symbols (a fold built through LLVM waits for the pool).
+    import concurrent.futures
+
     pool = _pool()
     args = [(p.payload, p.script, p.symbol, threads, p.source == "default") for p in plans]
     start = time.perf_counter()
-    results = pool.map(schedule_kernel, args, timeout_s=600)
+    with concurrent.futures.ThreadPoolExecutor(1) as scheduler:
+        scheduled = scheduler.submit(pool.map, schedule_kernel, args, timeout_s=600)
+        user_funcs = [_name(f) for f in _func_ops(program.module)]
+        _build_driver(program, occs, by_key)
+        fold_start = time.perf_counter()
+        if fold_constants(program, lambda fold, name: _evaluate_fold(fold, name, cache)):
+            log.info("compile: folded the constant-only ops in %.1f s", time.perf_counter() - fold_start)
+        results = scheduled.result()
     log.info("compile: scheduled %d kernel(s) in %.1f s", len(plans), time.perf_counter() - start)
     retry = [i for i, r in enumerate(results) if not r.ok and plans[i].script is not None]
     for i in retry:
@@ -926,11 +956,6 @@ def schedule_module(
         if not r.ok:
             raise AnsorError(f"task {p.task.name}: cannot lower even without a schedule: {r.error_msg.strip()[-1000:]}")
 
-    user_funcs = [_name(f) for f in _func_ops(program.module)]
-    _build_driver(program, occs, by_key)
-    start = time.perf_counter()
-    if fold_constants(program, lambda fold, name: _evaluate_fold(fold, name, cache)):
-        log.info("compile: folded the constant-only ops in %.1f s", time.perf_counter() - start)
     with program.context, ir.Location.unknown():
         module = program.module
         passmanager.PassManager.parse(f"builtin.module({BUFFERIZE})").run(module.operation)
