@@ -250,3 +250,63 @@ def test_compile_help_describes_the_cache(capsys):
         main(["compile", "--help"])
     out = capsys.readouterr().out
     assert "--no-cache" in out and "--cache-dir" in out
+
+
+LLVM_MODULE = """
+llvm.func internal @helper(%x: i64) -> i64 {
+  llvm.return %x : i64
+}
+llvm.func @k1(%x: i64) -> i64 {
+  %r = llvm.call @helper(%x) : (i64) -> i64
+  llvm.return %r : i64
+}
+llvm.func internal @k2(%x: i64) -> i64 {
+  %r = llvm.call @helper(%x) : (i64) -> i64
+  llvm.return %r : i64
+}
+llvm.mlir.global private constant @table(dense<[1, 2]> : tensor<2xi64>) : !llvm.array<2 x i64>
+llvm.func @main(%x: i64) -> i64 {
+  %a = llvm.call @k1(%x) : (i64) -> i64
+  %b = llvm.call @k2(%a) : (i64) -> i64
+  %p = llvm.mlir.addressof @table : !llvm.ptr
+  llvm.return %b : i64
+}
+"""
+
+
+def test_split_duplicates_private_helpers_and_exposes_called_kernels():
+    from mlir import ir
+
+    from mlir_ansor.passes.split import split_units
+
+    with ir.Context(), ir.Location.unknown():
+        m = ir.Module.parse(LLVM_MODULE)
+        units = {u.name: u for u in split_units(m, {"main"})}
+    assert set(units) == {"drivers", "k1", "k2"}
+    assert units["drivers"].needs == ("k1", "k2") and "@table" in units["drivers"].text
+    # the private helper is copied into both kernels' units; k2, private and
+    # called from the drivers' unit, is external there but hidden
+    for name in ("k1", "k2"):
+        assert "llvm.func internal @helper" in units[name].text and "@table" not in units[name].text
+    assert "llvm.func hidden @k2" in units["k2"].text and units["k2"].defines == ("k2",)
+
+
+def test_a_module_that_does_not_split_is_one_unit():
+    from mlir import ir
+
+    from mlir_ansor.passes.split import split_units
+
+    with ir.Context() as ctx, ir.Location.unknown():
+        ctx.allow_unregistered_dialects = True
+        m = ir.Module.parse(LLVM_MODULE + '"test.other"() : () -> ()\n')
+        assert split_units(m, {"main"}) is None
+        # a mutable global that two units use cannot be copied into both
+        m = ir.Module.parse("""
+llvm.mlir.global internal @state(0 : i64) : i64
+llvm.func @k1() { %p = llvm.mlir.addressof @state : !llvm.ptr
+  llvm.return }
+llvm.func @main() { %p = llvm.mlir.addressof @state : !llvm.ptr
+  llvm.call @k1() : () -> ()
+  llvm.return }
+""")
+        assert split_units(m, {"main"}) is None

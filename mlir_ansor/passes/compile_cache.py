@@ -173,7 +173,9 @@ class CompileCache:
                 Path(tmp).unlink(missing_ok=True)
                 raise
         except OSError as e:
-            log.warning("compile cache: cannot write %s: %s", path, e)
+            if not self.stats["write_failed"]:
+                log.warning("compile cache: cannot write %s: %s (this compile keeps nothing)", path, e)
+            self.stats["write_failed"] += 1
             return
         self.stats[f"{kind}_write"] += 1
 
