@@ -817,33 +817,53 @@ def compile(  # noqa: A001 - the public name the design asks for
     cache = cache_for(cache_dir, db)
     mkey = _module_key(source, db, threads, target, default, entry, opt_level) if cache else None
     if mkey is not None:
-        cm = _cached_module(cache, mkey)
+        cm = _cached_module(cache, mkey[0])
         if cm is not None:
             cm.cache_stats = dict(cache.stats)
             return cm
     _pool()  # the workers start (and import MLIR) while this process parses the input
-    s = schedule_module(source, db=db, threads=threads, target=target, default=default, entry=entry, cache=cache)
-    cm = _finish(s.mlir, s.signatures, s.entry, threads, s.kernels, opt_level, cache)
+    warnings = _Warnings()
+    log.addHandler(warnings)
+    try:
+        s = schedule_module(source, db=db, threads=threads, target=target, default=default, entry=entry, cache=cache)
+        cm = _finish(s.mlir, s.signatures, s.entry, threads, s.kernels, opt_level, cache)
+    finally:
+        log.removeHandler(warnings)
     if mkey is not None:
-        _store_module(cache, mkey, cm)
+        _store_module(cache, mkey, cm, warnings.messages)
     if cache is not None:
         cm.cache_stats = dict(cache.stats)
     return cm
 
 
-def _module_key(source, db, threads: int, target: Target, default: str, entry: str | None, opt_level: int) -> str | None:
+class _Warnings(logging.Handler):
+    """The warnings a compile logs (a skipped record, a schedule that failed),
+    kept with its cache entry and logged again when the entry is used."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _module_key(source, db, threads: int, target: Target, default: str, entry: str | None,
+                opt_level: int) -> tuple[str, str] | None:
     """The compile cache's key of a whole compile (`passes.compile_cache`): the
-    input file's path and bytes, the records database's bytes (and its
-    write-ahead log's), the options, the target and the sketch rules that
-    are registered; None for a source that is no file (stdin, a module
-    object: only its units and folded constants are cached)."""
+    input file's path and bytes, the records database's path and bytes (and
+    its write-ahead log's), the options, the target and the sketch rules
+    that are registered; and its slot, the same without the files' bytes
+    (one entry per slot is kept: a re-tuned database replaces the entry of
+    the database before). None for a source that is no file (stdin, a
+    module object: only its units and folded constants are cached)."""
     if not isinstance(source, (str, os.PathLike)) or os.fspath(source) == "-" or not os.path.isfile(source):
         return None
-    parts: list = [os.path.abspath(source), file_digest(source)]
-    for path in ([os.fspath(db), os.fspath(db) + "-wal"] if db is not None else []):
-        parts.append(file_digest(path) if os.path.isfile(path) else "-")
-    parts += [threads, repr(target), default, entry or "", opt_level, _rules_fingerprint()]
-    return CompileCache.key("module", *parts)
+    dbs = [os.fspath(db), os.fspath(db) + "-wal"] if db is not None else []
+    options = [os.path.abspath(source), *(os.path.abspath(p) for p in dbs[:1]), threads, repr(target), default,
+               entry or "", opt_level, _rules_fingerprint()]
+    digests = [file_digest(source)] + [file_digest(p) if os.path.isfile(p) else "-" for p in dbs]
+    return CompileCache.key("module", *options, *digests), CompileCache.key("module-slot", *options)
 
 
 def _rules_fingerprint() -> str:
@@ -863,7 +883,7 @@ def _cached_module(cache: CompileCache, key: str) -> CompiledModule | None:
     lib = cache.get("module", key, ".so", count=False) if meta is not None else None
     text = cache.get("module", key, ".mlir", count=False) if lib is not None else None
     try:
-        signatures, entry, plans, threads = pickle.loads(meta) if text is not None else (None,) * 4
+        signatures, entry, plans, threads, warnings = pickle.loads(meta) if text is not None else (None,) * 5
     except Exception:  # noqa: BLE001 - any damage is a miss
         signatures = None
     cache.count("module", signatures is not None)
@@ -874,18 +894,28 @@ def _cached_module(cache: CompileCache, key: str) -> CompiledModule | None:
     with open(so_path, "wb") as f:
         f.write(lib)
     log.info("compile: the whole module comes from the compile cache (%s)", cache.root)
+    for message in warnings:
+        log.warning("%s", message)
     cm = CompiledModule(so_path, text.decode(), signatures, entry, plans, threads)
     weakref.finalize(cm, shutil.rmtree, workdir, True)
     return cm
 
 
-def _store_module(cache: CompileCache, key: str, cm: CompiledModule) -> None:
+def _store_module(cache: CompileCache, keys: tuple[str, str], cm: CompiledModule, warnings: list[str]) -> None:
+    """Store a whole compile under ``keys[0]``, and drop the entry its slot
+    (``keys[1]``) held before (a ResNet-50's takes 300 MB)."""
     import pickle
 
+    key, slot = keys
+    previous = cache.get("module", slot, ".slot", count=False)
     with open(cm.library_path, "rb") as f:
         cache.put("module", key, ".so", f.read())
     cache.put("module", key, ".mlir", cm.mlir.encode())
-    cache.put("module", key, ".meta", pickle.dumps((cm.functions, cm.entry, cm.kernels, cm.threads)))
+    cache.put("module", key, ".meta", pickle.dumps((cm.functions, cm.entry, cm.kernels, cm.threads, warnings)))
+    cache.put("module", slot, ".slot", key.encode())
+    if previous is not None and previous.decode(errors="replace") != key:
+        for suffix in (".so", ".mlir", ".meta"):
+            cache.path("module", previous.decode(errors="replace"), suffix).unlink(missing_ok=True)
 
 
 @dataclass

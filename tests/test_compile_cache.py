@@ -169,7 +169,7 @@ def test_cache_can_be_switched_off(module, tmp_path, monkeypatch):
     assert main(["compile", module, "--no-cache", "-o", str(out)]) == 0
     assert out.exists() and not cache.exists()
     assert main(["compile", module, "-o", str(out)]) == 0
-    assert len(list((cache / "module").iterdir())) == 3
+    assert sorted(p.suffix for p in (cache / "module").iterdir()) == [".meta", ".mlir", ".slot", ".so"]
 
 
 def test_default_folder_is_beside_the_database(monkeypatch, tmp_path):
@@ -191,6 +191,9 @@ def test_a_changed_database_misses_the_whole_compile(module, tmp_path):
     (tmp_path / "t.db-wal").write_bytes(b"new records")
     cm = mlir_ansor.compile(module, db=db, cache_dir=cache)
     assert cm.cache_stats["module_miss"] == 1 and cm.cache_stats["obj_hit"] == first.cache_stats["obj_write"]
+    # the entry of the database before is replaced, not kept beside
+    assert len(list((cache / "module").glob("*.so"))) == 1
+    assert mlir_ansor.compile(module, db=db, cache_dir=cache).cache_stats == {"module_hit": 1}
 
 
 def test_folded_constants_are_cached_and_numpy_matches_llvm(tmp_path, monkeypatch):

@@ -10,8 +10,8 @@ decides its content (:meth:`CompileCache.key`):
   change hit after a re-tune, and so do the kernels two modules share.
 - ``fold/<key>.bin``: the values of a module's constant-only ops
   (`graph.constants`), keyed by the text of the function that computes them.
-- ``module/<key>.*``: a whole compile (the library, the scheduled MLIR and
-  the plans), keyed by the input's bytes and path, the records database's
+- ``module/<key>.{so,mlir,meta}``: a whole compile (the library, the
+  scheduled MLIR and the plans), keyed by the input's bytes and path, the records database's
   bytes, threads, opt level, default, entry, target and the sketch rules:
   a second compile of the same module with the same database does no more
   than hash them and copy the library.
@@ -27,8 +27,11 @@ Writes go to a temporary file in the same folder and are renamed into
 place (``os.replace``), so a concurrent compile or a killed one never
 leaves a half-written entry. An entry that cannot be read, or is cut short,
 is a miss: the caller builds again and overwrites it. The folder can be
-deleted at any time; nothing evicts entries (a tuned ResNet-50 takes about
-as much as its library and its scheduled MLIR, a few hundred MB).
+deleted at any time. Nothing evicts objects and folded constants (small,
+or one per model); a whole compile is kept once per slot (input path,
+options, database path: ``module/<slot>.slot`` names the entry) and a new
+database state replaces the entry of the one before (a tuned ResNet-50's
+takes about 300 MB: its library and its scheduled MLIR).
 
 Where: `cache_dir` when given; else ``$MLIR_ANSOR_CACHE_DIR``; else
 ``<db>.cache`` beside the records database; else

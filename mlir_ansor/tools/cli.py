@@ -8,7 +8,7 @@ Subcommands (shared/DESIGN.md, "The command line"):
        [--no-cost-model] [--no-crossover] [--no-packing] [--random-task-scheduler]
        [--no-default-candidate] [--share-best] [--local-share F] [--retime-top N] [--retime-rounds R]
   compile [INPUT] [--db FILE] [--threads N] [-o OUT.mlir|OUT.so] [--cache-dir DIR] [--no-cache]
-  run [INPUT] [--db FILE] [--threads N] [--repeat N] [--memory-limit MB] [--json]
+  run [INPUT] [--db FILE] [--threads N] [--repeat N] [--memory-limit MB] [--json] [--cache-dir DIR] [--no-cache]
   show FILE.db [--json]
   plot FILE.db [-o curve.png] [--input MODULE.mlir]
   peak [--threads N] [--json]
@@ -140,6 +140,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=_positive(int), default=1, help="threads the kernels use")
     r.add_argument("--repeat", type=_positive(int), default=10, help="timed runs (the median is reported)")
     r.add_argument("--seed", type=_positive(int, zero_ok=True), default=0, help="seed of the random inputs")
+    r.add_argument("--cache-dir", default=None, metavar="DIR", help="compile cache folder (as for compile)")
+    r.add_argument("--no-cache", action="store_true", help="neither read nor write the compile cache")
     r.add_argument("--func", default=None, help="the function to run (default: the first with tasks)")
     r.add_argument("--memory-limit", type=_positive(int), default=None, metavar="MB",
                    help="MiB the run's arrays and libraries may allocate (a data rlimit while it runs); "
@@ -448,7 +450,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     target = Target.parse(args.target)
     source = args.input or _example_path()
     limit_mb = args.memory_limit or default_memory_limit_mb()
-    cm = compile_module(source, db=args.db, threads=args.threads, target=target, entry=args.func)
+    cm = compile_module(source, db=args.db, threads=args.threads, target=target, entry=args.func,
+                        cache_dir=False if args.no_cache else args.cache_dir)
     ins_spec, outs_spec, _ = cm.functions[cm.entry]
     _check_run_memory(cm.entry, ins_spec, outs_spec, limit_mb)
     ref = compile_untuned(source, threads=args.threads, widen=True)  # bf16/f16 computed in f32
