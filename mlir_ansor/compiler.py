@@ -514,6 +514,7 @@ def _lower_and_link(module_text: str, signatures: dict, threads: int, so_path: s
 
     pool = _pool()
     workdir = tempfile.mkdtemp(prefix="units-", dir=os.path.dirname(so_path) or None)
+    assembling: list[tuple[str, str, subprocess.Popen]] = []
     try:
         start = time.perf_counter()
         res = pool.run(lower_and_split, (module_text, threads, workdir, list(signatures)), timeout_s=1800)
@@ -533,9 +534,10 @@ def _lower_and_link(module_text: str, signatures: dict, threads: int, so_path: s
                 with open(objs[i], "wb") as f:
                     f.write(data)
         # The weights' assembly (100 MB of .incbin for ResNet-50) while the units compile.
-        assembling = [(src, src[:-2] + ".o", subprocess.Popen(["cc", "-c", "-o", src[:-2] + ".o", src],
-                                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-                      for src in lowered["link_inputs"]]
+        for src in lowered["link_inputs"]:
+            obj = os.path.splitext(src)[0] + ".o"
+            proc = subprocess.Popen(["cc", "-c", "-o", obj, src], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            assembling.append((src, obj, proc))
         start = time.perf_counter()
         if missing:
             needs = sorted({n for i in missing for n in units[i][3]})
@@ -563,7 +565,7 @@ def _lower_and_link(module_text: str, signatures: dict, threads: int, so_path: s
                  "linked in %.1f s", lower_s, len(units), "" if lowered["split"] else " (the whole module: it does not split)",
                  len(units) - len(missing), len(missing), gen_s, time.perf_counter() - start)
     finally:
-        for _, _, proc in locals().get("assembling", ()):
+        for _, _, proc in assembling:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
