@@ -854,16 +854,18 @@ def _module_key(source, db, threads: int, target: Target, default: str, entry: s
                 opt_level: int) -> tuple[str, str] | None:
     """The compile cache's key of a whole compile (`passes.compile_cache`): the
     input file's path and bytes, the records database's path and bytes (and
-    its write-ahead log's), the options, the target and the sketch rules
-    that are registered; and its slot, the same without the files' bytes
+    its write-ahead log's), the options, the target, the sketch rules that
+    are registered and the runtime libraries linked in; and its slot, the same without the files' bytes
     (one entry per slot is kept: a re-tuned database replaces the entry of
     the database before). None for a source that is no file (stdin, a
     module object: only its units and folded constants are cached)."""
     if not isinstance(source, (str, os.PathLike)) or os.fspath(source) == "-" or not os.path.isfile(source):
         return None
     dbs = [os.fspath(db), os.fspath(db) + "-wal"] if db is not None else []
+    from mlir_ansor.passes.artifacts import runtime_libs
+
     options = [os.path.abspath(source), *(os.path.abspath(p) for p in dbs[:1]), threads, repr(target), default,
-               entry or "", opt_level, _rules_fingerprint()]
+               entry or "", opt_level, _rules_fingerprint(), *runtime_libs()]
     digests = [file_digest(source)] + [file_digest(p) if os.path.isfile(p) else "-" for p in dbs]
     return CompileCache.key("module", *options, *digests), CompileCache.key("module-slot", *options)
 

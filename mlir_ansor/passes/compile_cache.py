@@ -12,7 +12,8 @@ decides its content (:meth:`CompileCache.key`):
   (`graph.constants`), keyed by the text of the function that computes them.
 - ``module/<key>.{so,mlir,meta}``: a whole compile (the library, the
   scheduled MLIR and the plans), keyed by the input's bytes and path, the records database's
-  bytes, threads, opt level, default, entry, target and the sketch rules:
+  bytes, threads, opt level, default, entry, target, the sketch rules and
+  the runtime libraries (OpenMP) it links:
   a second compile of the same module with the same database does no more
   than hash them and copy the library.
 
