@@ -7,6 +7,7 @@ Public API:
   compile(source, ...)    the whole module with the best schedules: a
                           callable, a shared library, the scheduled MLIR
   TuneConfig, Target      what steers the search, and for which machine
+  torch_backend(...)      a torch.compile backend (also registered as "mlir_ansor")
 
 The names are imported on first use (module ``__getattr__``), so importing a
 part that needs no MLIR (`mlir_ansor.records`, the CUDA runner on a GPU host)
@@ -46,6 +47,7 @@ _API = {
     "TuneConfig": "mlir_ansor.tuner",
     "TuneResult": "mlir_ansor.tuner",
     "tune": "mlir_ansor.tuner",
+    "torch_backend": "mlir_ansor.tools.torch_backend",
 }
 
 __all__ = [
@@ -61,6 +63,7 @@ __all__ = [
     "compile",
     "extract_tasks",
     "load",
+    "torch_backend",
     "tune",
 ]
 
@@ -70,6 +73,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from mlir_ansor.graph.task import extract_tasks
     from mlir_ansor.ir.program import load
     from mlir_ansor.target import Target
+    from mlir_ansor.tools.torch_backend import torch_backend
     from mlir_ansor.tuner import TuneConfig, TuneResult, tune
 
 

@@ -34,7 +34,7 @@ from typing import Any
 from mlir_ansor.errors import AnsorError
 from mlir_ansor.ir.program import Program, load
 
-__all__ = ["TORCH_EXTRA_HINT", "import_module", "load_module", "require_torch"]
+__all__ = ["TORCH_EXTRA_HINT", "child_failure", "import_module", "load_module", "require_torch"]
 
 TORCH_EXTRA_HINT = "install the 'torch' extra: pip install -e '.[torch]' (torch and torch-mlir)"
 """What to do when torch or torch-mlir is missing."""
@@ -103,10 +103,20 @@ def import_module(model: Any, example_inputs: Any, *, func_name: str = "main") -
             raise AnsorError(f"torch.export could not trace {name}: {type(err).__name__}: {str(err).strip()[:2000]}") from err
         proc = subprocess.run([sys.executable, "-c", _CHILD, traced, out, func_name], capture_output=True, text=True)
         if proc.returncode != 0:
-            tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-            raise AnsorError(f"torch-mlir could not import {name} to linalg-on-tensors (exit {proc.returncode}):\n{tail}")
+            raise AnsorError(f"torch-mlir could not import {name} to linalg-on-tensors (exit {proc.returncode})"
+                             + child_failure(proc.stderr))
         with open(out, encoding="utf-8") as f:
             return f.read()
+
+
+def child_failure(stderr: str) -> str:
+    """What a failed torch-mlir child said: its first MLIR diagnostic (which
+    names the op it could not lower: the traceback after it does not) on the
+    first line, then the traceback's last lines."""
+    lines = stderr.strip().splitlines()
+    diag = next((ln.strip() for ln in lines if " error: " in ln or ln.startswith("error: ")), "")
+    tail = "\n".join(lines[-15:])
+    return (f": {diag}" if diag else ":") + f"\n{tail}"
 
 
 def load_module(model: Any, example_inputs: Any, *, func_name: str = "main") -> Program:

@@ -1,0 +1,384 @@
+"""A ``torch.compile`` backend: every graph dynamo captures, tuned and compiled by mlir-ansor.
+
+Use::
+
+    model = torch.compile(model, backend=mlir_ansor.torch_backend(db="model.db", trials=0))
+    model = torch.compile(model, backend="mlir_ansor")          # the defaults: no database
+    model = torch.compile(model, backend="mlir_ansor", options={"db": "model.db", "threads": 4})
+
+Roadmap: :class:`TorchBackend` ``__call__`` ``(gm, example_inputs)`` is what
+dynamo calls once per captured graph (graph breaks are dynamo's: each piece
+between two breaks is a graph of its own). It
+
+1. checks that the graph is one we can run: every input a CPU tensor of a
+   type we have, no gradient wanted (we compile inference graphs; under
+   ``torch.no_grad()``, or with parameters that do not require grad);
+2. imports it through torch-mlir's FX importer to Linalg on tensors
+   (:func:`mlir_ansor.importers.pytorch.import_module`: ``torch.export`` of the
+   graph, lowered in a child process, since torch-mlir's own MLIR cannot share
+   ours); the graph's parameters and buffers (dynamo passes them as inputs)
+   are compiled in as constants (``freeze``), as ``mlir-ansor import`` would;
+3. tunes it first when ``trials`` asks for it: until the module's tasks hold
+   ``trials`` records of this target and thread count in the database (so a
+   second process with the same database tunes nothing);
+4. compiles it with :func:`mlir_ansor.compile` (the database's best record per
+   task, found by workload key; default schedules for the others), cached in
+   this process by the hash of the imported text, the thread count and the
+   database path: the same graph is compiled once;
+5. returns a callable that takes and returns torch tensors, through numpy
+   views (``.numpy()``, ``torch.from_numpy``; bf16 as int16 views), so
+   C-contiguous, aligned inputs of the compiled types are not copied, nor are
+   outputs.
+
+Any failure of steps 1-4 (an op torch-mlir or our compiler refuses, a
+dynamic shape, a failed lowering) makes that graph run eagerly
+(``gm.forward``), with one warning on the ``mlir_ansor`` logger naming the
+reason; the backend never raises for a graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlir_ansor.errors import InputError
+
+__all__ = ["TorchBackend", "clear_cache", "mlir_ansor_backend", "torch_backend", "BACKEND_NAME"]
+
+log = logging.getLogger("mlir_ansor")
+
+BACKEND_NAME = "mlir_ansor"
+"""The name registered with dynamo: ``torch.compile(model, backend="mlir_ansor")``."""
+
+_SUPPORTED = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+"""torch dtypes (their names) of inputs a compiled graph takes."""
+
+
+@dataclass
+class CacheStats:
+    """What the in-process cache did: graphs compiled, graphs found compiled, graphs run eagerly."""
+
+    compiled: int = 0
+    hits: int = 0
+    fallbacks: int = 0
+
+
+_CACHE: dict[str, Any] = {}
+_LOCK = threading.Lock()
+stats = CacheStats()
+"""The counters of this process (tests read them; `clear_cache` resets them)."""
+
+
+def clear_cache() -> None:
+    """Forget every compiled graph of this process and reset `stats`."""
+    with _LOCK:
+        for cm in _CACHE.values():
+            cm.close()
+        _CACHE.clear()
+        stats.compiled = stats.hits = stats.fallbacks = 0
+
+
+class _Fallback(Exception):
+    """Why a graph runs eagerly (one line)."""
+
+
+def _one_line(err: BaseException) -> str:
+    """The reason an error gives, on one line: its first line and, for a
+    child's traceback, the last line that names an error."""
+    lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(err).__name__
+    first = lines[0]
+    if "error" in first.lower():
+        return first[:400]
+    named = [ln for ln in lines[1:] if "Error" in ln.split(":")[0] or ln.startswith("error:")]
+    text = f"{first} {named[-1]}" if named else first
+    return text[:400]
+
+
+@dataclass
+class TorchBackend:
+    """A dynamo backend (``torch.compile(model, backend=TorchBackend(...))``).
+
+    `db`: the records database (None: no database, every task gets its
+    default schedule). `trials`: tune each graph until its tasks hold this
+    many records for the target and thread count (0: never tune; needs a
+    `db`). `threads`: the threads the kernels use. `config`: a
+    ``TuneConfig`` for the tuning (its `trials` and `threads` are replaced by
+    these). `target`: None for the host. `freeze`: compile the model's
+    parameters and buffers in as constants (the compiler then folds their
+    layout changes and packs them once, and the tasks are those
+    ``mlir-ansor import``/``tune`` see); a weight changed in place after
+    that makes its graph run eagerly (see `_Runner`). False: weights are
+    arguments of the compiled function.
+    """
+
+    db: str | os.PathLike | None = None
+    trials: int = 0
+    threads: int = 1
+    target: Any = None
+    config: Any = None
+    freeze: bool = True
+    _db_path: str | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.trials < 0:
+            raise InputError(f"torch_backend: trials={self.trials}: expected 0 or more")
+        if self.threads < 1:
+            raise InputError(f"torch_backend: threads={self.threads}: expected 1 or more")
+        if self.trials and self.db is None:
+            raise InputError("torch_backend: trials > 0 needs a records database (db='model.db')")
+        self._db_path = os.path.abspath(os.fspath(self.db)) if self.db is not None else None
+
+    def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        name = f"#{stats.compiled + stats.hits + stats.fallbacks + 1}"
+        try:
+            run = self._compile(gm, list(example_inputs))
+        except _Fallback as why:
+            reason = str(why)
+        except Exception as err:  # any import or compile failure: this graph runs eagerly
+            reason = f"{type(err).__name__}: {_one_line(err)}"
+        else:
+            return run
+        stats.fallbacks += 1
+        log.warning("torch backend: graph %s (%d inputs) runs eagerly: %s", name, len(example_inputs), reason)
+        return gm.forward
+
+    # ---------------------------------------------------------------------
+
+    def _compile(self, gm: Any, example_inputs: list[Any]) -> Callable[..., Any]:
+        import torch
+
+        from mlir_ansor.importers.pytorch import import_module
+
+        _check_inputs(torch, example_inputs)
+        n_out, single = _outputs(gm)
+        frozen = _weights(torch, gm, example_inputs) if self.freeze else []
+        live = [i for i in range(len(example_inputs)) if i not in frozen]
+        model = _frozen(torch, gm, example_inputs, frozen) if frozen else gm
+        text = import_module(model, tuple(example_inputs[i] for i in live), func_name="main")
+        key = hashlib.sha256(f"{text}\0{self.threads}\0{self._db_path}".encode()).hexdigest()
+        with _LOCK:
+            cm = _CACHE.get(key)
+            if cm is not None:
+                stats.hits += 1
+            else:
+                cm = self._build(text)
+                ins, outs, _ = cm.functions[cm.entry]
+                if len(ins) != len(live) or len(outs) != n_out:
+                    cm.close()
+                    raise _Fallback(
+                        f"the compiled function takes {len(ins)} and returns {len(outs)} value(s); "
+                        f"the graph takes {len(live)} (besides its weights) and returns {n_out}"
+                    )
+                _CACHE[key] = cm
+                stats.compiled += 1
+        return _Runner(cm, n_out, single, live, {i: _stamp(example_inputs[i]) for i in frozen}, gm.forward)
+
+    def _build(self, text: str):
+        from mlir_ansor.compiler import compile as compile_module
+        from mlir_ansor.ir.program import load
+        from mlir_ansor.target import Target
+
+        target = self.target or Target.host()
+        if self.trials:
+            self._tune(text, target)
+        return compile_module(load(text=text), db=self._db_path, threads=self.threads, target=target)
+
+    def _tune(self, text: str, target: Any) -> None:
+        """Tune until the module's tasks hold `trials` records of this target
+        and thread count (what an earlier run measured counts)."""
+        import dataclasses
+
+        from mlir_ansor.graph.task import extract_tasks
+        from mlir_ansor.ir.program import load
+        from mlir_ansor.records.database import Database
+        from mlir_ansor.tuner import TuneConfig, tune
+
+        have = 0
+        if self._db_path and os.path.exists(self._db_path):
+            keys = {t.workload_key for t in extract_tasks(load(text=text))}
+            with Database(self._db_path, readonly=True) as db:
+                have = sum(
+                    1
+                    for k in keys
+                    for r in db.records(k, target.key)
+                    if r.threads == self.threads and not r.retime
+                )
+        if have >= self.trials:
+            log.info("torch backend: the database holds %d record(s) of this graph's tasks; no tuning", have)
+            return
+        config = dataclasses.replace(self.config or TuneConfig(), trials=self.trials - have, threads=self.threads)
+        tune(load(text=text), target=target, config=config, db=self._db_path)
+
+
+def _check_inputs(torch: Any, example_inputs: list[Any]) -> None:
+    for i, t in enumerate(example_inputs):
+        if not isinstance(t, torch.Tensor):
+            raise _Fallback(f"input {i} is a {type(t).__name__}, not a tensor (a dynamic size?)")
+        if t.device.type != "cpu":
+            raise _Fallback(f"input {i} is on {t.device}; mlir-ansor compiles for the CPU")
+        if str(t.dtype).removeprefix("torch.") not in _SUPPORTED:
+            raise _Fallback(f"input {i} is {t.dtype}, a type the compiled module cannot take")
+        if any(not isinstance(s, int) for s in t.shape):
+            raise _Fallback(f"input {i} has a dynamic shape {tuple(t.shape)}")
+        if t.requires_grad and torch.is_grad_enabled():
+            raise _Fallback(
+                "the graph needs gradients (an input requires grad); mlir-ansor compiles inference: "
+                "run it under torch.no_grad() or torch.inference_mode()"
+            )
+
+
+def _outputs(gm: Any) -> tuple[int, bool]:
+    """(how many values the graph returns, whether it returns one value, not a tuple)."""
+    (node,) = [n for n in gm.graph.nodes if n.op == "output"]
+    out = node.args[0]
+    if isinstance(out, (tuple, list)):
+        for v in out:
+            if getattr(v, "op", None) is None:
+                raise _Fallback(f"the graph returns {v!r}, not only tensors")
+        return len(out), False
+    return 1, True
+
+
+def _weights(torch: Any, gm: Any, example_inputs: list[Any]) -> list[int]:
+    """Indices of the graph's inputs that are the model's weights: its
+    parameters, and its buffers (dynamo names their placeholders
+    ``..._buffers_...``)."""
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(names) != len(example_inputs):
+        return []
+    return [
+        i
+        for i, (t, name) in enumerate(zip(example_inputs, names))
+        if isinstance(t, torch.nn.Parameter) or "_buffers_" in name
+    ]
+
+
+def _frozen(torch: Any, gm: Any, example_inputs: list[Any], frozen: list[int]):
+    """`gm` with the inputs `frozen` held as buffers: ``torch.export`` then
+    lifts them as constants, which torch-mlir imports as weights
+    (``dense_resource``), so the compiler folds their layout changes and packs
+    them once."""
+
+    class Frozen(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.graph_module = gm
+            for i in frozen:
+                self.register_buffer(f"weight_{i}", example_inputs[i].detach())
+
+        def forward(self, *live):
+            it = iter(live)
+            args = [getattr(self, f"weight_{i}") if i in frozen else next(it) for i in range(len(example_inputs))]
+            return self.graph_module(*args)
+
+    return Frozen()
+
+
+def _stamp(t: Any) -> tuple[int, int]:
+    """What changes when a weight is changed or replaced: its storage and its version counter."""
+    return t.data_ptr(), t._version
+
+
+class _Runner:
+    """A compiled graph as dynamo calls it: tensors in, a tuple of tensors
+    out. The weights compiled in are not passed to the library; if one was
+    changed in place since (an optimizer step, ``load_state_dict``), the graph
+    runs eagerly from then on, with one warning."""
+
+    def __init__(self, cm: Any, n_out: int, single: bool, live: list[int], stamps: dict, eager: Callable) -> None:
+        self.cm = cm
+        self.n_out = n_out
+        self.single = single
+        self.live = live
+        self.stamps = stamps
+        self.eager: Callable | None = None
+        self._eager = eager
+
+    def __call__(self, *args: Any) -> Any:
+        if self.eager is not None:
+            return self.eager(*args)
+        for i, stamp in self.stamps.items():
+            if _stamp(args[i]) != stamp:
+                log.warning(
+                    "torch backend: a weight compiled into a graph (input %d) has changed since; the graph runs "
+                    "eagerly from now on (torch._dynamo.reset() compiles it again, with the new weights)", i
+                )
+                self.eager = self._eager
+                return self.eager(*args)
+        results = self.cm(*[_to_numpy(args[i]) for i in self.live])
+        if results is None:
+            results = ()
+        elif not isinstance(results, tuple):
+            results = (results,)
+        outs = tuple(_to_torch(a) for a in results)
+        return outs[0] if self.single else outs
+
+
+def _to_numpy(t: Any):
+    """A numpy view of a CPU tensor (bf16 as ``ml_dtypes.bfloat16``, through an int16 view)."""
+    import torch
+
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _to_torch(a: Any):
+    """A tensor over the numpy array `a`, without a copy (bf16 through an int16 view)."""
+    import numpy as np
+    import torch
+
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def torch_backend(
+    *,
+    db: str | os.PathLike | None = None,
+    trials: int = 0,
+    threads: int = 1,
+    target: Any = None,
+    config: Any = None,
+    freeze: bool = True,
+) -> TorchBackend:
+    """A backend for ``torch.compile(model, backend=...)`` (see :class:`TorchBackend`)."""
+    return TorchBackend(db=db, trials=trials, threads=threads, target=target, config=config, freeze=freeze)
+
+
+def mlir_ansor_backend(gm: Any, example_inputs: Sequence[Any], *, options: dict | None = None, mode: str | None = None):
+    """The backend registered as ``"mlir_ansor"``: ``torch.compile(model,
+    backend="mlir_ansor", options={"db": ..., "trials": ..., "threads": ...})``
+    (`mode` is ignored)."""
+    return TorchBackend(**(options or {}))(gm, example_inputs)
+
+
+def register() -> None:
+    """Register :func:`mlir_ansor_backend` with dynamo as ``"mlir_ansor"``
+    (done when this module is imported; the package's entry point in the
+    ``torch_dynamo_backends`` group finds it without an import)."""
+    from importlib.metadata import entry_points
+
+    if entry_points(group="torch_dynamo_backends", name=BACKEND_NAME):
+        return  # dynamo loads it through the entry point (registering it here too would be a duplicate)
+    try:
+        from torch._dynamo import register_backend
+    except ImportError:  # no torch: nothing to register with
+        return
+    try:
+        register_backend(mlir_ansor_backend, name=BACKEND_NAME)
+    except AssertionError:  # registered already, by an earlier import
+        pass
+
+
+register()

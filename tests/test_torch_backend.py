@@ -1,0 +1,172 @@
+"""The torch.compile backend (`mlir_ansor.torch_backend`, backend="mlir_ansor"):
+captured graphs compiled and compared with eager, the eager fallback of a
+graph torch-mlir cannot lower, and the in-process cache."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import mlir_ansor
+from mlir_ansor.records import Database
+from mlir_ansor.tools import torch_backend as tb
+
+
+@pytest.fixture(autouse=True)
+def fresh(torch):
+    torch._dynamo.reset()
+    tb.clear_cache()
+    yield
+    torch._dynamo.reset()
+    tb.clear_cache()
+
+
+def _cnn(torch, seed: int):
+    torch.manual_seed(seed)
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 4 * 4, 10)
+    ).eval()
+
+
+def _attention(torch, seed: int):
+    torch.manual_seed(seed)
+
+    class Attention(torch.nn.Module):
+        def __init__(self, d: int = 32) -> None:
+            super().__init__()
+            self.q, self.k, self.v, self.o = (torch.nn.Linear(d, d) for _ in range(4))
+            self.scale = d**-0.5
+
+        def forward(self, x):
+            att = torch.softmax(self.q(x) @ self.k(x).transpose(-1, -2) * self.scale, dim=-1)
+            return self.o(att @ self.v(x))
+
+    return Attention().eval()
+
+
+def _compare(torch, model, x, backend, rtol=1e-4, atol=1e-5):
+    with torch.no_grad():
+        expected = model(x)
+        compiled = torch.compile(model, backend=backend)
+        got = compiled(x)
+        again = compiled(x + 1)
+        expected_again = model(x + 1)
+    assert isinstance(got, torch.Tensor) and got.dtype == expected.dtype and got.shape == expected.shape
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=rtol, atol=atol)
+    np.testing.assert_allclose(again.numpy(), expected_again.numpy(), rtol=rtol, atol=atol)
+
+
+def test_cnn_matches_eager(torch, caplog):
+    model = _cnn(torch, 0)
+    x = torch.randn(2, 3, 8, 8)
+    with caplog.at_level(logging.WARNING, logger="mlir_ansor"):
+        _compare(torch, model, x, mlir_ansor.torch_backend(trials=0))
+    assert "runs eagerly" not in caplog.text
+    assert (tb.stats.compiled, tb.stats.fallbacks) == (1, 0)
+
+
+def test_attention_by_name_matches_eager(torch, caplog):
+    model = _attention(torch, 1)
+    x = torch.randn(1, 16, 32)
+    with caplog.at_level(logging.WARNING, logger="mlir_ansor"):
+        _compare(torch, model, x, "mlir_ansor")
+    assert "runs eagerly" not in caplog.text
+    assert (tb.stats.compiled, tb.stats.fallbacks) == (1, 0)
+
+
+def test_graph_torch_mlir_refuses_runs_eagerly_with_one_line(torch, caplog):
+    class Spectrum(torch.nn.Module):
+        def forward(self, x):
+            return torch.fft.rfft(torch.relu(x)).abs()  # no linalg lowering of aten.fft_rfft
+
+    model, x = Spectrum(), torch.randn(2, 16)
+    with caplog.at_level(logging.WARNING, logger="mlir_ansor"), torch.no_grad():
+        got = torch.compile(model, backend=mlir_ansor.torch_backend())(x)
+    np.testing.assert_allclose(got.numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
+    lines = [r.getMessage() for r in caplog.records if "runs eagerly" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert "torch-mlir could not import" in lines[0] and "error:" in lines[0]  # with torch-mlir's diagnostic
+    assert (tb.stats.compiled, tb.stats.fallbacks) == (0, 1)
+
+
+def test_graph_needing_gradients_runs_eagerly(torch, caplog):
+    model = _cnn(torch, 2)  # parameters require grad, and grad mode is on
+    x = torch.randn(1, 3, 8, 8)
+    with caplog.at_level(logging.WARNING, logger="mlir_ansor"):
+        got = torch.compile(model, backend=mlir_ansor.torch_backend())(x)
+    assert got.requires_grad  # eager's result, with its graph
+    np.testing.assert_allclose(got.detach().numpy(), model(x).detach().numpy(), rtol=1e-6)
+    assert "the graph needs gradients" in caplog.text and tb.stats.fallbacks == 1
+
+
+def test_a_weight_changed_in_place_runs_eagerly(torch, caplog):
+    model = _cnn(torch, 5)
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="mlir_ansor"):
+        compiled = torch.compile(model, backend=mlir_ansor.torch_backend())
+        np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-4, atol=1e-5)
+        assert "has changed" not in caplog.text
+        model[0].weight.mul_(2)  # the weights were compiled in: this graph must not use them any more
+        np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-4, atol=1e-5)
+    assert caplog.text.count("has changed since") == 1
+
+
+def test_same_graph_is_compiled_once(torch):
+    # Weights as arguments (freeze=False): two models of one architecture import to the same text.
+    backend = mlir_ansor.torch_backend(freeze=False)
+    a, b = _cnn(torch, 3), _cnn(torch, 4)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        got_a = torch.compile(a, backend=backend)(x)
+        torch._dynamo.reset()  # dynamo forgets its graphs: it calls the backend again
+        got_b = torch.compile(b, backend=backend)(x)
+        want_a, want_b = a(x), b(x)
+    assert (tb.stats.compiled, tb.stats.hits) == (1, 1)
+    np.testing.assert_allclose(got_a.numpy(), want_a.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got_b.numpy(), want_b.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_bad_arguments_raise(torch):
+    with pytest.raises(mlir_ansor.InputError, match="needs a records database"):
+        mlir_ansor.torch_backend(trials=4)
+    with pytest.raises(mlir_ansor.InputError, match="threads=0"):
+        mlir_ansor.torch_backend(threads=0)
+
+
+_SECOND_PROCESS = """
+import logging, sys
+import numpy as np, torch
+import mlir_ansor
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).eval()
+x = torch.randn(4, 32)
+with torch.no_grad():
+    got = torch.compile(model, backend=mlir_ansor.torch_backend(db=sys.argv[1], trials=2))(x)
+    np.testing.assert_allclose(got.numpy(), model(x).numpy(), rtol=1e-4, atol=1e-5)
+print("MATCHED")
+"""
+
+
+@pytest.mark.slow
+def test_trials_tune_once_and_a_second_process_does_not(torch, tmp_path):
+    db = tmp_path / "model.db"
+    script = tmp_path / "second.py"
+    script.write_text(textwrap.dedent(_SECOND_PROCESS))
+    first = subprocess.run([sys.executable, str(script), str(db)], capture_output=True, text=True, cwd=tmp_path)
+    assert first.returncode == 0 and "MATCHED" in first.stdout, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "no tuning" not in first.stdout and "runs eagerly" not in first.stdout
+    with Database(db, readonly=True) as d:
+        assert d.count() >= 2
+        measured = d.count()
+    second = subprocess.run([sys.executable, str(script), str(db)], capture_output=True, text=True, cwd=tmp_path)
+    assert second.returncode == 0 and "MATCHED" in second.stdout, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "no tuning" in second.stdout and "runs eagerly" not in second.stdout
+    with Database(db, readonly=True) as d:
+        assert d.count() == measured  # nothing measured again
