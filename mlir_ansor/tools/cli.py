@@ -34,6 +34,7 @@ import sys
 from importlib import resources
 
 from mlir_ansor.errors import AnsorError, InputError
+from mlir_ansor.version import version_line
 
 EXAMPLE = "matmul_256.mlir"
 
@@ -55,9 +56,22 @@ def _positive(kind, zero_ok: bool = False):
     return parse
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: one unwrapped line (argparse's own action wraps it)."""
+
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(version_line())
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mlir-ansor", description="Auto-scheduler for MLIR Linalg.")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    p.add_argument("--version", action=_VersionAction,
+                   help="print our version and the MLIR wheels' versions, and exit")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("tune", help="search schedules for every task of a module")
