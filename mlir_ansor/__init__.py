@@ -1,7 +1,8 @@
 """mlir-ansor: an auto-scheduler for MLIR Linalg.
 
 Public API:
-  load(source)            parse and verify a module (file, "-", text, ir.Module)
+  load(source)            parse and verify a module (file, "-", text, ir.Module),
+                          or import an ONNX model (a path ending in .onnx)
   extract_tasks(source)   split its functions into tuning tasks
   tune(source, ...)       search schedules; returns a TuneResult
   compile(source, ...)    the whole module with the best schedules: a
@@ -30,6 +31,7 @@ what it may import; `tests/test_layering.py` checks it):
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 from mlir_ansor.version import __version__
@@ -41,7 +43,6 @@ _API = {
     "DatabaseError": "mlir_ansor.errors",
     "InputError": "mlir_ansor.errors",
     "UnsupportedError": "mlir_ansor.errors",
-    "load": "mlir_ansor.ir.program",
     "extract_tasks": "mlir_ansor.graph.task",
     "Target": "mlir_ansor.target",
     "TuneConfig": "mlir_ansor.tuner",
@@ -71,10 +72,24 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from mlir_ansor.compiler import CompiledModule, compile  # noqa: A004
     from mlir_ansor.errors import AnsorError, DatabaseError, InputError, UnsupportedError
     from mlir_ansor.graph.task import extract_tasks
-    from mlir_ansor.ir.program import load
     from mlir_ansor.target import Target
     from mlir_ansor.tools.torch_backend import torch_backend
     from mlir_ansor.tuner import TuneConfig, TuneResult, tune
+
+
+def load(source: Any = None, *, text: str | None = None) -> Any:
+    """Parse and verify an MLIR module into a context of our own
+    (`mlir_ansor.ir.program.load`: a path, ``"-"``, an ``ir.Module``, or
+    ``text=``); a path ending in ``.onnx`` is an ONNX model, imported to
+    Linalg through torch-mlir first (`mlir_ansor.importers.onnx`, the
+    ``onnx`` extra). Returns a ``Program``, what `tune` and `compile` take."""
+    from mlir_ansor.ir.program import load as load_mlir
+
+    if text is None and isinstance(source, (str, os.PathLike)) and os.fspath(source).lower().endswith(".onnx"):
+        from mlir_ansor.importers.onnx import import_onnx
+
+        return load_mlir(text=import_onnx(source))
+    return load_mlir(source, text=text)
 
 
 def __getattr__(name: str) -> Any:

@@ -17,6 +17,7 @@ Subcommands (shared/DESIGN.md, "The command line"):
   export-dataset FILE.db -o DIR            measured candidates for offline training (docs/dataset.md)
   train-model DIR -o model.json            fit a cost model on an exported dataset
   replay FILE.db [--top K] [--json]        rebuild and re-measure the best records; drift
+  import MODEL.onnx [-o MODEL.mlir]        ONNX in, Linalg out (torch-mlir's ONNX importer)
 
 User errors (bad input, unsupported ops, a corrupt database) print one
 message to stderr and exit with status 2; nothing reaches the user as a
@@ -218,6 +219,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="e.g. 'builtin.module(canonicalize,ansor-apply-best{db=tuning.db},ansor-lower-to-llvm)'")
     o.add_argument("-o", "--output", default=None, help="output file (default: stdout)")
     o.add_argument("--print-ir-after-all", action="store_true", help="print the IR after every element (stderr)")
+    im = sub.add_parser("import", help="import an ONNX model as Linalg-on-tensors MLIR (through torch-mlir)")
+    im.add_argument("input", help="the model (.onnx)")
+    im.add_argument("-o", "--output", default="-", help="the MLIR file to write ('-': stdout, the default)")
     return p
 
 
@@ -656,6 +660,23 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_import(args: argparse.Namespace) -> int:
+    from mlir_ansor.importers.onnx import import_onnx
+
+    if not args.input.lower().endswith(".onnx"):
+        raise InputError(f"{args.input}: expected an ONNX model (a .onnx file); PyTorch models come in through "
+                         "mlir_ansor.importers.pytorch or torch.compile(backend='mlir_ansor')")
+    if args.output != "-":
+        _check_output(args.output)
+    text = import_onnx(args.input)
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        _write_text(args.output, text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
 def _cmd_opt(args: argparse.Namespace) -> int:
     from mlir_ansor.tools.pipeline import run_pipeline_on_file
 
@@ -691,6 +712,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_peak(args)
         if args.command == "export":
             return _cmd_export(args)
+        if args.command == "import":
+            return _cmd_import(args)
         if args.command == "opt":
             return _cmd_opt(args)
         if args.command == "export-dataset":

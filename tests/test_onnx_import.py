@@ -1,0 +1,99 @@
+"""ONNX in (mlir_ansor.importers.onnx): a small ResNet-style model exported
+with torch.onnx, imported by `mlir-ansor import` and by `mlir_ansor.load`,
+compiled, and compared with PyTorch."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import mlir_ansor
+from mlir_ansor.errors import AnsorError, InputError
+from mlir_ansor.tools.cli import main
+
+
+@pytest.fixture(scope="module")
+def onnx_model(torch, tmp_path_factory):
+    """(path of the .onnx file, an input, PyTorch's output). Needs onnx (the
+    'torch' extra that scripts/setup.sh installs has it): skipped without
+    it, except in CI, where it is a failure."""
+    from conftest import _in_ci
+
+    if importlib.util.find_spec("onnx") is None:
+        why = "the ONNX path needs the onnx package (the 'onnx' or 'torch' extra: pip install -e '.[onnx]')"
+        if _in_ci():
+            pytest.fail(f"{why}; CI installs it (scripts/setup.sh), so it must be there", pytrace=False)
+        pytest.skip(why)
+    nn = torch.nn
+
+    class Block(nn.Module):
+        """conv-bn-relu-conv-bn, the skip added, relu; then pooling and a linear head."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
+            self.body = nn.Sequential(
+                nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8),
+            )
+            self.head = nn.Linear(8, 10)
+
+        def forward(self, x):
+            y = self.stem(x)
+            y = torch.relu(self.body(y) + y)
+            return self.head(y.mean(dim=(2, 3)))
+
+    torch.manual_seed(0)
+    model = Block()
+    for bn in (model.body[1], model.body[4]):  # batch statistics that are not the identity
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+    model.eval()
+    x = torch.randn(1, 3, 12, 12)
+    path = tmp_path_factory.mktemp("onnx") / "block.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter (no onnxscript here)
+        torch.onnx.export(model, (x,), str(path), dynamo=False, input_names=["x"], output_names=["logits"])
+    with torch.no_grad():
+        expected = model(x).numpy()
+    return path, x.numpy(), expected
+
+
+def test_import_command_then_compile_matches_torch(onnx_model, tmp_path, capsys):
+    path, x, expected = onnx_model
+    out = tmp_path / "block.mlir"
+    assert main(["import", str(path), "-o", str(out)]) == 0
+    assert f"wrote {out}" in capsys.readouterr().err
+    text = out.read_text()
+    assert "func.func @main_graph(%arg0: tensor<1x3x12x12xf32>) -> tensor<1x10xf32>" in text
+    assert "linalg.conv_2d_nchw_fchw" in text and "torch." not in text  # all Linalg, no torch dialect left
+    cm = mlir_ansor.compile(str(out))
+    got = cm(x)
+    assert got.shape == (1, 10)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_load_of_an_onnx_path_compiles_and_matches_torch(onnx_model):
+    path, x, expected = onnx_model
+    program = mlir_ansor.load(path)
+    kinds = sorted({t.kind for t in mlir_ansor.extract_tasks(program)})
+    assert "convolution" in kinds and "contraction" in kinds
+    np.testing.assert_allclose(mlir_ansor.compile(program)(x), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_import_errors(tmp_path, capsys, monkeypatch):
+    from mlir_ansor.importers.onnx import import_onnx
+
+    with pytest.raises(InputError, match="no such ONNX model"):
+        import_onnx(tmp_path / "missing.onnx")
+    assert main(["import", str(tmp_path / "model.pt2")]) == 2
+    assert "expected an ONNX model" in capsys.readouterr().err
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a protobuf")
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as if the package were absent
+    with pytest.raises(AnsorError, match=r"needs onnx\b.*pip install -e '\.\[onnx\]'"):
+        import_onnx(bad)
