@@ -101,3 +101,25 @@ def test_tbg_tunes_and_matches_numpy(tmp_path):
     rng = np.random.default_rng(0)
     q, k = (rng.standard_normal((16, 2, 8)).astype(np.float32) for _ in range(2))
     np.testing.assert_allclose(fn(q, k), workloads.numpy_reference("transpose_batch_matmul")(q, k), rtol=1e-4, atol=1e-4)
+
+
+def test_depends_on_arguments_on_a_chain_deeper_than_the_stack():
+    """ResNet-50 imported from a torch.compile graph: a transpose at its end
+    reads a chain of a few hundred ops; the walk back must not recurse."""
+    import sys
+
+    from mlir_ansor.ir.rewrite import depends_on_arguments
+
+    n = sys.getrecursionlimit() * 2
+    lines = ["func.func @f(%a: f32) -> (f32, f32) {", "  %c0 = arith.constant 1.0 : f32", "  %v0 = arith.addf %a, %a : f32"]
+    for i in range(1, n):
+        lines.append(f"  %v{i} = arith.mulf %v{i - 1}, %c0 : f32")
+        lines.append(f"  %c{i} = arith.addf %c{i - 1}, %c{i - 1} : f32")
+    lines += [f"  return %v{n - 1}, %c{n - 1} : f32, f32", "}"]
+    program = load(text="\n".join(lines))
+    with program.context:
+        ret = list(program.module.body.operations)[0].regions[0].blocks[0].operations[-1]
+        seen: dict = {}
+        assert depends_on_arguments(ret.operands[0], seen) is True
+        assert depends_on_arguments(ret.operands[1], seen) is False  # constants only
+        assert depends_on_arguments(ret.operands[0], {}) is True  # and without a warm cache

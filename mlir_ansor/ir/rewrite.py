@@ -114,8 +114,31 @@ def depends_on_arguments(value: ir.Value, seen: dict) -> bool:
     a transposed weight is computed once at compile time, not folded)."""
     if isinstance(value, ir.BlockArgument):
         return True
-    op = value.owner
-    if op not in seen:
-        seen[op] = False
-        seen[op] = any(depends_on_arguments(v, seen) for v in op.operands)
-    return seen[op]
+    root = value.owner
+    if root in seen:
+        return seen[root]
+    # Depth first without recursion: a chain of a few hundred ops (ResNet-50
+    # from its logits back to its image) is deeper than Python's stack.
+    # Each frame: [op, its operands still to look at, the producer visited last].
+    seen[root] = False
+    stack = [[root, iter(root.operands), None]]
+    while stack:
+        frame = stack[-1]
+        op, operands, child = frame
+        if child is not None and seen[child]:
+            seen[op] = True
+            stack.pop()
+            continue
+        frame[2] = None
+        for v in operands:
+            if isinstance(v, ir.BlockArgument) or seen.get(v.owner, False):
+                seen[op] = True
+                break
+            if v.owner not in seen:
+                seen[v.owner] = False
+                frame[2] = v.owner
+                stack.append([v.owner, iter(v.owner.operands), None])
+                break
+        if frame[2] is None:  # decided: an operand depends on an argument, or none does
+            stack.pop()
+    return seen[root]
