@@ -80,6 +80,17 @@ def test_attention_by_name_matches_eager(torch, caplog):
     assert (tb.stats.compiled, tb.stats.fallbacks) == (1, 0)
 
 
+def test_bf16_tensors_in_and_out(torch):
+    torch.manual_seed(6)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).eval()
+    model = model.to(torch.bfloat16)
+    x = torch.randn(4, 16).to(torch.bfloat16)
+    with torch.no_grad():
+        got, want = torch.compile(model, backend=mlir_ansor.torch_backend())(x), model(x)
+    assert got.dtype == torch.bfloat16 and tb.stats.compiled == 1
+    np.testing.assert_allclose(got.float().numpy(), want.float().numpy(), rtol=2e-2, atol=2e-2)
+
+
 def test_graph_torch_mlir_refuses_runs_eagerly_with_one_line(torch, caplog):
     class Spectrum(torch.nn.Module):
         def forward(self, x):

@@ -143,6 +143,7 @@ class TorchBackend:
             reason = str(why)
         except Exception as err:  # any import or compile failure: this graph runs eagerly
             reason = f"{type(err).__name__}: {_one_line(err)}"
+            log.debug("torch backend: graph %s failed", name, exc_info=True)
         else:
             return run
         stats.fallbacks += 1
@@ -220,13 +221,19 @@ class TorchBackend:
 def _check_inputs(torch: Any, example_inputs: list[Any]) -> None:
     for i, t in enumerate(example_inputs):
         if not isinstance(t, torch.Tensor):
-            raise _Fallback(f"input {i} is a {type(t).__name__}, not a tensor (a dynamic size?)")
+            raise _Fallback(
+                f"input {i} is a {type(t).__name__}, not a tensor: dynamo made a size dynamic after seeing "
+                "two; torch.compile(..., dynamic=False) compiles one static graph per shape instead"
+            )
         if t.device.type != "cpu":
             raise _Fallback(f"input {i} is on {t.device}; mlir-ansor compiles for the CPU")
         if str(t.dtype).removeprefix("torch.") not in _SUPPORTED:
             raise _Fallback(f"input {i} is {t.dtype}, a type the compiled module cannot take")
         if any(not isinstance(s, int) for s in t.shape):
-            raise _Fallback(f"input {i} has a dynamic shape {tuple(t.shape)}")
+            raise _Fallback(
+                f"input {i} has a dynamic shape {tuple(t.shape)}; torch.compile(..., dynamic=False) compiles "
+                "one static graph per shape instead"
+            )
         if t.requires_grad and torch.is_grad_enabled():
             raise _Fallback(
                 "the graph needs gradients (an input requires grad); mlir-ansor compiles inference: "
