@@ -48,7 +48,7 @@ from typing import Any
 
 from mlir_ansor.errors import InputError
 
-__all__ = ["TorchBackend", "clear_cache", "mlir_ansor_backend", "torch_backend", "BACKEND_NAME"]
+__all__ = ["BACKEND_NAME", "TorchBackend", "clear_cache", "compiled_graphs", "mlir_ansor_backend", "torch_backend"]
 
 log = logging.getLogger("mlir_ansor")
 
@@ -72,6 +72,13 @@ _CACHE: dict[str, Any] = {}
 _LOCK = threading.Lock()
 stats = CacheStats()
 """The counters of this process (tests read them; `clear_cache` resets them)."""
+
+
+def compiled_graphs() -> list[Any]:
+    """The graphs compiled in this process (``CompiledModule``s: their
+    `kernels` say which schedule each task got), oldest first."""
+    with _LOCK:
+        return list(_CACHE.values())
 
 
 def clear_cache() -> None:
