@@ -297,7 +297,11 @@ def _frozen(torch: Any, gm: Any, example_inputs: list[Any], frozen: list[int]):
 
 def _stamp(t: Any) -> tuple[int, int]:
     """What changes when a weight is changed or replaced: its storage and its version counter."""
-    return t.data_ptr(), t._version
+    try:
+        version = t._version
+    except RuntimeError:  # a tensor made under torch.inference_mode() has no version counter
+        version = -1
+    return t.data_ptr(), version
 
 
 class _Runner:
