@@ -80,6 +80,23 @@ def test_attention_by_name_matches_eager(torch, caplog):
     assert (tb.stats.compiled, tb.stats.fallbacks) == (1, 0)
 
 
+def test_shapes_static_graph_each_or_eager_once_dynamic(torch, caplog):
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()).eval()
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="mlir_ansor"):
+        static = torch.compile(model, backend=mlir_ansor.torch_backend(), dynamic=False)
+        for n in (2, 3):
+            x = torch.randn(n, 16)
+            np.testing.assert_allclose(static(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
+        assert (tb.stats.compiled, tb.stats.fallbacks) == (2, 0)
+        torch._dynamo.reset()
+        dynamic = torch.compile(model, backend=mlir_ansor.torch_backend())  # dynamo makes the size dynamic
+        for n in (2, 3, 5):
+            x = torch.randn(n, 16)
+            np.testing.assert_allclose(dynamic(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert tb.stats.fallbacks == 1 and caplog.text.count("dynamic=False") == 1
+
+
 def test_bf16_tensors_in_and_out(torch):
     torch.manual_seed(6)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).eval()
