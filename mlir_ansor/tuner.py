@@ -740,6 +740,8 @@ class _Batches:
                 st.result.best_latency_s,
                 st.result.history,
                 st.result.baseline_latency_s,
+                st.task.bytes,
+                st.task.memory_bound,
             )
             for st in self.states
         ]

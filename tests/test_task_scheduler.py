@@ -130,3 +130,22 @@ def test_allocation_follows_the_objective():
 def test_unknown_strategy():
     with pytest.raises(ValueError, match="round-robin"):
         TaskScheduler(2, strategy="magic")
+
+
+def test_memory_bound_tasks_compare_bytes_not_flops():
+    """BERT's case: a 70 us f64 subtraction (few flops per byte) beside a
+    GELU that reaches many GFLOP/s on as many bytes. Compared in flops, the
+    subtraction "could" run 10x faster and kept taking the trials from a
+    heavier matmul; compared in bytes per second (what bounds both), it is
+    already as fast as the GELU, and the matmul gets the batch."""
+    flat = [7e-5] * 40
+    gelu = dict(name="gelu", weight=1, flops=40 * 10**6, hist=[1.3e-4] * 3, group="elementwise:linalg.generic")
+    sub = dict(name="sub", weight=2, flops=2 * 10**5, hist=flat, group="elementwise:linalg.generic")
+    matmul = _stats("matmul", 4, 151 * 10**6, [4.6e-4, 4.5e-4] + [4.44e-4] * 30)
+    for memory_bound, winner in ((False, "sub"), (True, "matmul")):
+        tasks = [_stats(**gelu), _stats(**sub), matmul]
+        for t, nbytes in zip(tasks[:2], (1_572_864, 2_359_296)):
+            t.bytes, t.memory_bound = nbytes, memory_bound
+        s = TaskScheduler(3, epsilon=0.0)
+        _warm(s, tasks)
+        assert tasks[s.choose(tasks).task].name == winner

@@ -37,7 +37,7 @@ from mlir_ansor.errors import InputError, UnsupportedError
 from mlir_ansor.graph.normalize import normalize
 from mlir_ansor.graph.prepack import Decide, prepack_weights
 from mlir_ansor.ir.attrs import ANCHOR_ATTR, FUSED_ATTR, PACKED_ATTR
-from mlir_ansor.ir.dtypes import EPSILON, tolerance
+from mlir_ansor.ir.dtypes import EPSILON, element_bytes, tolerance
 from mlir_ansor.ir.program import Program, load, location_str
 
 log = logging.getLogger(__name__)
@@ -143,6 +143,18 @@ class Task:
     """The narrowest floating-point type the task rounds a computed value to
     (a bf16 sum of two bf16 values; a truncation to bf16 between two f32
     ops), which its check allows for; "" when it computes no float value."""
+
+    @property
+    def bytes(self) -> int:
+        """Bytes its arguments and results hold (each read or written once:
+        what a memory-bound task must move at least)."""
+        return sum(math.prod(t.shape) * element_bytes(t.dtype) for t in (*self.inputs, *self.outputs))
+
+    @property
+    def memory_bound(self) -> bool:
+        """Whether its speed is a matter of bytes moved rather than of
+        arithmetic: every kind but contractions and convolutions."""
+        return self.kind not in ("contraction", "convolution")
 
     @property
     def reduction_length(self) -> int:

@@ -14,6 +14,12 @@ fastest per trial:
 
 with t_i the task's trials, N(i) the tasks of the same kind (same anchor op
 and kind, i itself included) and V_k = flops_k / g_k their best throughput.
+For memory-bound tasks (elementwise ops, reductions: `TaskStats.memory_bound`)
+flops and V count bytes instead: their arithmetic per byte differs by orders
+of magnitude (a GELU's erf against an f64 subtraction), so a flop rate reached
+by one promised the other a speed it can never have, and it kept the trials
+(a BERT layer gave 98 of 200 to a 30 us subtraction, 16-24 to each of its
+three matmuls).
 The task with the most negative gradient wins; with probability `epsilon` a
 random task is picked instead (exploration). A task without any valid
 measurement yet has an unknown latency and goes first. Every choice and its
@@ -55,6 +61,17 @@ class TaskStats:
     history: list[float] = field(default_factory=list)
     baseline_s: float = math.inf
     """The untuned latency: stands for g while no candidate is valid."""
+    bytes: int = 0
+    """Bytes the task's arguments and results hold."""
+    memory_bound: bool = False
+    """Whether its speed is bytes moved, not arithmetic (elementwise ops,
+    reductions): its "similar tasks" estimate compares bytes per second."""
+
+    @property
+    def work(self) -> int:
+        """What its throughput V counts: bytes for a memory-bound task
+        (where it knows them), else flops."""
+        return self.bytes if self.memory_bound and self.bytes else self.flops
 
     @property
     def trials(self) -> int:
@@ -140,13 +157,14 @@ class TaskScheduler(BaseTaskScheduler):
             if math.isfinite(before):
                 backward = (s.history[-1] - before) / self.window
         optimistic = -g / t
-        rates = [k.flops / k.best_s for k in stats if k.group == s.group and math.isfinite(k.best_s) and k.best_s > 0]
+        rates = [k.work / k.best_s for k in stats if k.group == s.group and math.isfinite(k.best_s) and k.best_s > 0]
         forward = optimistic
         similar = ""
-        if rates and s.flops > 0:
-            reachable = self.beta * s.flops / max(rates) - g
+        if rates and s.work > 0:
+            reachable = self.beta * s.work / max(rates) - g
             forward = min(optimistic, reachable)
-            similar = f", similar tasks reach {max(rates) / 1e9:.3g} GFLOP/s"
+            unit = "GB/s" if s.memory_bound and s.bytes else "GFLOP/s"
+            similar = f", similar tasks reach {max(rates) / 1e9:.3g} {unit}"
         grad = s.weight * (self.alpha * backward + (1 - self.alpha) * forward)
         why = f"backward {backward:.3g} s/trial, forward {forward:.3g} s/trial, weight {s.weight}{similar}"
         return grad, why
