@@ -866,7 +866,10 @@ def _module_key(source, db, threads: int, target: Target, default: str, entry: s
 
     options = [os.path.abspath(source), *(os.path.abspath(p) for p in dbs[:1]), threads, repr(target), default,
                entry or "", opt_level, _rules_fingerprint(), *runtime_libs()]
-    digests = [file_digest(source)] + [file_digest(p) if os.path.isfile(p) else "-" for p in dbs]
+    # An empty write-ahead log is no log: SQLite leaves one behind when a
+    # reader opens the database (a first compile of a copied database made
+    # one, and the second compile missed).
+    digests = [file_digest(source)] + [file_digest(p) if os.path.isfile(p) and os.path.getsize(p) else "-" for p in dbs]
     return CompileCache.key("module", *options, *digests), CompileCache.key("module-slot", *options)
 
 
