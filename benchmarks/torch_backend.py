@@ -50,6 +50,7 @@ def main() -> None:
     from mlir_ansor.importers.pytorch import import_module
 
     torch.set_num_threads(args.threads)
+    os.makedirs(args.db_dir, exist_ok=True)
     rows = []
     for name in args.models.split(","):
         model, inputs = getattr(models, name)()
