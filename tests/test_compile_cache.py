@@ -315,3 +315,26 @@ llvm.func @main() { %p = llvm.mlir.addressof @state : !llvm.ptr
   llvm.return }
 """)
         assert split_units(m, {"main"}) is None
+
+
+def test_untuned_reference_is_cached(module, tmp_path, capsys):
+    """`run`'s reference, the untuned build, is kept too: a second `run`
+    loads it, and says so."""
+    import json
+
+    from mlir_ansor.compiler import compile_untuned
+
+    cache = tmp_path / "cache"
+    first = compile_untuned(module, cache_dir=cache)
+    assert first.cache_stats["module_miss"] == 1
+    second = compile_untuned(module, cache_dir=cache)
+    assert second.cache_stats == {"module_hit": 1}
+    np.testing.assert_array_equal(_run(first), _run(second))
+    assert compile_untuned(module, cache_dir=cache, threads=2).cache_stats["module_miss"] == 1
+    assert compile_untuned(module).cache_stats == {}  # no cache unless asked
+    args = ["run", module, "--cache-dir", str(tmp_path / "run-cache"), "--json", "--repeat", "1"]
+    refs = []
+    for _ in range(2):
+        assert main(args) == 0
+        refs.append(json.loads(capsys.readouterr().out)["reference"])
+    assert refs == ["untuned build", "untuned build (from the compile cache)"]
