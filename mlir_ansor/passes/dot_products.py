@@ -162,7 +162,7 @@ def _correct_after_loop(loop: ir.Operation, contracts: list[tuple[ir.Operation, 
         new.body.append(op)
     yielded = new.body.operations[len(new.body.operations) - 1]
     with ir.InsertionPoint(yielded), loop.location:
-        bias = vector.bitcast(v([64], i8), vector.broadcast(lanes, arith.constant(i32, 0x80808080 - (1 << 32))))
+        bias = _sign_bytes(16)
         name = ir.StringAttr.get(INT8_QUAD_INTRINSIC)
         sums = [
             llvm.call_intrinsic(lanes, name, [new.body.arguments[1 + n + j], bias, vector.shape_cast(v([64], i8), b)], [],
@@ -181,6 +181,19 @@ def _correct_after_loop(loop: ir.Operation, contracts: list[tuple[ir.Operation, 
             fixed = vector.shape_cast(result.type, arith.subi(flat, new.results[n + owner[slot]]))
             loop.results[slot].replace_all_uses_with(fixed)
     loop.erase()
+
+
+_SIGN_BITS = 0x80808080 - (1 << 32)
+"""Four 0x80 bytes as a signed i32: each byte's sign bit."""
+
+
+def _sign_bytes(lanes: int) -> ir.Value:
+    """A vector of `lanes` x 4 bytes 0x80 (inside an insertion point)."""
+    from mlir.dialects import arith, vector
+
+    i32 = ir.IntegerType.get_signless(32)
+    words = vector.broadcast(ir.VectorType.get([lanes], i32), arith.constant(i32, _SIGN_BITS))
+    return vector.bitcast(ir.VectorType.get([4 * lanes], ir.IntegerType.get_signless(8)), words)
 
 
 def _narrow(value: ir.Value, shape: list[int]) -> tuple[ir.Value, bool] | None:
@@ -261,14 +274,14 @@ def _rewrite(op: ir.Operation, pair: _Pair, correct: bool = True) -> None:
             # row of the register tile (same B: CSE), is taken off again:
             # here, or (`correct` False) once after the loop that carries
             # the accumulator (`_correct_after_loop`).
-            flip = arith.constant(v([lanes], i32), ir.DenseElementsAttr.get_splat(v([lanes], i32), ir.IntegerAttr.get(i32, 0x80808080 - (1 << 32))))
+            flip = arith.constant(v([lanes], i32), ir.DenseElementsAttr.get_splat(v([lanes], i32), ir.IntegerAttr.get(i32, _SIGN_BITS)))
             a = vector.bitcast(v([4 * lanes], i8), arith.xori(a_rep, flip))
             dot = llvm.call_intrinsic(v([lanes], i32), name, [c, a, b], [], no_attrs)
             if not correct:
                 op.results[0].replace_all_uses_with(vector.shape_cast(ir.VectorType(op.results[0].type), dot))
                 op.erase()
                 return
-            bias = vector.bitcast(v([4 * lanes], i8), vector.broadcast(v([lanes], i32), arith.constant(i32, 0x80808080 - (1 << 32))))
+            bias = _sign_bytes(lanes)
             zero = arith.constant(v([lanes], i32), ir.DenseElementsAttr.get_splat(v([lanes], i32), ir.IntegerAttr.get(i32, 0)))
             correction = llvm.call_intrinsic(v([lanes], i32), name, [zero, bias, b], [], no_attrs)
             out = vector.shape_cast(ir.VectorType(op.results[0].type), arith.subi(dot, correction))
