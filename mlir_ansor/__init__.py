@@ -31,7 +31,6 @@ what it may import; `tests/test_layering.py` checks it):
 from __future__ import annotations
 
 import importlib
-import os
 from typing import TYPE_CHECKING, Any
 
 from mlir_ansor.version import __version__
@@ -83,13 +82,9 @@ def load(source: Any = None, *, text: str | None = None) -> Any:
     ``text=``); a path ending in ``.onnx`` is an ONNX model, imported to
     Linalg through torch-mlir first (`mlir_ansor.importers.onnx`, the
     ``onnx`` extra). Returns a ``Program``, what `tune` and `compile` take."""
-    from mlir_ansor.ir.program import load as load_mlir
+    from mlir_ansor.importers import load as load_source
 
-    if text is None and isinstance(source, (str, os.PathLike)) and os.fspath(source).lower().endswith(".onnx"):
-        from mlir_ansor.importers.onnx import import_onnx
-
-        return load_mlir(text=import_onnx(source))
-    return load_mlir(source, text=text)
+    return load_source(source, text=text)
 
 
 def __getattr__(name: str) -> Any:

@@ -60,8 +60,9 @@ from mlir import ir, passmanager
 from mlir_ansor.errors import AnsorError, UnsupportedError
 from mlir_ansor.graph.constants import fold_constants
 from mlir_ansor.graph.task import Occurrence, Task, partition
+from mlir_ansor.importers import load
 from mlir_ansor.ir.dtypes import ELEMENT_BYTES
-from mlir_ansor.ir.program import Program, load
+from mlir_ansor.ir.program import Program
 from mlir_ansor.measure.pool import WorkerPool
 from mlir_ansor.measure.runner import ALIGNMENT, Kernel, aligned_copy, aligned_empty, descriptor, np_dtype
 from mlir_ansor.passes.artifacts import symbol_stub
@@ -71,7 +72,8 @@ from mlir_ansor.passes.lowering import BUFFERIZE, lower_to_llvm
 from mlir_ansor.search.rules.dot_product import weight_packing
 from mlir_ansor.target import Target, usable_cores
 
-__all__ = ["CompiledModule", "KernelPlan", "ScheduledModule", "compile", "compile_untuned", "plan_kernels", "schedule_module"]
+__all__ = ["CompiledModule", "KernelPlan", "ScheduledModule", "cached_compile", "compile", "compile_untuned",
+           "plan_kernels", "schedule_module"]
 
 log = logging.getLogger("mlir_ansor")
 
@@ -801,6 +803,7 @@ def compile(  # noqa: A001 - the public name the design asks for
     entry: str | None = None,
     opt_level: int = 3,
     cache_dir: str | os.PathLike | bool | None = None,
+    source_key: tuple[str, str] | None = None,
 ) -> CompiledModule:
     """Compile a whole module with the best schedule of every task.
 
@@ -812,12 +815,18 @@ def compile(  # noqa: A001 - the public name the design asks for
     `cache_dir`: the compile cache (`passes.compile_cache`): None for the default
     folder (``<db>.cache``, or ``$MLIR_ANSOR_CACHE_DIR``...), a folder, or
     False for none.
+    `source_key`: ``(name, digest)``, what identifies the source's text,
+    vouched for by the caller (the torch backend: its graph's code and input
+    types, and a digest of those and the weights), in place of a file's path
+    and bytes: a whole compile of a module object is cached under it too
+    (one entry per name), and :func:`cached_compile` finds it without the
+    source.
     """
     if default not in ("sketch", "naive"):
         raise AnsorError(f"default={default!r}: expected 'sketch' or 'naive'")
     target = target or Target.host()
     cache = cache_for(cache_dir, db)
-    mkey = _module_key(source, db, threads, target, default, entry, opt_level) if cache else None
+    mkey = _module_key(source, db, threads, target, default, entry, opt_level, source_key) if cache else None
     if mkey is not None:
         cm = _cached_module(cache, mkey[0])
         if cm is not None:
@@ -838,6 +847,32 @@ def compile(  # noqa: A001 - the public name the design asks for
     return cm
 
 
+def cached_compile(
+    source_key: tuple[str, str],
+    *,
+    db: str | os.PathLike | None = None,
+    threads: int = 1,
+    target: Target | None = None,
+    default: str = "sketch",
+    entry: str | None = None,
+    opt_level: int = 3,
+    cache_dir: str | os.PathLike | bool | None = None,
+) -> CompiledModule | None:
+    """The whole compile that :func:`compile` with the same arguments and
+    ``source_key`` stored in the compile cache, or None (a miss, or no
+    cache): a caller whose source is dear to make (a model to import) asks
+    here first."""
+    target = target or Target.host()
+    cache = cache_for(cache_dir, db)
+    if cache is None:
+        return None
+    mkey = _module_key(None, db, threads, target, default, entry, opt_level, source_key)
+    cm = _cached_module(cache, mkey[0])
+    if cm is not None:
+        cm.cache_stats = dict(cache.stats)
+    return cm
+
+
 class _Warnings(logging.Handler):
     """The warnings a compile logs (a skipped record, a schedule that failed),
     kept with its cache entry and logged again when the entry is used."""
@@ -851,25 +886,30 @@ class _Warnings(logging.Handler):
 
 
 def _module_key(source, db, threads: int, target: Target, default: str, entry: str | None,
-                opt_level: int) -> tuple[str, str] | None:
+                opt_level: int, source_key: tuple[str, str] | None = None) -> tuple[str, str] | None:
     """The compile cache's key of a whole compile (`passes.compile_cache`): the
     input file's path and bytes, the records database's path and bytes (and
     its write-ahead log's), the options, the target, the sketch rules that
     are registered and the runtime libraries linked in; and its slot, the same without the files' bytes
     (one entry per slot is kept: a re-tuned database replaces the entry of
     the database before). None for a source that is no file (stdin, a
-    module object: only its units and folded constants are cached)."""
-    if not isinstance(source, (str, os.PathLike)) or os.fspath(source) == "-" or not os.path.isfile(source):
+    module object: only its units and folded constants are cached), unless
+    the caller names the source by `source_key` ``(name, digest)``, which
+    stand for the path and the bytes."""
+    if source_key is None and (not isinstance(source, (str, os.PathLike)) or os.fspath(source) == "-"
+                               or not os.path.isfile(source)):
         return None
     dbs = [os.fspath(db), os.fspath(db) + "-wal"] if db is not None else []
     from mlir_ansor.passes.artifacts import runtime_libs
 
-    options = [os.path.abspath(source), *(os.path.abspath(p) for p in dbs[:1]), threads, repr(target), default,
+    name = f"key:{source_key[0]}" if source_key is not None else os.path.abspath(source)
+    options = [name, *(os.path.abspath(p) for p in dbs[:1]), threads, repr(target), default,
                entry or "", opt_level, _rules_fingerprint(), *runtime_libs()]
     # An empty write-ahead log is no log: SQLite leaves one behind when a
     # reader opens the database (a first compile of a copied database made
     # one, and the second compile missed).
-    digests = [file_digest(source)] + [file_digest(p) if os.path.isfile(p) and os.path.getsize(p) else "-" for p in dbs]
+    digests = ([source_key[1] if source_key is not None else file_digest(source)]
+               + [file_digest(p) if os.path.isfile(p) and os.path.getsize(p) else "-" for p in dbs])
     return CompileCache.key("module", *options, *digests), CompileCache.key("module-slot", *options)
 
 

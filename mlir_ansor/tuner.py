@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 
 from mlir_ansor.errors import AnsorError
 from mlir_ansor.graph.task import Task, extract_tasks
-from mlir_ansor.ir.program import Program, load
+from mlir_ansor.importers import load
+from mlir_ansor.ir.program import Program
 from mlir_ansor.measure import gpu_measure
 from mlir_ansor.measure.local_executor import LocalExecutor
 from mlir_ansor.measure.measurer import Candidate, Measurement, Measurer, arg_specs

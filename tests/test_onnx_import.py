@@ -5,6 +5,7 @@ compiled, and compared with PyTorch."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 import warnings
 
@@ -97,3 +98,15 @@ def test_import_errors(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnx", None)  # as if the package were absent
     with pytest.raises(AnsorError, match=r"needs onnx\b.*pip install -e '\.\[onnx\]'"):
         import_onnx(bad)
+
+
+def test_tune_and_run_take_an_onnx_path(onnx_model, tmp_path, capsys):
+    """The command line's tune, compile and run read a .onnx file as load does."""
+    path, _, _ = onnx_model
+    db = str(tmp_path / "t.db")
+    assert main(["tune", str(path), "--trials", "2", "--db", db, "--progress", "none", "--json"]) == 0
+    tuned = json.loads(capsys.readouterr().out)
+    assert tuned["trials"] >= 1 and tuned["tasks"]
+    assert main(["run", str(path), "--db", db, "--repeat", "1", "--json"]) == 0
+    ran = json.loads(capsys.readouterr().out)
+    assert ran["max_relative_error"] <= 1e-4

@@ -195,6 +195,45 @@ def test_trials_tune_once_and_a_second_process_does_not(torch, tmp_path):
         measured = d.count()
     second = subprocess.run([sys.executable, str(script), str(db)], capture_output=True, text=True, cwd=tmp_path)
     assert second.returncode == 0 and "MATCHED" in second.stdout, second.stdout[-3000:] + second.stderr[-3000:]
-    assert "no tuning" in second.stdout and "runs eagerly" not in second.stdout
+    # The second process finds the whole compile in the compile cache beside the database: no import, no tuning.
+    assert "comes from the compile cache" in second.stdout and "runs eagerly" not in second.stdout
     with Database(db, readonly=True) as d:
         assert d.count() == measured  # nothing measured again
+
+
+def test_a_graph_compiled_before_comes_from_the_compile_cache_with_its_own_weights(torch, tmp_path, caplog,
+                                                                                   monkeypatch):
+    """A later process (here: the in-process cache cleared) finds a graph's
+    compile by its code, input types and weights, before importing it; the
+    same graph with other weights is imported and compiled again."""
+    db = str(tmp_path / "m.db")
+    a, b = _cnn(torch, 5), _cnn(torch, 6)
+    x = torch.randn(2, 3, 8, 8)
+
+    def compiled(model):
+        torch._dynamo.reset()
+        tb.clear_cache()
+        with torch.no_grad():
+            return torch.compile(model, backend=mlir_ansor.torch_backend(db=db))(x)
+
+    first = compiled(a)
+    imports = []
+    from mlir_ansor.importers import pytorch
+
+    original = pytorch.import_module
+
+    def counting(*args, **kwargs):
+        imports.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(pytorch, "import_module", counting)  # the backend imports it at each compile
+    with caplog.at_level(logging.INFO, logger="mlir_ansor"):
+        again = compiled(a)
+        assert imports == [] and "comes from the compile cache" in caplog.text
+        caplog.clear()
+        other = compiled(b)
+        assert imports == [1] and "comes from the compile cache" not in caplog.text
+    with torch.no_grad():
+        want_a, want_b = a(x), b(x)
+    for got, want in ((first, want_a), (again, want_a), (other, want_b)):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)

@@ -178,20 +178,21 @@ def _parse_file(path: str) -> Program:
 
 
 def load(
-    source: str | os.PathLike | ir.Module | None = None, *, text: str | None = None
+    source: str | os.PathLike | ir.Module | None = None, *, text: str | None = None, name: str | None = None
 ) -> Program:
     """Parse and verify an MLIR module into a fresh context of our own.
 
     ``source`` is a path, ``"-"`` for stdin, or an ``ir.Module`` made in any
     context (it is printed with its locations and parsed again, so the
-    caller's module is never touched). ``text=`` parses a string instead.
+    caller's module is never touched). ``text=`` parses a string instead;
+    ``name`` is what its diagnostics call it (default ``<string>``).
 
     Raises :class:`InputError` for a missing file or malformed/invalid IR.
     """
     if text is not None:
         if source is not None:
             raise TypeError("load() takes either a source or text=, not both")
-        return _parse_text(text, "<string>")
+        return _parse_text(text, name or "<string>")
     if source is None:
         raise TypeError("load() needs a source (path, '-', ir.Module) or text=")
     if isinstance(source, ir.Module):

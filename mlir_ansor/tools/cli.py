@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("tune", help="search schedules for every task of a module")
-    t.add_argument("input", nargs="?", help="MLIR file ('-' for stdin); default: a bundled 256^3 matmul")
+    t.add_argument("input", nargs="?", help="MLIR file ('-' for stdin) or ONNX model (.onnx); default: a bundled 256^3 matmul")
     t.add_argument("--target", default="cpu",
                    help="cpu (the host), or cuda / cuda:sm_XX (NVIDIA: builds need ptxas, measuring needs a GPU)")
     t.add_argument("--trials", type=_positive(int), default=64, help="candidates to measure (whole module)")
@@ -134,7 +134,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="progress display: live on a terminal, log lines otherwise (auto)")
 
     c = sub.add_parser("compile", help="compile a module with the best schedules of a records database")
-    c.add_argument("input", nargs="?", help="MLIR file ('-' for stdin); default: a bundled 256^3 matmul")
+    c.add_argument("input", nargs="?", help="MLIR file ('-' for stdin) or ONNX model (.onnx); default: a bundled 256^3 matmul")
     c.add_argument("--target", default="cpu", help="cpu (the host)")
     c.add_argument("--db", default="tuning.db", help="records database (a missing file: default schedules)")
     c.add_argument("--threads", type=_positive(int), default=1, help="threads the kernels use")
@@ -149,7 +149,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="neither read nor write the compile cache (also: MLIR_ANSOR_NO_CACHE=1)")
 
     r = sub.add_parser("run", help="compile, run on random inputs, time, and check against the untuned module")
-    r.add_argument("input", nargs="?", help="MLIR file ('-' for stdin); default: a bundled 256^3 matmul")
+    r.add_argument("input", nargs="?", help="MLIR file ('-' for stdin) or ONNX model (.onnx); default: a bundled 256^3 matmul")
     r.add_argument("--target", default="cpu", help="cpu (the host)")
     r.add_argument("--db", default="tuning.db", help="records database (a missing file: default schedules)")
     r.add_argument("--threads", type=_positive(int), default=1, help="threads the kernels use")
@@ -600,11 +600,14 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     weights = None
     if args.input:
         from mlir_ansor.graph.task import extract_tasks
+
+        # The tasks as `tune` on this host cut them (constant weights packed).
+        from mlir_ansor.importers import load
         from mlir_ansor.search.rules.dot_product import weight_packing
         from mlir_ansor.target import Target
 
-        # The tasks as `tune` on this host cut them (constant weights packed).
-        weights = {t.workload_key: t.weight for t in extract_tasks(args.input, prepack=weight_packing(Target.host()))}
+        program = load(args.input)
+        weights = {t.workload_key: t.weight for t in extract_tasks(program, prepack=weight_packing(Target.host()))}
     output = args.output
     if os.path.isdir(output):
         output = os.path.join(output, "curve.png")

@@ -382,7 +382,7 @@ def run_pipeline_on_file(source: str, pipeline: str, output: str | None = None, 
                          print_ir_after_all: bool = False) -> str:
     """`mlir-ansor opt`: load `source` (a path or "-"), run, write `output`
     (a path; None or "-": stdout). Returns the final IR text."""
-    from mlir_ansor.ir.program import load
+    from mlir_ansor.importers import load
 
     program = load(source)
     run_pipeline(program.module, pipeline, print_ir_after_all=print_ir_after_all)

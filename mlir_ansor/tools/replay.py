@@ -100,7 +100,7 @@ def replay(
     """Re-measure the `top` best valid records of every task of `db_path`
     (on `threads` threads only, when given) on this machine."""
     from mlir_ansor.graph.task import extract_tasks
-    from mlir_ansor.ir.program import load
+    from mlir_ansor.importers import load
     from mlir_ansor.measure.measurer import Candidate, Measurement, Measurer
     from mlir_ansor.measure.pool import ErrorKind
     from mlir_ansor.records import Database

@@ -169,14 +169,17 @@ class TorchBackend:
         frozen = _weights(torch, gm, example_inputs) if self.freeze else []
         live = [i for i in range(len(example_inputs)) if i not in frozen]
         model = _frozen(torch, gm, example_inputs, frozen) if frozen else gm
-        text = import_module(model, tuple(example_inputs[i] for i in live), func_name="main")
-        key = hashlib.sha256(f"{text}\0{self.threads}\0{self._db_path}".encode()).hexdigest()
+        source_key = _graph_key(torch, gm, example_inputs, frozen, self.trials)
+        key = hashlib.sha256(f"{source_key}\0{self.threads}\0{self._db_path}".encode()).hexdigest()
         with _LOCK:
             cm = _CACHE.get(key)
             if cm is not None:
                 stats.hits += 1
             else:
-                cm = self._build(text)
+                cm = self._cached(source_key)
+                if cm is None:
+                    text = import_module(model, tuple(example_inputs[i] for i in live), func_name="main")
+                    cm = self._build(text, source_key)
                 ins, outs, _ = cm.functions[cm.entry]
                 if len(ins) != len(live) or len(outs) != n_out:
                     cm.close()
@@ -188,7 +191,18 @@ class TorchBackend:
                 stats.compiled += 1
         return _Runner(cm, n_out, single, live, {i: _stamp(example_inputs[i]) for i in frozen}, gm.forward)
 
-    def _build(self, text: str):
+    def _cached(self, source_key: tuple[str, str]):
+        """The graph's whole compile from the compile cache (an earlier
+        process compiled it with this database): no import, no compile."""
+        from mlir_ansor.compiler import cached_compile
+        from mlir_ansor.target import Target
+
+        cm = cached_compile(source_key, db=self._db_path, threads=self.threads, target=self.target or Target.host())
+        if cm is not None:
+            log.info("torch backend: graph %s comes from the compile cache", source_key[0][:16])
+        return cm
+
+    def _build(self, text: str, source_key: tuple[str, str] | None = None):
         from mlir_ansor.compiler import compile as compile_module
         from mlir_ansor.ir.program import load
         from mlir_ansor.target import Target
@@ -196,7 +210,8 @@ class TorchBackend:
         target = self.target or Target.host()
         if self.trials:
             self._tune(text, target)
-        return compile_module(load(text=text), db=self._db_path, threads=self.threads, target=target)
+        return compile_module(load(text=text), db=self._db_path, threads=self.threads, target=target,
+                              source_key=source_key)
 
     def _tune(self, text: str, target: Any) -> None:
         """Tune until the module's tasks hold `trials` records of this target
@@ -293,6 +308,39 @@ def _frozen(torch: Any, gm: Any, example_inputs: list[Any], frozen: list[int]):
             return self.graph_module(*args)
 
     return Frozen()
+
+
+def _graph_key(torch: Any, gm: Any, example_inputs: list[Any], frozen: list[int], trials: int) -> tuple[str, str]:
+    """What decides the module torch-mlir imports for a graph, before
+    importing it (a ResNet-50 takes half a minute), as the compile cache's
+    ``source_key``: a name, the SHA-256 of the graph's code and modules, its
+    inputs' types, which inputs are frozen, `trials` (a graph tuned to more
+    records is another compile) and the versions of torch and torch-mlir;
+    and a digest, that name with the bytes of the frozen weights and of the
+    graph's own parameters and buffers (one compile is kept per name: new
+    weights replace the old)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = []
+    for dist in ("torch", "torch-mlir"):
+        try:
+            versions.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            versions.append(f"{dist} -")
+    name = hashlib.sha256()
+    for part in (gm.code, repr(gm), repr(frozen), str(trials), *versions):
+        name.update(part.encode())
+        name.update(b"\0")
+    for t in example_inputs:
+        name.update(f"{t.dtype} {tuple(t.shape)} {t.stride()}\0".encode())
+    digest = hashlib.sha256(name.digest())
+    tensors = [example_inputs[i] for i in frozen] + [t for _, t in sorted(gm.state_dict().items())]
+    for t in tensors:
+        t = t.detach().contiguous().reshape(-1)
+        digest.update(f"{t.dtype} {t.numel()}\0".encode())
+        if t.numel():
+            digest.update(memoryview(t.view(torch.uint8).numpy()))
+    return name.hexdigest(), digest.hexdigest()
 
 
 def _stamp(t: Any) -> tuple[int, int]:
