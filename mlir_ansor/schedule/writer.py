@@ -379,12 +379,19 @@ class ScheduleWriter:
             'transform.apply_patterns.vector.split_transfer_full_partial split_transfer_strategy = "linalg-copy"',
             "transform.apply_patterns.vector.transfer_to_scf max_transfer_rank = 1 full_unroll = true",
             "transform.apply_patterns.vector.lower_transfer max_transfer_rank = 1",
-            "transform.apply_patterns.vector.lower_shape_cast",
             'transform.apply_patterns.vector.lower_transpose lowering_strategy = "shuffle_1d"',
             "transform.apply_patterns.vector.lower_outerproduct",
             "transform.apply_patterns.canonicalization",
         ):
             self.emit("  " + p)
+        self.emit(f"}} : {ANY}")
+        # Shape casts last, without canonicalization: a cast that drops a
+        # trailing unit dimension (vector<16x1xf32> to vector<16xf32>, a
+        # one-wide reduction tile) is lowered to a chain of extracts and
+        # inserts that canonicalization folds back into the cast, and the
+        # two together never stop (the builder grew to its memory limit).
+        self.emit(f"transform.apply_patterns to {func} {{")
+        self.emit("  transform.apply_patterns.vector.lower_shape_cast")
         self.emit(f"}} : {ANY}")
 
     # ----------------------------------------------------------------- text
