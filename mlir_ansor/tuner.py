@@ -31,6 +31,7 @@ parallel, then the batch is timed serially with the machine otherwise idle.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -207,6 +208,39 @@ class TuneProgress:
     elapsed_s: float
 
 
+PHASES = (
+    ("sketches", "sketches generated for every task"),
+    ("resume", "records of earlier runs read, the cost model trained on them"),
+    ("reference", "each task's reference and untuned baseline built, run and timed"),
+    ("propose", "candidates proposed: evolution, features and cost-model predictions"),
+    ("build_wait", "waiting for candidate builds (builds overlap measuring)"),
+    ("measure", "candidates run: the check against the reference, then the timing"),
+    ("learn", "the cost model trained on each batch's results"),
+    ("record", "records written to the database"),
+    ("retime", "the best schedules timed again, in turns"),
+)
+"""The phases `TuneResult.profile` splits a tune into (`tune --profile`)."""
+
+
+class Profile:
+    """Wall seconds per phase of a tune (:data:`PHASES`), and the builders'
+    own seconds (`build_s`: they run in worker processes, beside the
+    measuring)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {name: 0.0 for name, _ in PHASES}
+        self.build_s = 0.0
+        self.builds = 0
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - t
+
+
 @dataclass
 class TuneResult:
     tasks: list[TaskResult]
@@ -216,6 +250,7 @@ class TuneResult:
     measured: int
     db_path: str
     search_s: float = 0.0  # time spent building and measuring candidates (after the references)
+    profile: Profile | None = None
 
     @property
     def latency_s(self) -> float:
@@ -241,7 +276,19 @@ class TuneResult:
             "search_time_s": self.search_s,
             "candidates_per_s": self.candidates_per_s,
             "db": self.db_path,
+            "profile": self.profile_json(),
         }
+
+    def profile_json(self) -> dict | None:
+        """Seconds per phase (:data:`PHASES`), ``other`` (the rest of the
+        wall time), and the builders' own seconds and count."""
+        if self.profile is None:
+            return None
+        out = dict(self.profile.seconds)
+        out["other"] = max(0.0, self.elapsed_s - sum(out.values()))
+        out["builder_s"] = self.profile.build_s
+        out["builds"] = self.profile.builds
+        return out
 
 
 def _dist_version(*names: str) -> str:
@@ -412,6 +459,7 @@ def tune(
     t_start = time.perf_counter()
     measured = 0
     search_s = 0.0
+    prof = Profile()
     try:
         keep = None
         if target.kind == "cuda" and config.build_only:
@@ -419,7 +467,7 @@ def tune(
                 keep = gpu_measure.bundle_dir(db_path)
             else:
                 log.warning("build-only with a %s: bundles are not kept for gpu_measure", type(m.executor).__name__)
-        states = _prepare(tasks, target, config, database, m, keep)
+        states = _prepare(tasks, target, config, database, m, keep, prof)
         run_id = database.add_run(
             config.seed,
             target.key,
@@ -434,11 +482,12 @@ def tune(
             time.time(),
         )
         t_search = time.perf_counter()
-        measured = _search(states, target, config, database, m, on_batch, on_progress, run_id)
+        measured = _search(states, target, config, database, m, on_batch, on_progress, run_id, prof)
         search_s = time.perf_counter() - t_search
         for st in states:
             st.result.search_latency_s = st.result.best_latency_s
-        _retime(states, target, config, database, m, run_id)
+        with prof.phase("retime"):
+            _retime(states, target, config, database, m, run_id)
     except AnsorError:
         # Only a database this run created and wrote no record to: an error
         # raised mid-search leaves `measured` at 0 with records committed.
@@ -459,6 +508,7 @@ def tune(
         measured=measured,
         db_path=db_path,
         search_s=search_s,
+        profile=prof,
     )
 
 
@@ -491,7 +541,8 @@ def _check_names(config: TuneConfig) -> None:
 
 
 def _prepare(
-    tasks: list[Task], target: Target, config: TuneConfig, database: Database, m: Measurer, keep: str | None = None
+    tasks: list[Task], target: Target, config: TuneConfig, database: Database, m: Measurer, keep: str | None = None,
+    prof: Profile | None = None,
 ) -> list[_TaskState]:
     """The tasks' search states, resumed from `database`; each measuring
     task's reference is prepared. `keep` (build-only CUDA runs): the folder
@@ -501,8 +552,11 @@ def _prepare(
     if not config.build_only or keep is not None:
         check_memory(tasks, config)
     states: list[_TaskState] = []
+    prof = prof or Profile()
     for i, task in enumerate(tasks):
-        sketches = task_sketches(task, target, config)
+        with prof.phase("sketches"):
+            sketches = task_sketches(task, target, config)
+        t_resume = time.perf_counter()
         ctx = TaskContext(task, sketches, target, config.threads, config.seed)
         if config.default_candidate and sketches and sketches[0].prefer:
             ctx.seeds.append((sketches[0], default_assignment(sketches[0], config.threads)))
@@ -529,6 +583,7 @@ def _prepare(
                 )
         st.strategy.pre_tuning(ctx)
         _best_from_db(st, database, target, config, m)
+        prof.seconds["resume"] += time.perf_counter() - t_resume
         if config.build_only:
             if keep is not None:
                 _keep_reference(st, sketches[0].payload, target, config, m, os.path.join(keep, task.workload_key), i)
@@ -543,7 +598,8 @@ def _prepare(
             format_bytes(reference_bytes(arg_specs(task.inputs), arg_specs(task.outputs))),
             f"; at most {limit_s:g} s" if limit_s else "",
         )
-        st.data_path, res = m.reference(sketches[0].payload, task, config.seed, i)
+        with prof.phase("reference"):
+            st.data_path, res = m.reference(sketches[0].payload, task, config.seed, i)
         if not res.ok:
             last = res.error_msg.strip().splitlines()[-1] if res.error_msg.strip() else ""
             what = f"task {task.name}: the untuned lowering (the reference and baseline)"
@@ -797,13 +853,20 @@ def _search(
     on_batch: Callable[[TaskResult], None] | None,
     on_progress: Callable[[TuneProgress], None] | None = None,
     run_id: int | None = None,
+    prof: Profile | None = None,
 ) -> int:
     """Spend the trial budget. With `m.overlap`, the next batch is built
     while the current one is measured (builders use the cores the kernels
-    do not)."""
+    do not). `prof` adds up where the time goes."""
     versions = _versions(config.seed, run_id)
     measured = 0
+    prof = prof or Profile()
     batches = _Batches(states, config, m)
+
+    def next_batch():
+        with prof.phase("propose"):
+            return batches.next()
+
     pool = ThreadPoolExecutor(1) if m.overlap else None
     t0 = time.perf_counter()
 
@@ -816,25 +879,31 @@ def _search(
 
     pending = None  # the finally below reads it when the first batch fails
     try:
-        pending = start(batches.next())
+        pending = start(next_batch())
         while pending is not None:
             (st, cands), fut = pending
-            builds = fut.result() if fut is not None else m.build(cands)
+            with prof.phase("build_wait"):
+                builds = fut.result() if fut is not None else m.build(cands)
+            prof.build_s += sum(b.elapsed_s for b in builds)
+            prof.builds += len(builds)
             # Build the next batch while this one is measured, unless a
             # strategy still needs these results to choose it well.
-            pending = start(batches.next()) if all(s.strategy.prefetch_ok for s in states) else None
+            pending = start(next_batch()) if all(s.strategy.prefetch_ok for s in states) else None
             outcomes: list[MeasuredCandidate] = []
             for c, b in zip(cands, builds):
-                out = _measure_one(c, b, st, target, config, m)
-                rec = _record(st, c, out, b.elapsed_s, target, config, versions)
-                database.commit_record(rec)
+                with prof.phase("measure"):
+                    out = _measure_one(c, b, st, target, config, m)
+                with prof.phase("record"):
+                    rec = _record(st, c, out, b.elapsed_s, target, config, versions)
+                    database.commit_record(rec)
                 measured += 1
                 _account(st, c, rec)
                 outcomes.append(MeasuredCandidate(c.sketch, c.knobs, rec.costs, rec.error_kind))
                 _keep_or_release(st, c, rec, config, m)
-            st.strategy.notify_results(outcomes)
+            with prof.phase("learn"):
+                st.strategy.notify_results(outcomes)
             if pending is None:
-                pending = start(batches.next())
+                pending = start(next_batch())
             r = st.result
             log.info(
                 "%s: %d trials, best %.3g s (%.1f GFLOP/s, %.1fx untuned), errors %s",

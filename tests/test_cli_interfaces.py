@@ -183,6 +183,18 @@ def test_tune_compile_run_cli_on_small_example(tmp_path, capsys):
     res = json.loads(capsys.readouterr().out)
     (t,) = res["tasks"]
     assert t["trials"] == 2 and t["name"] == "matmul_128x256x64_f32"
+    # Where the time went: every phase, the rest, and the two builds' own time.
+    from mlir_ansor.tuner import PHASES
+
+    prof = res["profile"]
+    phases = [name for name, _ in PHASES]
+    assert set(prof) == {*phases, "other", "builder_s", "builds"} and prof["builds"] == 2
+    assert prof["reference"] > 0 and prof["measure"] > 0 and prof["builder_s"] > 0
+    assert sum(prof[n] for n in phases) + prof["other"] == pytest.approx(res["tuning_time_s"], rel=1e-6)
+    assert main(["tune", MATMUL, "--trials", "4", "--batch-size", "2", "--db", str(db), "--progress", "none",
+                 "--profile"]) == 0
+    printed = capsys.readouterr().out
+    assert "where the " in printed and all(f"  {name} " in printed for name in phases)
     out = tmp_path / "m.mlir"
     assert main(["compile", MATMUL, "--db", str(db), "-o", str(out)]) == 0
     assert "func.func @ansor_matmul_128x256x64_f32" in out.read_text()

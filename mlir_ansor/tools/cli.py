@@ -1,7 +1,7 @@
 """The `mlir-ansor` command line: parse arguments, call the API, print.
 
 Subcommands (shared/DESIGN.md, "The command line"):
-  tune [INPUT] [--target cpu|cuda[:sm_XX]] [--trials N] [--db FILE] [--threads N] [--seed N]
+  tune [INPUT] [--target cpu|cuda[:sm_XX]] [--trials N] [--db FILE] [--threads N] [--seed N] [--profile]
        [--timeout S] [--memory-limit MB] [--executor local|auto|ray://ADDR] [--json] [--build-only]
        [--search NAME] [--cost-model NAME] [--task-scheduler NAME] [--rules a,b]
        [--plugin MODULE_OR_FILE.py]... [--pretrained-model FILE]
@@ -89,6 +89,8 @@ def _parser() -> argparse.ArgumentParser:
                         "a task whose buffers would not fit is refused before anything is allocated")
     t.add_argument("--batch-size", type=_positive(int), default=16, help="candidates built before measuring")
     t.add_argument("--func", default=None, help="tune only this function")
+    t.add_argument("--profile", action="store_true",
+                   help="print where the tuning time went, phase by phase (--json always has it, as 'profile')")
     t.add_argument("--search", default="evolutionary",
                    help="search strategy: evolutionary, random, or a registered one (default evolutionary)")
     t.add_argument("--cost-model", default="xgb", help="cost model of the evolutionary search: xgb, random, or registered")
@@ -300,6 +302,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         if r.errors:
             print(f"{'':<4}errors: " + ", ".join(f"{k} {v}" for k, v in sorted(r.errors.items())))
     print(f"whole module: {_fmt_s(result.latency_s)} (records in {result.db_path})")
+    if args.profile:
+        _print_profile(result)
     if config.build_only:
         print("build only: nothing was measured; run the same command without --build-only on a host with "
               "the target's hardware (same --db) to measure what was built")
@@ -309,6 +313,20 @@ def _cmd_tune(args: argparse.Namespace) -> int:
             print(f"or, on a GPU host without MLIR, with {result.db_path}, {bundle_dir(result.db_path)}/ and the "
                   f"mlir_ansor package copied there: python -m mlir_ansor.measure.gpu_measure {result.db_path}")
     return 0
+
+
+def _print_profile(result) -> None:
+    """`tune --profile`: wall seconds per phase, and the builders' own time."""
+    from mlir_ansor.tuner import PHASES
+
+    prof = result.profile_json()
+    total = result.elapsed_s or 1.0
+    print(f"where the {result.elapsed_s:.1f} s went:")
+    for name, what in (*PHASES, ("other", "the rest: task scheduling, the driver")):
+        print(f"  {name:<11} {prof[name]:>8.2f} s {100 * prof[name] / total:>5.1f}%  {what}")
+    per = prof["builder_s"] / prof["builds"] if prof["builds"] else 0.0
+    print(f"  builders    {prof['builder_s']:>8.2f} s in worker processes, {prof['builds']} builds "
+          f"({per:.2f} s each; they overlap measuring)")
 
 
 def _load_plugins(args: argparse.Namespace) -> None:
