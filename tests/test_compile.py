@@ -192,6 +192,7 @@ def test_cli_compile_and_run(tmp_path, capsys):
     assert main(["run", path, "--db", str(tmp_path / "none.db"), "--repeat", "2", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["ok"] and res["latency_s"] > 0 and res["untuned_latency_s"] > 0
+    assert res["untuned_repeat"] == 2  # a tiny module: timed as often as asked, within a second
     assert [t["name"] for t in res["tasks"]] == ["matmul_8x8x16_f32_add_relu", "reduction_8x8_f32", "div_8x8_f32"]
     assert {"workload_key", "flops", "weight", "trials", "best_latency_s", "gflops", "baseline_latency_s"} <= set(res["tasks"][0])
 
