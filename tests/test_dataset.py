@@ -149,3 +149,54 @@ def test_dataset_doc_example_runs(tuned, monkeypatch, capsys):
     exec(compile(block, "docs/dataset.md", "exec"), {"__name__": "__dataset_doc__"})  # noqa: S102
     assert capsys.readouterr().out.startswith("8 candidates of 1 tasks;")
     assert (out.parent / "model.json").exists()
+
+
+def test_the_builtin_model_ships_loads_and_prefers_good_schedules():
+    """`--pretrained-model builtin`: the model in the package loads (its
+    feature columns are this version's) and, zero-shot, scores the rule's
+    default schedule of a 512^3 matmul (vectorized, register-tiled) above
+    most random assignments of the same sketch."""
+    import gzip
+    import random
+
+    from mlir_ansor.search.registry import builtin_model_path
+    from mlir_ansor.search.sketch import default_assignment
+
+    with gzip.open(builtin_model_path(), "rt") as f:
+        about = json.load(f)["about"]
+    assert about["made_by"] == "scripts/pretrain_cost_model.py" and about["valid"] > 500
+    strat = make_strategy(TuneConfig(strategy="evolutionary", pretrained_model="builtin"))
+    assert strat.pretrained and strat.model.trained
+    from mlir_ansor.examples import workloads as wl
+    from mlir_ansor.graph.task import extract_tasks
+    from mlir_ansor.ir.program import load as load_program
+
+    (task,) = extract_tasks(load_program(text=wl.matmul(512, 512, 512)))
+    sk = generate_sketches(task.mlir, Target.host())[0]
+    rng = random.Random(0)
+    cands = [default_assignment(sk, 1)] + [sk.sample(rng) for _ in range(40)]
+    scores = strat.model.predict(extract_features(sk, cands))
+    assert np.all(np.isfinite(scores)) and np.ptp(scores) > 0
+    assert (scores[1:] < scores[0]).mean() >= 0.75
+
+
+def test_a_model_saved_with_other_feature_columns_is_refused_by_name(tmp_path):
+    from mlir_ansor import AnsorError
+
+    model = XGBModel(XGBModelConfig(min_records=2))
+    rng = np.random.default_rng(0)
+    model.update([(rng.uniform(size=(2, N_FEATURES)), float(t)) for t in rng.uniform(1, 2, size=8)])
+    path = tmp_path / "m.json.gz"
+    model.save(path)  # gzip-compressed by its name
+    again = XGBModel()
+    again.load(path)
+    assert again.trained
+    import gzip
+
+    with gzip.open(path, "rt") as f:
+        data = json.load(f)
+    data["features"]["columns"] -= 1
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(data))
+    with pytest.raises(AnsorError, match="feature columns.*retrain it"):
+        make_strategy(TuneConfig(strategy="evolutionary", pretrained_model=str(old)))

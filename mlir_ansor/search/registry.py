@@ -281,6 +281,16 @@ def sketch_rules(names: Sequence[str] | None = None) -> list[Any]:
     return [r for n, r in _RULES.items() if n in wanted]
 
 
+BUILTIN_MODEL_NAME = "builtin"
+
+
+def builtin_model_path() -> str:
+    """The cost model shipped in the package (``--pretrained-model builtin``):
+    XGBoost trained on a seeded tuning run of the bundled operators and
+    models (made by ``scripts/pretrain_cost_model.py``)."""
+    return os.path.join(os.path.dirname(__file__), "cost_model", "pretrained", "cpu_xgb.json.gz")
+
+
 def make_cost_model(config: Any) -> Any:
     """A fresh cost model named by ``config.cost_model``, loaded from
     ``config.pretrained_model`` when that is set (transfer learning)."""
@@ -290,6 +300,13 @@ def make_cost_model(config: Any) -> Any:
         raise _unknown("cost model", name, sorted(_COST_MODELS), "--cost-model / TuneConfig.cost_model")
     model = _COST_MODELS[name](config)
     path = getattr(config, "pretrained_model", None)
+    if path == BUILTIN_MODEL_NAME:
+        path = builtin_model_path()
+        if not os.path.exists(path):
+            raise AnsorError(
+                f"pretrained model {BUILTIN_MODEL_NAME!r}: this installation ships none ({path}); "
+                "build it with scripts/pretrain_cost_model.py"
+            )
     if path:
         if not os.path.exists(path):
             raise AnsorError(f"pretrained model {path}: no such file")

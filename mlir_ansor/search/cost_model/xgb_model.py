@@ -34,6 +34,8 @@ records of the new task correct the pretrained model rather than replace it.
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 import os
 from collections.abc import Sequence
@@ -151,18 +153,33 @@ class XGBModel(CostModel):
         per_row = self.booster.predict(xgb.DMatrix(rows))
         return np.bincount(ids, weights=per_row, minlength=len(batch))
 
-    def save(self, path: str | os.PathLike) -> None:
-        """One JSON file: the booster and the settings (records are not saved)."""
+    def save(self, path: str | os.PathLike, *, about: dict | None = None) -> None:
+        """One JSON file (gzip-compressed when `path` ends in ``.gz``): the
+        booster, the settings and the feature columns it was trained on
+        (records are not saved); `about` is kept as it is (what it was
+        trained on)."""
         raw = bytes(self.booster.save_raw(raw_format="json")).decode() if self.booster is not None else None
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump({"config": asdict(self.config), "seed": self.seed, "booster": raw}, f)
+        data = {"config": asdict(self.config), "seed": self.seed, "features": feature_schema(), "booster": raw}
+        if about:
+            data["about"] = about
+        with _open(path, "w") as f:
+            json.dump(data, f)
 
     def load(self, path: str | os.PathLike) -> None:
-        """Load a saved model; later retraining continues from it."""
+        """Load a saved model; later retraining continues from it. A model
+        trained on other feature columns than this version extracts is an
+        error (its trees would read the wrong columns)."""
         import xgboost as xgb
 
-        with open(path, encoding="utf-8") as f:
+        with _open(path, "r") as f:
             data = json.load(f)
+        saved = data.get("features")
+        if saved is not None and saved != feature_schema():
+            raise ValueError(
+                f"it was trained on {saved.get('columns')} feature columns (digest {saved.get('digest')}); this "
+                f"version extracts {feature_schema()['columns']} (digest {feature_schema()['digest']}): retrain it "
+                "(mlir-ansor export-dataset, train-model; the built-in one: scripts/pretrain_cost_model.py)"
+            )
         self.config = XGBModelConfig(**data["config"])
         self.seed = data["seed"]
         self.booster = None
@@ -171,6 +188,21 @@ class XGBModel(CostModel):
             self.base_model = data["booster"].encode()
             self.booster = xgb.Booster()
             self.booster.load_model(bytearray(self.base_model))
+
+
+def feature_schema() -> dict:
+    """The feature columns a saved model was trained on: their number and a
+    digest of their names (`search.features.FEATURE_NAMES`)."""
+    from mlir_ansor.search.features import FEATURE_NAMES
+
+    digest = hashlib.sha256("\n".join(FEATURE_NAMES).encode()).hexdigest()[:16]
+    return {"columns": len(FEATURE_NAMES), "digest": digest}
+
+
+def _open(path: str | os.PathLike, mode: str):
+    if os.fspath(path).endswith(".gz"):
+        return gzip.open(path, mode + "t", encoding="utf-8")
+    return open(path, mode, encoding="utf-8")
 
 
 def _pack(batch: Sequence[Features]) -> tuple[np.ndarray, np.ndarray]:
