@@ -300,16 +300,13 @@ def make_cost_model(config: Any) -> Any:
         raise _unknown("cost model", name, sorted(_COST_MODELS), "--cost-model / TuneConfig.cost_model")
     model = _COST_MODELS[name](config)
     path = getattr(config, "pretrained_model", None)
-    if path == BUILTIN_MODEL_NAME:
+    builtin = path == BUILTIN_MODEL_NAME
+    if builtin:
         path = builtin_model_path()
-        if not os.path.exists(path):
-            raise AnsorError(
-                f"pretrained model {BUILTIN_MODEL_NAME!r}: this installation ships none ({path}); "
-                "build it with scripts/pretrain_cost_model.py"
-            )
     if path:
         if not os.path.exists(path):
-            raise AnsorError(f"pretrained model {path}: no such file")
+            hint = f" (the {BUILTIN_MODEL_NAME!r} one: build it with scripts/pretrain_cost_model.py)" if builtin else ""
+            raise AnsorError(f"pretrained model {path}: no such file{hint}")
         try:
             model.load(path)
         except AnsorError:

@@ -156,8 +156,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--target", default="cpu", help="cpu (the host)")
     r.add_argument("--db", default="tuning.db", help="records database (a missing file: default schedules)")
     r.add_argument("--threads", type=_positive(int), default=1, help="threads the kernels use")
-    r.add_argument("--repeat", type=_positive(int), default=10, help="timed runs of the compiled module (the median is reported); the untuned "
-                        "reference is timed as often within about a second, at least once")
+    r.add_argument("--repeat", type=_positive(int), default=10,
+                   help="timed runs of the compiled module (the median is reported); the untuned reference "
+                        "is timed as often within about a second, at least once")
     r.add_argument("--seed", type=_positive(int, zero_ok=True), default=0, help="seed of the random inputs")
     r.add_argument("--cache-dir", default=None, metavar="DIR", help="compile cache folder (as for compile)")
     r.add_argument("--no-cache", action="store_true", help="neither read nor write the compile cache")

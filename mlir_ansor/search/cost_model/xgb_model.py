@@ -173,11 +173,11 @@ class XGBModel(CostModel):
 
         with _open(path, "r") as f:
             data = json.load(f)
-        saved = data.get("features")
-        if saved is not None and saved != feature_schema():
+        saved, ours = data.get("features"), feature_schema()
+        if saved is not None and saved != ours:
             raise ValueError(
                 f"it was trained on {saved.get('columns')} feature columns (digest {saved.get('digest')}); this "
-                f"version extracts {feature_schema()['columns']} (digest {feature_schema()['digest']}): retrain it "
+                f"version extracts {ours['columns']} (digest {ours['digest']}): retrain it "
                 "(mlir-ansor export-dataset, train-model; the built-in one: scripts/pretrain_cost_model.py)"
             )
         self.config = XGBModelConfig(**data["config"])
