@@ -206,3 +206,48 @@ def test_warm_start_from_history(task_and_sketches):
     mean_pick = sum(fake_gflops(a) for _, a in cands) / len(cands)
     mean_rand = sum(fake_gflops(sample(sk.knobs, rng)) for _ in range(200)) / 200
     assert mean_pick > mean_rand
+
+
+def test_records_are_featurized_only_once_the_model_can_train_on_them(task_and_sketches, monkeypatch):
+    """A task with fewer records than the search needs before it ranks
+    costs no feature extraction; at ``min_train`` every kept record is
+    learned at once, and the model equals one fed batch by batch."""
+    task, sketches = task_and_sketches
+    sk = sketches[0]
+    rng = random.Random(5)
+    batches = []
+    for _ in range(4):
+        batch = []
+        for _ in range(4):
+            a = sample(sk.knobs, rng)
+            batch.append(MeasuredCandidate(sk, a, (task.flops / (fake_gflops(a) * 1e9),)))
+        batches.append(batch)
+    featurized: list[int] = []
+    real = EvolutionarySearch._features
+    monkeypatch.setattr(EvolutionarySearch, "_features", lambda self, c: featurized.append(len(c)) or real(self, c))
+
+    lazy = EvolutionarySearch(SMALL, model=XGBModel(seed=5))
+    lazy.pre_tuning(_ctx(task_and_sketches, 5))
+    for b in batches[:3]:
+        lazy.notify_results(b)
+    assert featurized == [] and not lazy.model.trained and len(lazy.results) == 12
+    lazy.notify_results(batches[3])
+    assert featurized == [16] and lazy.model.trained
+
+    # The same records given to the model batch by batch: the same ranking.
+    eager = XGBModel(seed=5)
+    for b in batches:
+        eager.update(list(zip(real(lazy, [(r.sketch, r.knobs) for r in b]), [task.flops / r.latency_s for r in b])))
+    probe = [(sk, sample(sk.knobs, rng)) for _ in range(32)]
+    feats = real(lazy, probe)
+    assert list(lazy.model.predict(feats)) == pytest.approx(list(eager.predict(feats)))
+
+    # A model that never learns (the "no cost model" ablation) is never fed.
+    from mlir_ansor.search.cost_model import RandomModel
+
+    featurized.clear()
+    blind = EvolutionarySearch(SMALL, model=RandomModel(5))
+    blind.pre_tuning(_ctx(task_and_sketches, 5))
+    for b in batches:
+        blind.notify_results(b)
+    assert featurized == [] and blind.n_records == 16

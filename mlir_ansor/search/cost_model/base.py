@@ -35,6 +35,14 @@ class CostModel(abc.ABC):
         """Whether predictions carry information (an untrained model's do not)."""
         return True
 
+    @property
+    def records_to_train(self) -> int | None:
+        """How many records `update` needs before it trains (fewer are only
+        kept), or None for a model that never learns from records. The
+        search extracts no features before then: a model tune spreads over
+        many tasks gives most of them a few trials each."""
+        return 1
+
     @abc.abstractmethod
     def save(self, path: str | os.PathLike) -> None:
         """Write the model to `path`."""

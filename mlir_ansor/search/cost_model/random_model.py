@@ -26,6 +26,10 @@ class RandomModel(CostModel):
     def trained(self) -> bool:
         return False
 
+    @property
+    def records_to_train(self) -> None:
+        return None
+
     def save(self, path: str | os.PathLike) -> None:
         with open(path, "w", encoding="utf-8") as f:
             f.write("random\n")

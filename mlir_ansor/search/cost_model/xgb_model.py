@@ -94,6 +94,10 @@ class XGBModel(CostModel):
     def trained(self) -> bool:
         return self.booster is not None
 
+    @property
+    def records_to_train(self) -> int:
+        return self.config.min_records
+
     def update(self, records: Sequence[tuple[Features, float]]) -> None:
         for f, t in records:
             self.features.append(np.asarray(f, float))

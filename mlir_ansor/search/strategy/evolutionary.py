@@ -232,6 +232,7 @@ class EvolutionarySearch(SearchStrategy):
         self.failures = 0
         self.results: list[MeasuredCandidate] = []
         self.n_records = 0
+        self._unlearned: list[MeasuredCandidate] = []  # kept, not yet featurized (see `_learn`)
 
     # ---------------------------------------------------------- lifecycle
     def pre_tuning(self, ctx: TaskContext) -> None:
@@ -400,9 +401,28 @@ class EvolutionarySearch(SearchStrategy):
         return np.asarray(self.model.predict(self._features(cands)), float)
 
     def _learn(self, results: Sequence[MeasuredCandidate]) -> None:
+        """Keep `results`; hand them to the model once it can train on them.
+
+        Extracting a record's features costs about as much as scoring a
+        population (a template per sketch, then a pass per candidate), and a
+        model tune gives most tasks a few trials each: a record is only
+        featurized once the task has as many as the model needs to train
+        (``records_to_train``) and, for a model trained here, as many as the
+        search needs before it ranks (``min_train``). Retraining starts from
+        the same point every time, so the model the search ranks with is the
+        one it would have been had every batch been learned at once."""
         self.results.extend(results)
-        flops = self.ctx.task.flops
-        feats = self._features([(r.sketch, r.knobs) for r in results])
-        thr = [flops / r.latency_s if r.valid and r.latency_s > 0 else 0.0 for r in results]
-        self.model.update(list(zip(feats, thr)))
         self.n_records += len(results)
+        needed = self.model.records_to_train
+        if needed is None:
+            return
+        self._unlearned.extend(results)
+        if not self.pretrained:
+            needed = max(needed, self.config.min_train)
+        if self.n_records < needed:
+            return
+        todo, self._unlearned = self._unlearned, []
+        flops = self.ctx.task.flops
+        feats = self._features([(r.sketch, r.knobs) for r in todo])
+        thr = [flops / r.latency_s if r.valid and r.latency_s > 0 else 0.0 for r in todo]
+        self.model.update(list(zip(feats, thr)))
