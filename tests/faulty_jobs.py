@@ -58,3 +58,13 @@ def run_that_segfaults(so_path, data_path, policy, tol, cutoff_s=float("inf")):
         open(flag, "w").close()
         ctypes.string_at(0)  # the first kernel run reads address 0
     return jobs.run_candidate(so_path, data_path, policy, tol, cutoff_s)
+
+
+def probe_that_aborts_on_batches(payload, script, assignments):
+    """The feature extractor's probe job, aborting the worker whenever it is
+    given more than one probe (as an MLIR assertion would)."""
+    from mlir_ansor.search.features.extractor import _probe_worker
+
+    if len(assignments) > 1:
+        os.abort()
+    return _probe_worker(payload, script, assignments)

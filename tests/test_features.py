@@ -158,3 +158,32 @@ def test_reuse_and_stride_of_the_fma_statement(setup):
     assert row[COL["unroll_num"]] == 4 * 2  # rows x unroll FMAs per iteration
     reuse = [row[COL[f"buf{b}_reuse_loop"]] for b in range(2)]
     assert max(reuse) == 1.0
+
+
+def test_isolated_templates_come_from_one_kept_worker_and_survive_its_crash(setup, monkeypatch):
+    """Templates made in the probe worker equal those made in process; the
+    templates a population needs are made in one job, by a worker kept
+    between calls; a job that kills the worker is redone one probe a job."""
+    import faulty_jobs
+
+    from mlir_ansor.search.features import extractor as E
+
+    _, sk, local = setup
+    rng = random.Random(3)
+    pop = [sample(sk.knobs, rng) for _ in range(40)]
+    isolated = F.FeatureExtractor(sk, isolate=True, n_probes=12)
+    jobs = []
+    real_run = E._run_probes
+    monkeypatch.setattr(E, "_run_probes", lambda *a: jobs.append(len(a[2])) or real_run(*a))
+    got = isolated.features(pop)
+    keys = {isolated.key_of(a) for a in pop}
+    assert len(keys) > 1 and jobs == [12 * len(keys)]
+    for g, w in zip(got, local.features(pop)):
+        np.testing.assert_allclose(g, w)
+    pool = E._probe_pool()
+    assert E._probe_pool() is pool  # kept for the next sketch
+
+    monkeypatch.setattr(E, "_probe_worker", faulty_jobs.probe_that_aborts_on_batches)
+    again = F.FeatureExtractor(sk, isolate=True, n_probes=12)
+    for g, w in zip(again.features(pop[:8]), local.features(pop[:8])):
+        np.testing.assert_allclose(g, w)

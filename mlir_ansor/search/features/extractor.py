@@ -7,7 +7,9 @@ feature rows of a population.
 
 from __future__ import annotations
 
+import atexit
 import random
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -82,12 +84,25 @@ class FeatureExtractor:
         return tuple((k, d[k]) for k in self.struct) + rests
 
     def template(self, key: tuple[tuple[str, int], ...]) -> Template:
-        if key not in self.templates:
-            rng = random.Random(f"{self.seed}:{self.sketch.hash}:{key}")
-            probes = probe_assignments(self.sketch.knobs, dict(key), rng, self.n_probes)
-            read = _run_probes(self.sketch.payload, self.sketch.script, probes, self.isolate)
-            self.templates[key] = fit_template(self.sketch.knobs, probes, read)
+        self.make_templates([key])
         return self.templates[key]
+
+    def make_templates(self, keys: Sequence[tuple[tuple[str, int], ...]]) -> None:
+        """Make the templates of `keys` that do not exist yet, applying all
+        their probes in one job (a population of a fresh sketch needs a
+        dozen templates; a worker each cost more than the probes)."""
+        missing = [k for k in dict.fromkeys(keys) if k not in self.templates]
+        if not missing:
+            return
+        probes = []
+        for key in missing:
+            rng = random.Random(f"{self.seed}:{self.sketch.hash}:{key}")
+            probes.append(probe_assignments(self.sketch.knobs, dict(key), rng, self.n_probes))
+        read = _run_probes(self.sketch.payload, self.sketch.script, [a for p in probes for a in p], self.isolate)
+        at = 0
+        for key, p in zip(missing, probes):
+            self.templates[key] = fit_template(self.sketch.knobs, p, read[at : at + len(p)])
+            at += len(p)
 
     def features(self, assignments: Sequence[Assignment]) -> list[np.ndarray]:
         """One (statements, N_FEATURES) array per assignment."""
@@ -95,6 +110,7 @@ class FeatureExtractor:
         by_key: dict = {}
         for i, a in enumerate(assignments):
             by_key.setdefault(self.key_of(a), []).append(i)
+        self.make_templates(list(by_key))
         for key, idx in by_key.items():
             t = self.template(key)
             if t.structure is None:
@@ -111,19 +127,45 @@ class FeatureExtractor:
 def _run_probes(payload: str, script: str, probes: list[Assignment], isolate: bool) -> list:
     if not isolate:
         return _probe_worker(payload, script, probes)
-    from mlir_ansor.measure.pool import WorkerPool
-
     # All probes in one job; if the worker crashes, again one probe per job
     # (a crash then loses only that probe).
-    with WorkerPool(1) as pool:
-        res = pool.run(_probe_worker, (payload, script, probes), timeout_s=300.0)
-        if res.ok:
-            return res.value
-        out = []
-        for a in probes:
-            one = pool.run(_probe_worker, (payload, script, [a]), timeout_s=120.0)
-            out.extend(one.value if one.ok else [None])
-        return out
+    pool = _probe_pool()
+    res = pool.run(_probe_worker, (payload, script, probes), timeout_s=max(300.0, 20.0 * len(probes)))
+    if res.ok:
+        return res.value
+    out = []
+    for a in probes:
+        one = pool.run(_probe_worker, (payload, script, [a]), timeout_s=120.0)
+        out.extend(one.value if one.ok else [None])
+    return out
+
+
+_PROBE_POOL = None
+_PROBE_LOCK = threading.Lock()
+
+
+def _probe_pool():
+    """The process's probe worker, started on first use and kept (a tune
+    makes templates for every task; starting an interpreter with MLIR for
+    each cost about 0.4 s, as much as the probes). A crashed worker is
+    replaced by the pool; a worker is renewed after 256 jobs, so memory
+    that MLIR keeps cannot pile up; the pool closes at exit."""
+    global _PROBE_POOL
+    with _PROBE_LOCK:
+        if _PROBE_POOL is None:
+            from mlir_ansor.measure.pool import WorkerPool
+
+            _PROBE_POOL = WorkerPool(1, max_jobs_per_worker=256)
+            atexit.register(_close_probe_pool)
+        return _PROBE_POOL
+
+
+def _close_probe_pool() -> None:
+    global _PROBE_POOL
+    with _PROBE_LOCK:
+        pool, _PROBE_POOL = _PROBE_POOL, None
+    if pool is not None:
+        pool.close()
 
 
 _EXTRACTORS: dict[str, FeatureExtractor] = {}
