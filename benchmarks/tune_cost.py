@@ -1,0 +1,241 @@
+"""What a tuned model costs in time: the trials and the wall time `tune`
+needs before the compiled model runs 1.2x faster than the best peer (PyTorch
+eager, `torch.compile`'s Inductor, IREE), with and without the cost model
+shipped in the package (`--pretrained-model builtin`), and what `compile`
+of the result costs, cold and warm.
+
+For every model (`mlir_ansor.examples.models`, seeded random weights): the
+peers are timed first, in turns (`timing.interleaved_medians`; IREE through
+its own venv, `iree_peer.py`, its best flags); the goal is the best peer's
+latency / `--goal`. Then, for each arm (cold: the cost model learns from this
+run's records only; builtin: it starts from the shipped one) and each budget
+of the ladder (`--budgets`, trials for the whole model; 0: no tuning, every
+task gets its default schedule), a fresh database is
+tuned with that budget by one `mlir_ansor.tune` call, as a user would; its
+best records are compiled (`mlir_ansor.compile`, timed: the first compile
+cold, a second in a fresh process warm, from the cached objects), checked
+against PyTorch, and the compiled module timed in turns with the best peer.
+An arm stops at the first budget that reaches the goal. One table at the
+end: per arm and budget, the tune's wall time and the phases it spent it in
+(`TuneResult.profile`), the compile times, the latency and its ratio to the
+best peer (>1: ours faster).
+
+Usage:
+  python benchmarks/tune_cost.py [--models resnet50,bert_layer] [--threads 1]
+                                 [--budgets "resnet50=0,64,128,256;bert_layer=0,16,64,128"]
+                                 [--arms cold,builtin] [--goal 1.2] [--keep DIR] [--peers eager,compile,iree]
+Needs the 'torch' extra (torch and torch-mlir); IREE: `bash benchmarks/setup_peers.sh --iree`.
+Run it alone on the machine: it times tuning, and tuning times kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from iree_peer import DEFAULT_IREE_PYTHON, Iree  # noqa: E402
+from timing import interleaved_medians  # noqa: E402
+
+import mlir_ansor  # noqa: E402
+from mlir_ansor import TuneConfig  # noqa: E402
+
+DEFAULT_BUDGETS = "resnet50=0,64,128,256;bert_layer=0,16,64,128"
+ARMS = {"cold": None, "builtin": "builtin"}
+PHASES = ("reference", "propose", "build_wait", "measure", "learn", "retime")
+
+
+def _rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-30))
+
+
+def parse_budgets(text: str) -> dict[str, list[int]]:
+    """"resnet50=64,128;bert_layer=32" -> {model: [trials, ...]}."""
+    out: dict[str, list[int]] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        name, _, ladder = part.partition("=")
+        if not ladder:
+            raise SystemExit(f"--budgets: {part!r} is not MODEL=N1,N2,...")
+        out[name.strip()] = sorted(int(v) for v in ladder.split(","))
+    return out
+
+
+def warm_compile_s(path: str, db: str, threads: int) -> float:
+    """`compile` of the same module and database in a fresh process: what a
+    second compile costs (the kernels' objects come from the cache)."""
+    code = (
+        "import sys, time, mlir_ansor; t0 = time.perf_counter(); "
+        "mlir_ansor.compile(sys.argv[1], db=sys.argv[2], threads=int(sys.argv[3]), cache_dir=sys.argv[2] + '.cache')"
+        ".close(); "
+        "print(time.perf_counter() - t0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, path, db, str(threads)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()
+        print(f"warm compile failed: {tail[-1] if tail else proc.returncode}", file=sys.stderr)
+        return float("nan")
+    return float(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="resnet50,bert_layer")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--budgets", default=DEFAULT_BUDGETS, help="per model, the ladder of trial budgets")
+    ap.add_argument("--arms", default="cold,builtin", help="of: cold, builtin")
+    ap.add_argument("--goal", type=float, default=1.2, help="the speed-up over the best peer to reach")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep", default=None, help="folder for the MLIR and the databases (default: a temporary one)")
+    ap.add_argument("--peers", default="eager,compile,iree", help="of: eager, compile (torch.compile), iree")
+    ap.add_argument("--iree-python", default=DEFAULT_IREE_PYTHON, help="python of IREE's env")
+    args = ap.parse_args()
+    budgets = parse_budgets(args.budgets)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise SystemExit(f"--arms: unknown {', '.join(unknown)} (known: {', '.join(ARMS)})")
+    peers = {p.strip() for p in args.peers.split(",") if p.strip()}
+
+    import torch
+
+    from mlir_ansor.examples import models
+    from mlir_ansor.importers.pytorch import import_module
+
+    torch.set_num_threads(args.threads)
+    wd_ctx = tempfile.TemporaryDirectory(prefix="ansor-tune-cost-") if args.keep is None else None
+    wd = args.keep or wd_ctx.name
+    os.makedirs(wd, exist_ok=True)
+    rows: list[dict] = []
+    peer_rows: dict[str, dict[str, float]] = {}
+    for name in args.models.split(","):
+        model, inputs = models.MODELS[name](args.seed)
+        model.eval()
+        path = os.path.join(wd, f"{name}.mlir")
+        if not os.path.exists(path):
+            with open(path, "w") as f:
+                f.write(import_module(model, inputs))
+        x = [i.numpy() for i in inputs]
+        with torch.no_grad():
+            want = model(*inputs).numpy()
+        fns = {}
+        if "eager" in peers:
+            fns["eager"] = lambda m=model, i=inputs: m(*i)
+        if "compile" in peers:
+            inductor = torch.compile(model)
+            with torch.no_grad():
+                inductor(*inputs)
+            fns["torch.compile"] = lambda c=inductor, i=inputs: c(*i)
+        with torch.no_grad():
+            peer = interleaved_medians(fns) if fns else {}
+        if "iree" in peers:
+            if os.path.exists(args.iree_python):
+                work = SimpleNamespace(name=name, path=path, arrays=x, reference=[want])
+                timed, _ = Iree(args.iree_python, wd, ["best"], min_time=1.0).latencies(work, args.threads)
+                peer.update({f"IREE {fs}": v for fs, v in timed.items()})
+            else:
+                print(f"IREE: no {args.iree_python} (bash benchmarks/setup_peers.sh --iree); not timed", file=sys.stderr)
+        if not peer:
+            raise SystemExit("no peer was timed: the goal needs one (--peers)")
+        best_name, best_s = min(peer.items(), key=lambda kv: kv[1])
+        peer_rows[name] = peer
+        goal_s = best_s / args.goal
+        print(
+            f"{name}: peers " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in peer.items())
+            + f"; goal {goal_s * 1e3:.2f} ms ({args.goal}x {best_name})",
+            file=sys.stderr,
+            flush=True,
+        )
+        for arm in arms:
+            for trials in budgets.get(name, []):
+                if trials == 0 and arm != arms[0]:  # no tuning: the same for every arm
+                    rows.append({**next(r for r in rows if r["model"] == name and r["budget"] == 0), "arm": arm})
+                    if rows[-1]["ratio"] >= args.goal:
+                        break
+                    continue
+                db = os.path.join(wd, f"{name}_{arm}_{trials}.db")
+                for stale in (db, db + "-wal", db + "-shm"):
+                    if os.path.exists(stale):
+                        os.remove(stale)
+                shutil.rmtree(db + ".cache", ignore_errors=True)  # compiled cold: no objects of an earlier run
+                config = TuneConfig(trials=trials, threads=args.threads, seed=args.seed, pretrained_model=ARMS[arm])
+                t0 = time.perf_counter()
+                # Budget 0: no tuning; compile gives every task its default schedule.
+                res = mlir_ansor.tune(path, config=config, db=db) if trials else None
+                tune_s = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                cm = mlir_ansor.compile(path, db=db, threads=args.threads, cache_dir=db + ".cache")
+                compile_s = time.perf_counter() - t0
+                err = _rel_err(np.asarray(cm(*x)), want)
+                run, _ = cm.bind(*x)
+                # The best peer timed again, in turns with ours (IREE, in its
+                # own process, keeps its first figure).
+                with torch.no_grad():
+                    timed = interleaved_medians({"ours": run, **({best_name: fns[best_name]} if best_name in fns else {})})
+                cm.close()
+                ours = timed["ours"]
+                best_now = timed.get(best_name, best_s)
+                warm_s = warm_compile_s(path, db, args.threads)
+                row = dict(
+                    model=name, arm=arm, trials=res.measured if res else 0, budget=trials, tune_s=tune_s,
+                    phases={k: res.profile.seconds.get(k, 0.0) for k in PHASES} if res and res.profile else {},
+                    compile_s=compile_s, warm_compile_s=warm_s, ours=ours, best_peer=best_name, best_peer_s=best_now,
+                    ratio=best_now / ours, err=err,
+                )
+                rows.append(row)
+                print(
+                    f"{name} {arm} {trials} trials: tuned in {tune_s:.0f} s, compiled in {compile_s:.1f} s "
+                    f"(warm {warm_s:.1f} s), {ours * 1e3:.2f} ms against {best_name} {best_now * 1e3:.2f} ms: "
+                    f"{best_now / ours:.2f}x; rel err {err:.1e}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                if best_now / ours >= args.goal:
+                    break
+    report(rows, peer_rows, args)
+    if args.keep:
+        with open(os.path.join(wd, "tune_cost.json"), "w") as f:
+            json.dump({"rows": rows, "peers": peer_rows}, f, indent=1)
+    if wd_ctx is not None:
+        wd_ctx.cleanup()
+
+
+def report(rows: list[dict], peers: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
+    print(f"\n{args.threads} thread(s); goal: {args.goal}x the best peer; ratios > 1: mlir-ansor is faster")
+    for name, peer in peers.items():
+        print(f"{name}: " + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in peer.items()))
+    head = (
+        f"{'model':<11} {'arm':<8} {'trials':>6} {'tune s':>7} {'ref.':>5} {'prop.':>5} {'build':>5} {'learn':>5} "
+        f"{'compile s':>9} {'warm s':>6} {'ours ms':>8} {'best peer':>16} {'ratio':>6}  goal"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        ph = r["phases"]
+        print(
+            f"{r['model']:<11} {r['arm']:<8} {r['trials']:>6} {r['tune_s']:>7.0f} {ph.get('reference', 0):>5.0f} "
+            f"{ph.get('propose', 0):>5.0f} {ph.get('build_wait', 0):>5.0f} {ph.get('learn', 0):>5.0f} "
+            f"{r['compile_s']:>9.1f} {r['warm_compile_s']:>6.1f} {r['ours'] * 1e3:>8.2f} "
+            f"{r['best_peer'] + ' ' + format(r['best_peer_s'] * 1e3, '.2f'):>16} {r['ratio']:>5.2f}x  "
+            f"{'reached' if r['ratio'] >= args.goal else 'not yet'}"
+        )
+    for name in peers:
+        for arm in dict.fromkeys(r["arm"] for r in rows if r["model"] == name):
+            hit = [r for r in rows if r["model"] == name and r["arm"] == arm and r["ratio"] >= args.goal]
+            print(
+                f"{name} {arm}: "
+                + (f"{hit[0]['trials']} trials, {hit[0]['tune_s']:.0f} s of tuning to {args.goal}x" if hit
+                   else f"{args.goal}x not reached within the ladder")
+            )
+
+
+if __name__ == "__main__":
+    main()
