@@ -15,15 +15,18 @@ tuned with that budget by one `mlir_ansor.tune` call, as a user would; its
 best records are compiled (`mlir_ansor.compile`, timed: the first compile
 cold, a second in a fresh process warm, from the cached objects), checked
 against PyTorch, and the compiled module timed in turns with the best peer.
-An arm stops at the first budget that reaches the goal. One table at the
-end: per arm and budget, the tune's wall time and the phases it spent it in
+With `--stop-at-goal` an arm stops at the first budget that reaches the
+goal. One table at the end: per arm and budget, the tune's wall time and the phases it spent it in
 (`TuneResult.profile`), the compile times, the latency and its ratio to the
-best peer (>1: ours faster).
+best peer (>1: ours faster); then per arm the first budget that reached the
+goal, and the first within `--near` of the best latency of the whole run
+(where a cost model that starts trained should need fewer trials).
 
 Usage:
   python benchmarks/tune_cost.py [--models resnet50,bert_layer] [--threads 1]
                                  [--budgets "resnet50=0,64,128,256;bert_layer=0,16,64,128"]
-                                 [--arms cold,builtin] [--goal 1.2] [--keep DIR] [--peers eager,compile,iree]
+                                 [--arms cold,builtin] [--goal 1.2] [--stop-at-goal] [--near 0.05]
+                                 [--keep DIR] [--peers eager,compile,iree]
 Needs the 'torch' extra (torch and torch-mlir); IREE: `bash benchmarks/setup_peers.sh --iree`.
 Run it alone on the machine: it times tuning, and tuning times kernels.
 """
@@ -93,6 +96,9 @@ def main() -> None:
     ap.add_argument("--budgets", default=DEFAULT_BUDGETS, help="per model, the ladder of trial budgets")
     ap.add_argument("--arms", default="cold,builtin", help="of: cold, builtin")
     ap.add_argument("--goal", type=float, default=1.2, help="the speed-up over the best peer to reach")
+    ap.add_argument("--stop-at-goal", action="store_true", help="end an arm's ladder at the first budget that reaches the goal")
+    ap.add_argument("--near", type=float, default=0.05,
+                    help="also report the trials to come within this share of the best latency of the whole run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", default=None, help="folder for the MLIR and the databases (default: a temporary one)")
     ap.add_argument("--peers", default="eager,compile,iree", help="of: eager, compile (torch.compile), iree")
@@ -158,7 +164,7 @@ def main() -> None:
             for trials in budgets.get(name, []):
                 if trials == 0 and arm != arms[0]:  # no tuning: the same for every arm
                     rows.append({**next(r for r in rows if r["model"] == name and r["budget"] == 0), "arm": arm})
-                    if rows[-1]["ratio"] >= args.goal:
+                    if args.stop_at_goal and rows[-1]["ratio"] >= args.goal:
                         break
                     continue
                 db = os.path.join(wd, f"{name}_{arm}_{trials}.db")
@@ -198,7 +204,7 @@ def main() -> None:
                     file=sys.stderr,
                     flush=True,
                 )
-                if best_now / ours >= args.goal:
+                if args.stop_at_goal and best_now / ours >= args.goal:
                     break
     report(rows, peer_rows, args)
     if args.keep:
@@ -228,12 +234,21 @@ def report(rows: list[dict], peers: dict[str, dict[str, float]], args: argparse.
             f"{'reached' if r['ratio'] >= args.goal else 'not yet'}"
         )
     for name in peers:
-        for arm in dict.fromkeys(r["arm"] for r in rows if r["model"] == name):
-            hit = [r for r in rows if r["model"] == name and r["arm"] == arm and r["ratio"] >= args.goal]
+        mine = [r for r in rows if r["model"] == name]
+        if not mine:
+            continue
+        best = min(r["ours"] for r in mine)
+        for arm in dict.fromkeys(r["arm"] for r in mine):
+            ladder = [r for r in mine if r["arm"] == arm]
+            hit = [r for r in ladder if r["ratio"] >= args.goal]
+            near = [r for r in ladder if r["ours"] <= best * (1 + args.near)]
             print(
                 f"{name} {arm}: "
-                + (f"{hit[0]['trials']} trials, {hit[0]['tune_s']:.0f} s of tuning to {args.goal}x" if hit
-                   else f"{args.goal}x not reached within the ladder")
+                + (f"{args.goal}x the best peer after {hit[0]['trials']} trials, {hit[0]['tune_s']:.0f} s of tuning"
+                   if hit else f"{args.goal}x not reached within the ladder")
+                + (f"; within {args.near:.0%} of the run's best ({best * 1e3:.2f} ms) after {near[0]['trials']} "
+                   f"trials, {near[0]['tune_s']:.0f} s" if near else f"; never within {args.near:.0%} of the run's best")
+                + f"; best ratio {max(r['ratio'] for r in ladder):.2f}x"
             )
 
 

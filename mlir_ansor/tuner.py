@@ -120,6 +120,10 @@ class TuneConfig:
     """Sketch rules to run, by name (`registry.rules()`); None: all. The default schedule is always added."""
     packing: bool = True
     """False holds multi-level tiling's packing at "read in place" (`rules.NO_PACKING`, an ablation)."""
+    reference_cache: bool = True
+    """Keep each task's reference (its seeded inputs, the untuned lowering's
+    outputs, the baseline timings) in ``<db>.cache/references`` and take it
+    from there in the next run of the same task, seed, threads and toolchain."""
     default_candidate: bool = True
     """Measure each task's default point (what `compile` gives it untuned) in its first batch."""
     share_best: bool = False
@@ -456,6 +460,8 @@ def tune(
     database = Database(db_path)
     own_measurer = measurer is None
     m = measurer or Measurer(config, target=target)
+    if own_measurer and not own_db and config.reference_cache:
+        m.reference_cache = os.path.join(db_path + ".cache", "references")
     t_start = time.perf_counter()
     measured = 0
     search_s = 0.0

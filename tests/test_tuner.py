@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 
@@ -325,3 +326,35 @@ def test_tasks_with_the_same_knobs_share_their_best(tmp_path, share):
 
         shared = knobs(first) & knobs(second)
     assert bool(shared) == share
+
+
+def test_a_second_run_takes_each_reference_from_the_cache_beside_the_database(tmp_path, caplog):
+    """The second run of a task with the same seed and threads computes no
+    reference: its seeded inputs, reference outputs and untuned timings come
+    from ``<db>.cache/references`` (the run says so), and candidates are
+    still checked against them; a cache file cut short is computed again;
+    ``reference_cache=False`` computes it every time."""
+    db = tmp_path / "r.db"
+    src = str(INPUTS / "matmul.mlir")
+    first = tune(src, config=_config(trials=2, batch_size=2), db=db)
+    cached = sorted((tmp_path / "r.db.cache" / "references").iterdir())
+    assert [p.suffix for p in cached] == [".json", ".npz"]
+    with caplog.at_level("INFO", logger="mlir_ansor"):
+        second = tune(src, config=_config(trials=2, batch_size=2), db=db)
+    assert any("untuned baseline from the cache" in r.getMessage() for r in caplog.records)
+    assert second.tasks[0].baseline_latency_s == first.tasks[0].baseline_latency_s
+    assert second.measured == 2 and math.isfinite(second.tasks[0].best_latency_s)
+    recs = Database(db).records(first.tasks[0].task.workload_key, Target.host().key)
+    assert len({tuple(r.knobs) for r in recs}) == 4 and all(r.error_kind == "none" for r in recs)
+
+    cached[0].write_text('{"costs": [')  # cut short: a miss, computed again and kept again
+    caplog.clear()
+    with caplog.at_level("INFO", logger="mlir_ansor"):
+        tune(src, config=_config(trials=1, batch_size=1), db=db)
+    assert not any("from the cache" in r.getMessage() for r in caplog.records)
+    assert json.loads(cached[0].read_text())["costs"]
+
+    caplog.clear()
+    with caplog.at_level("INFO", logger="mlir_ansor"):
+        tune(src, config=_config(trials=1, batch_size=1, reference_cache=False), db=db)
+    assert not any("from the cache" in r.getMessage() for r in caplog.records)

@@ -237,6 +237,10 @@ class Measurer:
         self.config = config
         self.build_fn = build_fn
         self.run_fn = run_fn
+        self.reference_cache: str | None = None
+        """A folder that keeps each task's reference data and untuned
+        timings for the next run (the tuner sets ``<db>.cache/references``);
+        None: every run computes them."""
         self.suffix = ".cubin-bundle" if gpu else ".so"  # what a candidate's build writes
         self._own_executor = executor is None
         self.executor = executor or make_executor(
@@ -298,8 +302,75 @@ class Measurer:
         cfg = self.config
         ins, outs = arg_specs(task.inputs), arg_specs(task.outputs)
         job = ReferenceJob(payload, ins, outs, seed, cfg.threads, cfg.baseline_timing)
+        cache = self._reference_cache_paths(job)
+        if cache is not None:
+            hit = self._cached_reference(cache, index)
+            if hit is not None:
+                log.info("task %s: the reference and untuned baseline from the cache (%s)", task.name, cache[0])
+                return hit.artifact, hit
         res = self.executor.prepare_reference(job, self.reference_timeout_s)
+        if cache is not None and res.ok:
+            self._keep_reference(cache, res)
         return res.artifact, res
+
+    def _reference_cache_paths(self, job: ReferenceJob) -> tuple[str, str] | None:
+        """(data file, info file) of `job` in the reference cache, or None
+        when there is no cache or the reference is not a local file (a Ray
+        runner's, a GPU's, one a test substitutes). The key is everything
+        the reference depends on: the task's MLIR, its buffers, the seed,
+        the threads and timing of the baseline, the runner's machine, and
+        the toolchain (`compile_cache.toolchain_key`: our version and
+        source, the wheels, the host CPU)."""
+        if not self.reference_cache or not isinstance(self.executor, LocalExecutor):
+            return None
+        if self.executor.reference_fn is not jobs.prepare_reference:
+            return None
+        import hashlib
+        import json
+
+        from mlir_ansor.passes.compile_cache import toolchain_key
+
+        key = json.dumps(
+            [job.payload, job.inputs, job.outputs, job.seed, job.threads, repr(job.policy), self.host,
+             toolchain_key()],
+            sort_keys=True,
+            default=str,
+        )
+        digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+        base = os.path.join(self.reference_cache, digest)
+        return base + ".npz", base + ".json"
+
+    def _cached_reference(self, cache: tuple[str, str], index: int) -> Outcome | None:
+        import json
+
+        data, info = cache
+        try:
+            with open(info, encoding="utf-8") as f:
+                value = json.load(f)
+            local = self.path(f"task{index}_cached.npz")
+            shutil.copyfile(data, local)
+        except (OSError, ValueError):
+            return None  # missing or unreadable: computed again, and kept again
+        return Outcome(value=value, host=self.host, artifact=local)
+
+    def _keep_reference(self, cache: tuple[str, str], res: Outcome) -> None:
+        """Copy a computed reference into the cache (each file written
+        aside, then renamed: a reader never sees half a file)."""
+        import json
+
+        data, info = cache
+        try:
+            os.makedirs(os.path.dirname(data), exist_ok=True)
+            tmp = f"{data}.{os.getpid()}.tmp"
+            shutil.copyfile(res.artifact, tmp)
+            os.replace(tmp, data)
+            tmp = f"{info}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(res.value, f)
+            os.replace(tmp, info)
+        except (OSError, TypeError, ValueError) as exc:
+            log.warning("the reference cache %s could not be written (%s); it is computed again next time",
+                        os.path.dirname(data), exc)
 
     @property
     def reference_timeout_s(self) -> float:

@@ -3,6 +3,7 @@
 Subcommands (shared/DESIGN.md, "The command line"):
   tune [INPUT] [--target cpu|cuda[:sm_XX]] [--trials N] [--db FILE] [--threads N] [--seed N] [--profile]
        [--timeout S] [--memory-limit MB] [--executor local|auto|ray://ADDR] [--json] [--build-only]
+       [--no-reference-cache]
        [--search NAME] [--cost-model NAME] [--task-scheduler NAME] [--rules a,b]
        [--plugin MODULE_OR_FILE.py]... [--pretrained-model FILE]
        [--no-cost-model] [--no-crossover] [--no-packing] [--random-task-scheduler]
@@ -132,6 +133,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="build (for cuda: and ptxas-check) candidates without measuring them; records are "
                         "'not_measured' (or the build error / 'ptxas_limit'), and a later run on the same --db "
                         "with a GPU measures them. For a cuda target on a machine without a GPU")
+    t.add_argument("--no-reference-cache", action="store_true",
+                   help="compute every task's reference and untuned baseline again, not from DB.cache/references")
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     t.add_argument("--progress", choices=("auto", "live", "log", "none"), default="auto",
                    help="progress display: live on a terminal, log lines otherwise (auto)")
@@ -368,6 +371,7 @@ def config_from_args(args: argparse.Namespace, config_cls):
         rules=rules,
         packing=not args.no_packing,
         default_candidate=not args.no_default_candidate,
+        reference_cache=not args.no_reference_cache,
         share_best=args.share_best,
         evolution=EvolutionConfig(crossover=not args.no_crossover, local_share=_share(args.local_share)),
         pretrained_model=args.pretrained_model,
