@@ -93,6 +93,13 @@ def test_the_best_schedules_are_re_timed_in_turns(tmp_path):
         assert r.best_latency_s == pytest.approx(best.latency_s) and dict(r.best_knobs) == dict(best.knobs)
     assert r.retimed == len(top) and r.search_latency_s == pytest.approx(valid[0].latency_s)
     assert result.measured == 6  # re-timings are not trials
+    # A resumed run with nothing new among the best re-times nothing (and builds nothing).
+    with _CountingMeasurer(config) as m:
+        again = tune(str(INPUTS / "matmul.mlir"), config=dataclasses.replace(config, trials=0), db=db, measurer=m)
+        assert m.built == 0
+    with Database(db) as d:
+        assert sum(x.retime for x in d.records()) == len(retimes)
+    assert again.tasks[0].best_latency_s == pytest.approx(r.best_latency_s)
     # Off: no re-timing.
     off = tune(str(INPUTS / "matmul.mlir"), config=_config(trials=3, retime_rounds=0), db=tmp_path / "off.db")
     with Database(tmp_path / "off.db") as d:
