@@ -993,14 +993,19 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
         for i, st in enumerate(states):
             top = database.best(st.task.workload_key, target.key, threads=config.threads, k=config.retime_top, host=m.host)
             keys = [(r.sketch_hash, r.knobs) for r in top]
-            if len(top) < 2 or keys[0] in retimed[i]:
+            if len(top) < 2 or keys[0] in retimed[i] or keys[0] in before[i] and attempt > 0:
                 continue  # nothing to choose between, or the best is re-timed
-            if attempt == 0 and all(key in before[i] for key in keys):
+            fresh = [key for key in keys if key not in before[i]]
+            if not fresh:
                 continue  # re-timed by an earlier run, and nothing of this run is among them
+            # What an earlier run re-timed is timed again only as the incumbent
+            # the fresh ones take turns with (the best of them), not rebuilt all.
+            old = [key for key in keys if key in before[i]][:1]
+            wanted = set(fresh + old)
             kept = {(c.sketch.hash, c.knobs): c for _, c in st.kept}
             by_hash = {sk.hash: sk for sk in st.sketches}
             for rec, key in zip(top, keys):
-                if key in retimed[i] or rec.sketch_hash not in by_hash:
+                if key in retimed[i] or key not in wanted or rec.sketch_hash not in by_hash:
                     continue
                 c = kept.pop(key, None)
                 if c is None:  # measured by an earlier run, or displaced: built again

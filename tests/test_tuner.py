@@ -100,6 +100,16 @@ def test_the_best_schedules_are_re_timed_in_turns(tmp_path):
     with Database(db) as d:
         assert sum(x.retime for x in d.records()) == len(retimes)
     assert again.tasks[0].best_latency_s == pytest.approx(r.best_latency_s)
+    # One with new candidates re-times those among the best, and of the
+    # schedules re-timed before only the incumbent they take turns with.
+    with Database(db) as d:
+        t_end = max(x.timestamp for x in d.records())
+    tune(str(INPUTS / "matmul.mlir"), config=dataclasses.replace(config, trials=4, seed=7), db=db)
+    with Database(db) as d:
+        new = [x for x in d.records() if x.timestamp > t_end]
+    fresh = {(x.sketch_hash, x.knobs) for x in new if not x.retime}
+    again_timed = {(x.sketch_hash, x.knobs) for x in new if x.retime}
+    assert len(fresh) == 4 and len(again_timed - fresh) <= 1 and (again_timed - fresh) <= top
     # Off: no re-timing.
     off = tune(str(INPUTS / "matmul.mlir"), config=_config(trials=3, retime_rounds=0), db=tmp_path / "off.db")
     with Database(tmp_path / "off.db") as d:
