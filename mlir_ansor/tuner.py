@@ -980,7 +980,7 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
     # Schedules an earlier run re-timed: a task whose best are all among them
     # has nothing new to choose between (a resumed run of 32 trials spent
     # 89 s rebuilding and re-timing ResNet-50's unchanged best).
-    before = {
+    earlier = {
         i: {
             (r.sketch_hash, tuple(r.knobs))
             for r in database.records(st.task.workload_key, target.key)
@@ -993,14 +993,14 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
         for i, st in enumerate(states):
             top = database.best(st.task.workload_key, target.key, threads=config.threads, k=config.retime_top, host=m.host)
             keys = [(r.sketch_hash, r.knobs) for r in top]
-            if len(top) < 2 or keys[0] in retimed[i] or keys[0] in before[i] and attempt > 0:
+            if len(top) < 2 or keys[0] in retimed[i] or keys[0] in earlier[i] and attempt > 0:
                 continue  # nothing to choose between, or the best is re-timed
-            fresh = [key for key in keys if key not in before[i]]
+            fresh = [key for key in keys if key not in earlier[i]]
             if not fresh:
                 continue  # re-timed by an earlier run, and nothing of this run is among them
             # What an earlier run re-timed is timed again only as the incumbent
             # the fresh ones take turns with (the best of them), not rebuilt all.
-            old = [key for key in keys if key in before[i]][:1]
+            old = [key for key in keys if key in earlier[i]][:1]
             wanted = set(fresh + old)
             kept = {(c.sketch.hash, c.knobs): c for _, c in st.kept}
             by_hash = {sk.hash: sk for sk in st.sketches}
