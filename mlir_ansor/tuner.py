@@ -55,6 +55,7 @@ from mlir_ansor.measure.measurer import Candidate, Measurement, Measurer, arg_sp
 from mlir_ansor.measure.pool import MEMORY_LIMIT_EXCEEDED, ErrorKind, JobResult, machine_memory_mb
 from mlir_ansor.measure.runner import TimingPolicy, buffer_bytes, format_bytes, reference_bytes
 from mlir_ansor.records.database import RETIME_KEY, Database, Record
+from mlir_ansor.search.features import template_cache
 from mlir_ansor.search.generate import generate_sketches
 from mlir_ansor.search.rules import NO_PACKING
 from mlir_ansor.search.rules.dot_product import weight_packing
@@ -473,23 +474,29 @@ def tune(
                 keep = gpu_measure.bundle_dir(db_path)
             else:
                 log.warning("build-only with a %s: bundles are not kept for gpu_measure", type(m.executor).__name__)
-        states = _prepare(tasks, target, config, database, m, keep, prof)
-        run_id = database.add_run(
-            config.seed,
-            target.key,
-            {
-                "config": _config_json(config),
-                "versions": package_versions(),
-                "target_info": dataclasses.asdict(target),
-                "host": {"model": target.model, **host_info()},
-                "runner_host": m.host,
-                "tasks": [t.workload_key for t in tasks],
-            },
-            time.time(),
-        )
-        t_search = time.perf_counter()
-        measured = _search(states, target, config, database, m, on_batch, on_progress, run_id, prof)
-        search_s = time.perf_counter() - t_search
+        # Feature templates are pure functions of a sketch and the toolchain:
+        # kept beside the database, a resumed run makes none again.
+        templates = contextlib.ExitStack()
+        if not own_db:
+            templates.enter_context(template_cache(os.path.join(db_path + ".cache", "templates")))
+        with templates:
+            states = _prepare(tasks, target, config, database, m, keep, prof)
+            run_id = database.add_run(
+                config.seed,
+                target.key,
+                {
+                    "config": _config_json(config),
+                    "versions": package_versions(),
+                    "target_info": dataclasses.asdict(target),
+                    "host": {"model": target.model, **host_info()},
+                    "runner_host": m.host,
+                    "tasks": [t.workload_key for t in tasks],
+                },
+                time.time(),
+            )
+            t_search = time.perf_counter()
+            measured = _search(states, target, config, database, m, on_batch, on_progress, run_id, prof)
+            search_s = time.perf_counter() - t_search
         for st in states:
             st.result.search_latency_s = st.result.best_latency_s
         with prof.phase("retime"):

@@ -187,3 +187,33 @@ def test_isolated_templates_come_from_one_kept_worker_and_survive_its_crash(setu
     again = F.FeatureExtractor(sk, isolate=True, n_probes=12)
     for g, w in zip(again.features(pop[:8]), local.features(pop[:8])):
         np.testing.assert_allclose(g, w)
+
+
+def test_templates_kept_in_the_template_cache_are_not_probed_again(setup, tmp_path, monkeypatch):
+    """Within `template_cache(DIR)` a template is written once and read by
+    any later extractor of the sketch (another process's too): no probe is
+    applied again and the features are the same; a file cut short is a
+    miss, probed and written again."""
+    from mlir_ansor.search.features import extractor as E
+
+    _, sk, local = setup
+    rng = random.Random(11)
+    pop = [sample(sk.knobs, rng) for _ in range(30)]
+    probed = []
+    real_run = E._run_probes
+    monkeypatch.setattr(E, "_run_probes", lambda *a: probed.append(len(a[2])) or real_run(*a))
+    with F.template_cache(tmp_path / "t"):
+        want = F.FeatureExtractor(sk, isolate=False, n_probes=12).features(pop)
+        files = sorted((tmp_path / "t").iterdir())
+        assert probed and len(files) == len({local.key_of(a) for a in pop})
+        probed.clear()
+        got = F.FeatureExtractor(sk, isolate=False, n_probes=12).features(pop)
+        assert probed == []
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w)
+        files[0].write_bytes(files[0].read_bytes()[:20])
+        F.FeatureExtractor(sk, isolate=False, n_probes=12).features(pop)
+        assert probed == [12]
+    probed.clear()
+    F.FeatureExtractor(sk, isolate=False, n_probes=12).features(pop[:3])  # outside the block: no cache
+    assert probed

@@ -67,7 +67,12 @@ back to the median of its probe values (counted in
 
 from __future__ import annotations
 
-from mlir_ansor.search.features.extractor import FeatureExtractor, extract_features, extractor_for
+from mlir_ansor.search.features.extractor import (
+    FeatureExtractor,
+    extract_features,
+    extractor_for,
+    template_cache,
+)
 from mlir_ansor.search.features.reader import (
     COMPUTE_CATS,
     Access,
@@ -117,4 +122,5 @@ __all__ = [
     "read_program",
     "remainder_name",
     "structural_knobs",
+    "template_cache",
 ]

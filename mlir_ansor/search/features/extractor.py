@@ -8,6 +8,9 @@ feature rows of a population.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import os
+import pickle
 import random
 import threading
 from collections.abc import Sequence
@@ -92,6 +95,11 @@ class FeatureExtractor:
         their probes in one job (a population of a fresh sketch needs a
         dozen templates; a worker each cost more than the probes)."""
         missing = [k for k in dict.fromkeys(keys) if k not in self.templates]
+        for key in list(missing):
+            kept = _load_template(self._cache_path(key))
+            if kept is not None:
+                self.templates[key] = kept
+                missing.remove(key)
         if not missing:
             return
         probes = []
@@ -102,7 +110,21 @@ class FeatureExtractor:
         at = 0
         for key, p in zip(missing, probes):
             self.templates[key] = fit_template(self.sketch.knobs, p, read[at : at + len(p)])
+            _keep_template(self._cache_path(key), self.templates[key])
             at += len(p)
+
+    def _cache_path(self, key: tuple[tuple[str, int], ...]) -> str | None:
+        """Where the template cache keeps the template of `key` (None: no
+        cache): named by the sketch, the key, the probes and the toolchain
+        (our version and source, the MLIR wheels: what the probes read)."""
+        if _TEMPLATE_DIR is None:
+            return None
+        import hashlib
+
+        from mlir_ansor.passes.compile_cache import toolchain_key
+
+        what = repr((self.sketch.hash, key, self.n_probes, self.seed, toolchain_key()))
+        return os.path.join(_TEMPLATE_DIR, hashlib.sha256(what.encode()).hexdigest()[:32] + ".pkl")
 
     def features(self, assignments: Sequence[Assignment]) -> list[np.ndarray]:
         """One (statements, N_FEATURES) array per assignment."""
@@ -138,6 +160,49 @@ def _run_probes(payload: str, script: str, probes: list[Assignment], isolate: bo
         one = pool.run(_probe_worker, (payload, script, [a]), timeout_s=120.0)
         out.extend(one.value if one.ok else [None])
     return out
+
+
+_TEMPLATE_DIR: str | None = None
+
+
+@contextlib.contextmanager
+def template_cache(folder: str | os.PathLike | None):
+    """Within the block, templates are kept in `folder` (made when needed)
+    and read from it by every extractor: a sketch's probes are applied once
+    per toolchain, not once per process (resuming a ResNet-50 tune spent
+    50 of 117 s making its templates again). None: no cache."""
+    global _TEMPLATE_DIR
+    before, _TEMPLATE_DIR = _TEMPLATE_DIR, (os.fspath(folder) if folder is not None else None)
+    try:
+        yield
+    finally:
+        _TEMPLATE_DIR = before
+
+
+def _load_template(path: str | None) -> Template | None:
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            t = pickle.load(f)
+    except Exception:  # noqa: BLE001 - absent, cut short or of another layout: a miss, made again
+        return None
+    return t if isinstance(t, Template) else None
+
+
+def _keep_template(path: str | None, t: Template) -> None:
+    """Write aside, then rename: a reader never sees half a file. A cache
+    that cannot be written only costs the next process the probes."""
+    if path is None:
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump(t, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 _PROBE_POOL = None
