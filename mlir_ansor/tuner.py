@@ -54,6 +54,7 @@ from mlir_ansor.measure.local_executor import LocalExecutor
 from mlir_ansor.measure.measurer import Candidate, Measurement, Measurer, arg_specs
 from mlir_ansor.measure.pool import MEMORY_LIMIT_EXCEEDED, ErrorKind, JobResult, machine_memory_mb
 from mlir_ansor.measure.runner import TimingPolicy, buffer_bytes, format_bytes, reference_bytes
+from mlir_ansor.passes.compile_cache import CompileCache
 from mlir_ansor.records.database import RETIME_KEY, Database, Record
 from mlir_ansor.search.features import template_cache
 from mlir_ansor.search.generate import generate_sketches
@@ -461,8 +462,11 @@ def tune(
     database = Database(db_path)
     own_measurer = measurer is None
     m = measurer or Measurer(config, target=target)
-    if own_measurer and not own_db and config.reference_cache:
-        m.reference_cache = os.path.join(db_path + ".cache", "references")
+    # What a run computes that the next can read (references, feature
+    # templates) is kept in the cache folder beside the database.
+    run_cache = CompileCache(db_path + ".cache") if not own_db else None
+    if own_measurer and config.reference_cache:
+        m.reference_cache = run_cache
     t_start = time.perf_counter()
     measured = 0
     search_s = 0.0
@@ -476,10 +480,7 @@ def tune(
                 log.warning("build-only with a %s: bundles are not kept for gpu_measure", type(m.executor).__name__)
         # Feature templates are pure functions of a sketch and the toolchain:
         # kept beside the database, a resumed run makes none again.
-        templates = contextlib.ExitStack()
-        if not own_db:
-            templates.enter_context(template_cache(os.path.join(db_path + ".cache", "templates")))
-        with templates:
+        with template_cache(run_cache):
             states = _prepare(tasks, target, config, database, m, keep, prof)
             run_id = database.add_run(
                 config.seed,

@@ -14,6 +14,7 @@ from conftest import INPUTS
 from mlir import ir
 
 from mlir_ansor.graph.task import extract_tasks
+from mlir_ansor.passes.compile_cache import CompileCache
 from mlir_ansor.schedule.apply import apply_schedule
 from mlir_ansor.search import features as F
 from mlir_ansor.search.generate import generate_sketches
@@ -190,7 +191,7 @@ def test_isolated_templates_come_from_one_kept_worker_and_survive_its_crash(setu
 
 
 def test_templates_kept_in_the_template_cache_are_not_probed_again(setup, tmp_path, monkeypatch):
-    """Within `template_cache(DIR)` a template is written once and read by
+    """Within `template_cache(CompileCache(DIR))` a template is written once and read by
     any later extractor of the sketch (another process's too): no probe is
     applied again and the features are the same; a file cut short is a
     miss, probed and written again."""
@@ -202,9 +203,9 @@ def test_templates_kept_in_the_template_cache_are_not_probed_again(setup, tmp_pa
     probed = []
     real_run = E._run_probes
     monkeypatch.setattr(E, "_run_probes", lambda *a: probed.append(len(a[2])) or real_run(*a))
-    with F.template_cache(tmp_path / "t"):
+    with F.template_cache(CompileCache(tmp_path / "t")):
         want = F.FeatureExtractor(sk, isolate=False, n_probes=12).features(pop)
-        files = sorted((tmp_path / "t").iterdir())
+        files = sorted((tmp_path / "t" / "templates").iterdir())
         assert probed and len(files) == len({local.key_of(a) for a in pop})
         probed.clear()
         got = F.FeatureExtractor(sk, isolate=False, n_probes=12).features(pop)

@@ -17,6 +17,7 @@ from mlir_ansor import TuneConfig, tune
 from mlir_ansor.measure.builder import build
 from mlir_ansor.measure.measurer import Measurer
 from mlir_ansor.measure.runner import Kernel, TimingPolicy
+from mlir_ansor.passes.compile_cache import CompileCache
 from mlir_ansor.records import Database
 from mlir_ansor.search.generate import generate_sketches
 from mlir_ansor.target import Target
@@ -369,7 +370,8 @@ def test_a_second_run_takes_each_reference_from_the_cache_beside_the_database(tm
     with caplog.at_level("INFO", logger="mlir_ansor"):
         tune(src, config=_config(trials=1, batch_size=1), db=db)
     assert not any("from the cache" in r.getMessage() for r in caplog.records)
-    assert json.loads(cached[0].read_text())["costs"]
+    entry = CompileCache(tmp_path / "r.db.cache").get("references", cached[0].stem, ".json")
+    assert json.loads(entry)["costs"]
 
     caplog.clear()
     with caplog.at_level("INFO", logger="mlir_ansor"):

@@ -37,6 +37,7 @@ from mlir_ansor.measure.local_executor import LocalExecutor
 from mlir_ansor.measure.pool import ErrorKind, JobResult
 from mlir_ansor.measure.ray_executor import RayExecutor
 from mlir_ansor.measure.runner import TimingPolicy
+from mlir_ansor.passes.compile_cache import CompileCache
 from mlir_ansor.target import Target
 
 __all__ = [
@@ -50,6 +51,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("mlir_ansor")
+
+_REFERENCES = "references"  # the reference cache's kind of entry (its folder in the cache)
 
 
 class MeasureConfig(Protocol):
@@ -237,10 +240,10 @@ class Measurer:
         self.config = config
         self.build_fn = build_fn
         self.run_fn = run_fn
-        self.reference_cache: str | None = None
-        """A folder that keeps each task's reference data and untuned
-        timings for the next run (the tuner sets ``<db>.cache/references``);
-        None: every run computes them."""
+        self.reference_cache: CompileCache | None = None
+        """The cache that keeps each task's reference data and untuned
+        timings for the next run, under ``references/`` (the tuner sets the
+        one of ``<db>.cache``); None: every run computes them."""
         self.suffix = ".cubin-bundle" if gpu else ".so"  # what a candidate's build writes
         self._own_executor = executor is None
         self.executor = executor or make_executor(
@@ -302,75 +305,67 @@ class Measurer:
         cfg = self.config
         ins, outs = arg_specs(task.inputs), arg_specs(task.outputs)
         job = ReferenceJob(payload, ins, outs, seed, cfg.threads, cfg.baseline_timing)
-        cache = self._reference_cache_paths(job)
-        if cache is not None:
-            hit = self._cached_reference(cache, index)
+        key = self._reference_key(job)
+        if key is not None:
+            hit = self._cached_reference(key, index)
             if hit is not None:
-                log.info("task %s: the reference and untuned baseline from the cache (%s)", task.name, cache[0])
+                log.info("task %s: the reference and untuned baseline from the cache (%s)", task.name,
+                         self.reference_cache.path(_REFERENCES, key, ".npz"))
                 return hit.artifact, hit
         res = self.executor.prepare_reference(job, self.reference_timeout_s)
-        if cache is not None and res.ok:
-            self._keep_reference(cache, res)
+        if key is not None and res.ok:
+            self._keep_reference(key, res)
         return res.artifact, res
 
-    def _reference_cache_paths(self, job: ReferenceJob) -> tuple[str, str] | None:
-        """(data file, info file) of `job` in the reference cache, or None
-        when there is no cache or the reference is not a local file (a Ray
-        runner's, a GPU's, one a test substitutes). The key is everything
-        the reference depends on: the task's MLIR, its buffers, the seed,
-        the threads and timing of the baseline, the runner's machine, and
-        the toolchain (`compile_cache.toolchain_key`: our version and
-        source, the wheels, the host CPU)."""
-        if not self.reference_cache or not isinstance(self.executor, LocalExecutor):
+    def _reference_key(self, job: ReferenceJob) -> str | None:
+        """The key of `job` in the reference cache, or None when there is no
+        cache or the reference is not a local file (a Ray runner's, a GPU's,
+        one a test substitutes). It holds everything the reference depends
+        on: the task's MLIR, its buffers, the seed, the threads and timing of
+        the baseline, the runner's machine, and (`CompileCache.key`) the
+        toolchain: our version and source, the wheels, the host CPU."""
+        if self.reference_cache is None or not isinstance(self.executor, LocalExecutor):
             return None
         if self.executor.reference_fn is not jobs.prepare_reference:
             return None
-        import hashlib
         import json
 
-        from mlir_ansor.passes.compile_cache import toolchain_key
+        what = json.dumps([job.inputs, job.outputs, job.seed, job.threads, repr(job.policy), self.host], default=str)
+        return self.reference_cache.key(_REFERENCES, job.payload, what)
 
-        key = json.dumps(
-            [job.payload, job.inputs, job.outputs, job.seed, job.threads, repr(job.policy), self.host,
-             toolchain_key()],
-            sort_keys=True,
-            default=str,
-        )
-        digest = hashlib.sha256(key.encode()).hexdigest()[:32]
-        base = os.path.join(self.reference_cache, digest)
-        return base + ".npz", base + ".json"
-
-    def _cached_reference(self, cache: tuple[str, str], index: int) -> Outcome | None:
+    def _cached_reference(self, key: str, index: int) -> Outcome | None:
+        """The cached reference of `key`, its data copied into this
+        measurer's folder; None when either file is absent or damaged."""
         import json
 
-        data, info = cache
+        info = self.reference_cache.get(_REFERENCES, key, ".json", count=False)
+        data = self.reference_cache.get(_REFERENCES, key, ".npz", count=False)
+        if info is None or data is None:
+            return None
         try:
-            with open(info, encoding="utf-8") as f:
-                value = json.load(f)
-            local = self.path(f"task{index}_cached.npz")
-            shutil.copyfile(data, local)
-        except (OSError, ValueError):
-            return None  # missing or unreadable: computed again, and kept again
+            value = json.loads(info)
+        except ValueError:
+            return None
+        local = self.path(f"task{index}_cached.npz")
+        with open(local, "wb") as f:
+            f.write(data)
         return Outcome(value=value, host=self.host, artifact=local)
 
-    def _keep_reference(self, cache: tuple[str, str], res: Outcome) -> None:
-        """Copy a computed reference into the cache (each file written
-        aside, then renamed: a reader never sees half a file)."""
+    def _keep_reference(self, key: str, res: Outcome) -> None:
+        """Put a computed reference into the cache: the data first, then the
+        timings that make it an entry (`CompileCache.put` writes each file
+        aside and renames it)."""
         import json
 
-        data, info = cache
         try:
-            os.makedirs(os.path.dirname(data), exist_ok=True)
-            tmp = f"{data}.{os.getpid()}.tmp"
-            shutil.copyfile(res.artifact, tmp)
-            os.replace(tmp, data)
-            tmp = f"{info}.{os.getpid()}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(res.value, f)
-            os.replace(tmp, info)
+            with open(res.artifact, "rb") as f:
+                data = f.read()
+            info = json.dumps(res.value).encode()
         except (OSError, TypeError, ValueError) as exc:
-            log.warning("the reference cache %s could not be written (%s); it is computed again next time",
-                        os.path.dirname(data), exc)
+            log.warning("the reference of %s is not kept in the cache (%s)", res.artifact, exc)
+            return
+        self.reference_cache.put(_REFERENCES, key, ".npz", data)
+        self.reference_cache.put(_REFERENCES, key, ".json", info)
 
     @property
     def reference_timeout_s(self) -> float:

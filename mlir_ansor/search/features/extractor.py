@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import pickle
 import random
 import threading
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mlir_ansor.passes.compile_cache import CompileCache
 from mlir_ansor.search.features.reader import read_program
 from mlir_ansor.search.features.rows import N_FEATURES, program_features
 from mlir_ansor.search.features.template import (
@@ -96,7 +96,7 @@ class FeatureExtractor:
         dozen templates; a worker each cost more than the probes)."""
         missing = [k for k in dict.fromkeys(keys) if k not in self.templates]
         for key in list(missing):
-            kept = _load_template(self._cache_path(key))
+            kept = _load_template(self._cache_key(key))
             if kept is not None:
                 self.templates[key] = kept
                 missing.remove(key)
@@ -110,21 +110,17 @@ class FeatureExtractor:
         at = 0
         for key, p in zip(missing, probes):
             self.templates[key] = fit_template(self.sketch.knobs, p, read[at : at + len(p)])
-            _keep_template(self._cache_path(key), self.templates[key])
+            _keep_template(self._cache_key(key), self.templates[key])
             at += len(p)
 
-    def _cache_path(self, key: tuple[tuple[str, int], ...]) -> str | None:
-        """Where the template cache keeps the template of `key` (None: no
-        cache): named by the sketch, the key, the probes and the toolchain
-        (our version and source, the MLIR wheels: what the probes read)."""
-        if _TEMPLATE_DIR is None:
+    def _cache_key(self, key: tuple[tuple[str, int], ...]) -> str | None:
+        """The template cache's key of `key`'s template (None: no cache):
+        the sketch, the key, the probes and (`CompileCache.key`) the
+        toolchain (our version and source, the MLIR wheels: what the
+        probes read)."""
+        if _TEMPLATES is None:
             return None
-        import hashlib
-
-        from mlir_ansor.passes.compile_cache import toolchain_key
-
-        what = repr((self.sketch.hash, key, self.n_probes, self.seed, toolchain_key()))
-        return os.path.join(_TEMPLATE_DIR, hashlib.sha256(what.encode()).hexdigest()[:32] + ".pkl")
+        return _TEMPLATES.key(_KIND, self.sketch.hash, repr(key), self.n_probes, self.seed)
 
     def features(self, assignments: Sequence[Assignment]) -> list[np.ndarray]:
         """One (statements, N_FEATURES) array per assignment."""
@@ -162,47 +158,43 @@ def _run_probes(payload: str, script: str, probes: list[Assignment], isolate: bo
     return out
 
 
-_TEMPLATE_DIR: str | None = None
+_KIND = "templates"  # the template cache's kind of entry (its folder in the cache)
+_TEMPLATES: CompileCache | None = None
 
 
 @contextlib.contextmanager
-def template_cache(folder: str | os.PathLike | None):
-    """Within the block, templates are kept in `folder` (made when needed)
-    and read from it by every extractor: a sketch's probes are applied once
-    per toolchain, not once per process (resuming a ResNet-50 tune spent
-    50 of 117 s making its templates again). None: no cache."""
-    global _TEMPLATE_DIR
-    before, _TEMPLATE_DIR = _TEMPLATE_DIR, (os.fspath(folder) if folder is not None else None)
+def template_cache(cache: CompileCache | None):
+    """Within the block, templates are kept in `cache` (under
+    ``templates/``) and read from it by every extractor: a sketch's probes
+    are applied once per toolchain, not once per process (resuming a
+    ResNet-50 tune spent 50 of 117 s making its templates again). None: no
+    cache."""
+    global _TEMPLATES
+    before, _TEMPLATES = _TEMPLATES, cache
     try:
         yield
     finally:
-        _TEMPLATE_DIR = before
+        _TEMPLATES = before
 
 
-def _load_template(path: str | None) -> Template | None:
-    if path is None:
+def _load_template(key: str | None) -> Template | None:
+    """The cached template of `key`; None when absent or damaged (the
+    cache checks each entry's digest) or of another layout."""
+    data = _TEMPLATES.get(_KIND, key, ".pkl", count=False) if key is not None else None
+    if data is None:
         return None
     try:
-        with open(path, "rb") as f:
-            t = pickle.load(f)
-    except Exception:  # noqa: BLE001 - absent, cut short or of another layout: a miss, made again
+        t = pickle.loads(data)
+    except Exception:  # noqa: BLE001 - written by another layout: a miss, made again
         return None
     return t if isinstance(t, Template) else None
 
 
-def _keep_template(path: str | None, t: Template) -> None:
-    """Write aside, then rename: a reader never sees half a file. A cache
-    that cannot be written only costs the next process the probes."""
-    if path is None:
-        return
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump(t, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
-    except OSError:
-        pass
+def _keep_template(key: str | None, t: Template) -> None:
+    """A cache that cannot be written only costs the next process the
+    probes (`CompileCache.put` writes aside, then renames)."""
+    if key is not None:
+        _TEMPLATES.put(_KIND, key, ".pkl", pickle.dumps(t, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 _PROBE_POOL = None
