@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import mlir_ansor  # noqa: E402
 from mlir_ansor import TuneConfig  # noqa: E402
 from mlir_ansor.examples import workloads as wl  # noqa: E402
+from mlir_ansor.search.registry import builtin_model_path  # noqa: E402
 
 # (name, MLIR, trials at --scale 1): the operator families a model is made
 # of, at shapes other than the models' own where that is cheap.
@@ -56,7 +57,6 @@ OPERATORS = [
     ("add_relu_512x1024", wl.elementwise_add_relu(512, 1024), 16),
 ]
 MODELS = [("resnet50", 256), ("bert_layer", 128)]
-OUT = os.path.join(os.path.dirname(HERE), "mlir_ansor", "search", "cost_model", "pretrained", "cpu_xgb.json.gz")
 
 
 def main() -> int:
@@ -65,7 +65,7 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every trial budget (0.1: a quick look)")
     ap.add_argument("--no-models", action="store_true", help="operators only (no torch needed)")
     ap.add_argument("--seed", type=int, default=1, help="tuning and training seed (benchmarks tune with 0)")
-    ap.add_argument("-o", "--output", default=OUT)
+    ap.add_argument("-o", "--output", default=builtin_model_path(), help="default: the built-in model's file")
     args = ap.parse_args()
 
     from mlir_ansor.search.cost_model import XGBModel
