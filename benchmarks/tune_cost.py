@@ -202,14 +202,14 @@ def main() -> None:
                 cm = mlir_ansor.compile(path, db=db, threads=args.threads, cache_dir=db + ".cache")
                 err = _rel_err(np.asarray(cm(*x)), want)
                 run, _ = cm.bind(*x)
-                # The best peer timed again, in turns with ours (IREE, in its
-                # own process, keeps its first figure).
+                # The best peer timed again: in turns with ours, or (IREE, in
+                # its own process) right after.
                 with torch.no_grad():
                     timed = interleaved_medians({"ours": run, **({best_name: fns[best_name]} if best_name in fns else {})})
                 cm.close()
                 ours = timed["ours"]
                 best_now = timed.get(best_name, best_s)
-                if iree is not None and best_name.startswith("IREE "):  # again, right after ours
+                if iree is not None and best_name.startswith("IREE "):
                     again = iree.time(work, args.threads, [best_name[len("IREE "):]])
                     best_now = next((v for v in again.values() if isinstance(v, float)), best_s)
                 row = dict(
