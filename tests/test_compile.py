@@ -95,6 +95,40 @@ def test_calls_take_any_array_and_return_fresh_outputs():
     np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-4)  # untouched by the second call
 
 
+def test_calls_pass_aligned_arrays_as_they_are_and_copy_the_rest(monkeypatch):
+    """The call made for a signature (`_CallPlan._fast_call`) copies only
+    what the kernel cannot read in place: a misaligned, read-only-but-
+    misaligned or list argument is copied; an aligned one, read-only too,
+    is not; every result is right and each call's output is its own."""
+    cm = mlir_ansor.compile(str(INPUTS / "two_matmuls.mlir"))
+    x, w1, w2, w3 = (aligned_copy(a) for a in _inputs(cm))
+    want = ((x @ w1) @ w2) @ w3
+    copies = []
+    real_copy = compile_mod.aligned_copy
+    monkeypatch.setattr(compile_mod, "aligned_copy", lambda a, dtype=None: copies.append(a) or real_copy(a, dtype))
+    frozen = aligned_copy(w2)
+    frozen.setflags(write=False)
+    first = cm(x, w1, frozen, w3)
+    assert copies == []
+    np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-4)
+    raw = np.empty(w1.nbytes + 2 * ALIGNMENT, np.uint8)
+    off = 4 + (-raw.ctypes.data % ALIGNMENT)  # 4 bytes past a cache line
+    shifted = np.ndarray(w1.shape, w1.dtype, raw, off)
+    shifted[...] = w1
+    frozen_shifted = np.ndarray(w1.shape, w1.dtype, raw, off)
+    frozen_shifted.setflags(write=False)
+    second = cm(x.tolist(), shifted, w2, w3)
+    assert len(copies) == 2
+    third = cm(x, frozen_shifted, w2, w3)
+    assert len(copies) == 3
+    for got in (second, third):
+        assert got is not first
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert first.ctypes.data % ALIGNMENT == 0 and first.flags["C_CONTIGUOUS"] and first.flags["WRITEABLE"]
+    with pytest.raises(mlir_ansor.AnsorError, match="takes 4 argument"):
+        cm(x, w1)
+
+
 def test_aligned_buffers():
     for shape, dtype in [((3, 5), np.float32), ((7,), np.float64), ((), np.int32), ((0, 4), np.float32)]:
         e = aligned_empty(shape, dtype)
