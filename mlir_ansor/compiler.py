@@ -542,8 +542,10 @@ def _externalize_weights(module: ir.Module, mlir_text: str, workdir: str) -> tup
     return (stub,), (src,)
 
 
-def lower_and_split(mlir_text: str, threads: int, workdir: str, drivers: list[str]) -> dict:
-    """Lower the scheduled whole module to LLVM (large constants go in as
+def lower_and_split(mlir_path: str, threads: int, workdir: str, drivers: list[str]) -> dict:
+    """Lower the scheduled whole module (the file at `mlir_path`: a file,
+    not an argument, since ResNet-50's 200 MB took a second longer through
+    the worker's pipe) to LLVM (large constants go in as
     raw data, see :func:`_externalize_weights`; their files go to
     `workdir`) and split it into units that compile apart
     (`passes.split.split_units`: the drivers, and one per kernel), or one
@@ -552,6 +554,8 @@ def lower_and_split(mlir_text: str, threads: int, workdir: str, drivers: list[st
     libraries and objects (:func:`_externalize_weights`)."""
     from mlir_ansor.passes.split import split_units
 
+    with open(mlir_path, encoding="utf-8") as f:
+        mlir_text = f.read()
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse(mlir_text)
         jit_libs, link_inputs = _externalize_weights(module, mlir_text, workdir)
@@ -588,7 +592,10 @@ def _lower_and_link(module_text: str, signatures: dict, threads: int, so_path: s
     assembling: list[tuple[str, str, subprocess.Popen]] = []
     try:
         start = time.perf_counter()
-        res = pool.run(lower_and_split, (module_text, threads, workdir, list(signatures)), timeout_s=1800)
+        mlir_path = os.path.join(workdir, "scheduled.mlir")
+        with open(mlir_path, "w", encoding="utf-8") as f:
+            f.write(module_text)
+        res = pool.run(lower_and_split, (mlir_path, threads, workdir, list(signatures)), timeout_s=1800)
         if not res.ok:
             raise AnsorError(f"lowering the whole module failed ({res.error_kind.value}): {res.error_msg.strip()[-2000:]}")
         lowered = res.value

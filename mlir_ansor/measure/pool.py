@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
+import fcntl
 import os
 import pickle
 import resource
@@ -224,6 +225,20 @@ def data_limit(extra_mb: int | None):
 
 # --------------------------------------------------------------------------
 # framing
+
+
+def _widen_pipe(fd: int) -> None:
+    """Give a protocol pipe the largest buffer an unprivileged process may
+    (``/proc/sys/fs/pipe-max-size``, 1 MiB by default) instead of 64 KiB: a
+    compile hands its lowering worker 200 MB of ResNet-50's scheduled
+    module, which took 1.75 s in 64 KiB steps, each a wake-up of the other
+    side. Nothing changes where the system refuses."""
+    try:
+        with open("/proc/sys/fs/pipe-max-size", encoding="ascii") as f:
+            size = int(f.read())
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def _write_frame(fd: int, obj: Any) -> None:
@@ -415,6 +430,8 @@ class _Worker:
         )
         self.wfd = self.proc.stdin.fileno()
         self.rfd = self.proc.stdout.fileno()
+        _widen_pipe(self.wfd)
+        _widen_pipe(self.rfd)
         os.set_blocking(self.rfd, False)
         self.buf = bytearray()
         self.state = _Worker.STARTING
