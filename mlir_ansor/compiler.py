@@ -542,7 +542,7 @@ def _externalize_weights(module: ir.Module, mlir_text: str, workdir: str) -> tup
     return (stub,), (src,)
 
 
-def lower_and_split(mlir_path: str, threads: int, workdir: str, drivers: list[str]) -> dict:
+def lower_and_split(mlir_path: str, threads: int, workdir: str, drivers: list[str], outline: bool = False) -> dict:
     """Lower the scheduled whole module (the file at `mlir_path`: a file,
     not an argument, since ResNet-50's 200 MB took a second longer through
     the worker's pipe) to LLVM (large constants go in as
@@ -559,6 +559,10 @@ def lower_and_split(mlir_path: str, threads: int, workdir: str, drivers: list[st
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse(mlir_text)
         jit_libs, link_inputs = _externalize_weights(module, mlir_text, workdir)
+        if outline:
+            from mlir_ansor.passes.outline import outline_runs
+
+            outline_runs(module)
         lower_to_llvm(module, threads)
         units = split_units(module, set(drivers))
         if units is None:
@@ -580,7 +584,7 @@ def emit_unit(text: str, obj_path: str, opt_level: int, jit_libs: tuple[str, ...
 
 
 def _lower_and_link(module_text: str, signatures: dict, threads: int, so_path: str, opt_level: int,
-                    cache: CompileCache | None) -> None:
+                    cache: CompileCache | None, outline: bool = False) -> None:
     """Lower `module_text` in a worker, code-generate its units in parallel
     workers (the cached ones come from `cache`) and link them at `so_path`."""
     import subprocess
@@ -595,7 +599,7 @@ def _lower_and_link(module_text: str, signatures: dict, threads: int, so_path: s
         mlir_path = os.path.join(workdir, "scheduled.mlir")
         with open(mlir_path, "w", encoding="utf-8") as f:
             f.write(module_text)
-        res = pool.run(lower_and_split, (mlir_path, threads, workdir, list(signatures)), timeout_s=1800)
+        res = pool.run(lower_and_split, (mlir_path, threads, workdir, list(signatures), outline), timeout_s=1800)
         if not res.ok:
             raise AnsorError(f"lowering the whole module failed ({res.error_kind.value}): {res.error_msg.strip()[-2000:]}")
         lowered = res.value
@@ -760,7 +764,7 @@ def _evaluate_fold(fold: ir.Module, entry: str, cache: CompileCache | None = Non
     # went through LLVM as 100 MB of initializers, 135 s of a build.
     passmanager.PassManager.parse(f"builtin.module({BUFFERIZE})", fold.context).run(fold.operation)
     text = str(fold)
-    cm = _finish(text, signatures, entry, 1, [], 2)
+    cm = _finish(text, signatures, entry, 1, [], 2, outline=True)
     try:
         values = cm()
     finally:
@@ -854,12 +858,16 @@ def _pool() -> WorkerPool:
 
 
 def _finish(module_text: str, signatures: dict, entry: str, threads: int, plans: list[KernelPlan], opt_level: int,
-            cache: CompileCache | None = None) -> CompiledModule:
+            cache: CompileCache | None = None, outline: bool = False) -> CompiledModule:
+    """Lower, code-generate and link `module_text`. `outline`: a module
+    without kernels (the untuned reference, a fold function) has its
+    functions cut into pieces first (`passes.outline`), so that it
+    code-generates in parallel units and LLVM never sees one huge function."""
     workdir = _workdir()
     so_path = os.path.join(workdir, "module.so")
     start = time.perf_counter()
     try:
-        _lower_and_link(module_text, signatures, threads, so_path, opt_level, cache)
+        _lower_and_link(module_text, signatures, threads, so_path, opt_level, cache, outline)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
@@ -1212,4 +1220,4 @@ def _build_untuned(source, threads: int, opt_level: int, widen: bool, cache: Com
     entry = next((n for n in signatures), None)
     if entry is None:
         raise AnsorError(f"no function to call in {program.source}")
-    return _finish(text, signatures, entry, threads, [], opt_level, cache)
+    return _finish(text, signatures, entry, threads, [], opt_level, cache, outline=True)
