@@ -82,7 +82,7 @@ from mlir_ansor.passes.lowering import BUFFERIZE, lower_to_llvm
 from mlir_ansor.search.rules.dot_product import weight_packing
 from mlir_ansor.target import Target, usable_cores
 
-__all__ = ["CompiledModule", "KernelPlan", "ScheduledModule", "cached_compile", "compile", "compile_untuned",
+__all__ = ["CompiledModule", "DynamicModule", "KernelPlan", "ScheduledModule", "cached_compile", "compile", "compile_untuned",
            "plan_kernels", "schedule_module"]
 
 log = logging.getLogger("mlir_ansor")
@@ -917,10 +917,15 @@ def compile(  # noqa: A001 - the public name the design asks for
             cm.cache_stats = dict(cache.stats)
             return cm
     _pool()  # the workers start (and import MLIR) while this process parses the input
+    program = load(source.module if isinstance(source, Program) else source)
+    if _has_dynamic_arguments(program, entry):
+        return DynamicModule(program, entry=entry, db=db, threads=threads, target=target, default=default,
+                             opt_level=opt_level, cache_dir=cache_dir)
     warnings = _Warnings()
     log.addHandler(warnings)
     try:
-        s = schedule_module(source, db=db, threads=threads, target=target, default=default, entry=entry, cache=cache)
+        s = schedule_module(program, db=db, threads=threads, target=target, default=default, entry=entry, cache=cache,
+                            _owned=True)
         cm = _finish(s.mlir, s.signatures, s.entry, threads, s.kernels, opt_level, cache)
     finally:
         log.removeHandler(warnings)
@@ -929,6 +934,84 @@ def compile(  # noqa: A001 - the public name the design asks for
     if cache is not None:
         cm.cache_stats = dict(cache.stats)
     return cm
+
+
+def _has_dynamic_arguments(program: Program, entry: str | None) -> bool:
+    from mlir_ansor.graph.dynamic import dynamic_dims
+
+    for fn in _func_ops(program.module):
+        if fn.regions[0].blocks and (entry is None or _name(fn) == entry) and dynamic_dims(fn):
+            return True
+    return False
+
+
+class DynamicModule:
+    """What :func:`compile` returns for a function with dynamic dimensions
+    in its arguments: called on arrays, it reads their sizes, and runs the
+    function's static specialization at those sizes
+    (`graph.dynamic.specializations`), compiled with the database's records
+    the first time a size is seen and kept for the next calls. Dimensions
+    the function's ops tie together must have the same size (an error names
+    them otherwise). `sizes` lists the specializations compiled so far.
+
+    A specialization is compiled like any static module: the records of a
+    size tuned with ``tune --sizes`` apply to it, any other size gets the
+    default schedules."""
+
+    def __init__(self, program: Program, *, entry: str | None, **options) -> None:
+        from mlir_ansor.graph.dynamic import _func, symbols
+
+        with program.context:
+            self.text = str(program.module)
+            fn = _func(program.module, entry)
+            self.entry = _name(fn)
+            self.symbols = symbols(program.module, self.entry)
+            self.n_args = len(fn.regions[0].blocks[0].arguments)
+        self.source = program.source
+        self.options = options
+        self._compiled: dict[tuple, CompiledModule] = {}
+
+    @property
+    def sizes(self) -> list[dict[tuple[int, int], int]]:
+        return [dict(k) for k in self._compiled]
+
+    def specialization(self, *arrays: np.ndarray) -> CompiledModule:
+        """The compiled specialization for the sizes of `arrays`."""
+        from mlir_ansor.graph.dynamic import specializations
+        from mlir_ansor.ir.program import load as load_text
+
+        if len(arrays) != self.n_args:
+            raise AnsorError(f"@{self.entry} takes {self.n_args} argument(s), got {len(arrays)}")
+        values: dict[tuple[int, int], int] = {}
+        for group in self.symbols:
+            seen = {}
+            for i, d in group:
+                shape = np.shape(arrays[i])
+                if d >= len(shape):
+                    raise AnsorError(f"@{self.entry}: argument {i} has rank {len(shape)}, expected more than {d}")
+                seen[(i, d)] = shape[d]
+            if len(set(seen.values())) > 1:
+                raise AnsorError(f"@{self.entry}: dimensions {', '.join(f'{i}.{d}={v}' for (i, d), v in seen.items())} "
+                                 "are one dimension of the function and must have the same size")
+            values.update(seen)
+        key = tuple(sorted(values.items()))
+        cm = self._compiled.get(key)
+        if cm is None:
+            first = {g[0]: (values[g[0]],) for g in self.symbols}
+            text, _ = specializations(self.text, first, func=self.entry, keep_name=True)
+            sizes = ", ".join(f"{i}.{d}={v}" for (i, d), v in key)
+            log.info("compile: @%s at sizes %s", self.entry, sizes)
+            cm = compile(load_text(text=text, name=f"<{self.source} at {sizes}>"), entry=self.entry, **self.options)
+            self._compiled[key] = cm
+        return cm
+
+    def __call__(self, *arrays: np.ndarray):
+        return self.specialization(*arrays)(*arrays)
+
+    def close(self) -> None:
+        for cm in self._compiled.values():
+            cm.close()
+        self._compiled.clear()
 
 
 def cached_compile(
@@ -1069,6 +1152,7 @@ def schedule_module(
     default: str = "sketch",
     entry: str | None = None,
     cache: CompileCache | None = None,
+    _owned: bool = False,
 ) -> ScheduledModule:
     """The whole module with the best schedule of every task applied, not
     lowered (what ``ansor-apply-best`` splices into a pass pipeline); the
@@ -1077,7 +1161,10 @@ def schedule_module(
     if default not in ("sketch", "naive"):
         raise AnsorError(f"default={default!r}: expected 'sketch' or 'naive'")
     target = target or Target.host()
-    program = load(source.module if isinstance(source, Program) else source)
+    # `_owned`: a Program this module loaded for the call (compile's), changed
+    # in place; any other source is loaded afresh, the caller's left as it is.
+    program = source if _owned and isinstance(source, Program) else load(
+        source.module if isinstance(source, Program) else source)
     occs = partition(program, prepack=weight_packing(target))
     tasks: dict[str, Task] = {}
     for o in occs:

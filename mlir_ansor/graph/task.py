@@ -348,8 +348,8 @@ def _check_type(op: ir.Operation, t: ir.Type) -> None:
         st = ir.ShapedType(t)
         if not st.has_rank or not st.has_static_shape:
             raise UnsupportedError(
-                f"{where}: dynamic shape {t} is not supported yet; "
-                "all shapes must be static (specialize the input to concrete sizes)"
+                f"{where}: dynamic shape {t}: tasks are static; give the dynamic dimensions sizes "
+                "(tune/run/compile --sizes ARG.DIM=V1,V2,..., or mlir_ansor.graph.dynamic.specializations)"
             )
         if any(d == 0 for d in st.shape):
             raise UnsupportedError(

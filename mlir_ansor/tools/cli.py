@@ -90,6 +90,10 @@ def _parser() -> argparse.ArgumentParser:
                         "a task whose buffers would not fit is refused before anything is allocated")
     t.add_argument("--batch-size", type=_positive(int), default=16, help="candidates built before measuring")
     t.add_argument("--func", default=None, help="tune only this function")
+    t.add_argument("--sizes", action="append", default=[], metavar="ARG.DIM=V1,V2,...",
+                   help="sizes of a dynamic dimension (argument ARG's dimension DIM, 0-based), for example "
+                        "0.0=1,16,64: the function is tuned at each size (each combination, with several); "
+                        "dimensions the ops tie to it take the same size")
     t.add_argument("--profile", action="store_true",
                    help="print where the tuning time went, phase by phase (--json always has it, as 'profile')")
     t.add_argument("--search", default="evolutionary",
@@ -145,6 +149,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--db", default="tuning.db", help="records database (a missing file: default schedules)")
     c.add_argument("--threads", type=_positive(int), default=1, help="threads the kernels use")
     c.add_argument("--untuned", action="store_true", help="naive lowering for every task (ignore --db)")
+    c.add_argument("--sizes", action="append", default=[], metavar="ARG.DIM=V",
+                   help="compile a function with dynamic dimensions at these sizes (one per dimension)")
+    c.add_argument("--func", default=None, help="with --sizes: the function with dynamic dimensions")
     c.add_argument("-o", "--output", default=None, help="OUT.mlir (scheduled MLIR) or OUT.so (shared library); default: MLIR on stdout")
     c.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import a module that registers the sketch rules the records were made with")
@@ -166,6 +173,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--cache-dir", default=None, metavar="DIR", help="compile cache folder (as for compile)")
     r.add_argument("--no-cache", action="store_true", help="neither read nor write the compile cache")
     r.add_argument("--func", default=None, help="the function to run (default: the first with tasks)")
+    r.add_argument("--sizes", action="append", default=[], metavar="ARG.DIM=V",
+                   help="run and check a function with dynamic dimensions at these sizes (one per dimension), "
+                        "for example 0.0=333")
     r.add_argument("--memory-limit", type=_positive(int), default=None, metavar="MB",
                    help="MiB the run's arrays and libraries may allocate (a data rlimit while it runs); "
                         "a module whose buffers would not fit is refused before anything is allocated "
@@ -269,6 +279,42 @@ def _fmt_s(x: float | None) -> str:
     return f"{x * 1e6:.1f} us"
 
 
+def _sized(args: argparse.Namespace, source: str, one: bool) -> str:
+    """`source`, or with ``--sizes`` a file of its static specializations
+    (`graph.dynamic.specializations`; `one`: a single size per dimension,
+    the function keeping its name). The file is named by its text's digest
+    in a ``sized`` folder of the compile cache (``DB.cache``), so that a
+    second run of the same sizes finds its compiles cached."""
+    if not args.sizes:
+        return source
+    import hashlib
+
+    from mlir_ansor.graph.dynamic import parse_sizes, specializations
+    from mlir_ansor.importers import load as load_any
+
+    sizes = parse_sizes(args.sizes)
+    if one and any(len(v) > 1 for v in sizes.values()):
+        raise InputError(f"--sizes: {args.command} takes one size per dimension (tune takes several)")
+    program = load_any(source)
+    with program.context:
+        text = str(program.module)
+    sized, made = specializations(text, sizes, func=args.func, keep_name=one)
+    digest = hashlib.sha256(sized.encode()).hexdigest()[:16]
+    folder = os.path.join(getattr(args, "cache_dir", None) or (args.db + ".cache"), "sized")
+    os.makedirs(folder, exist_ok=True)
+    stem = os.path.splitext(os.path.basename(source))[0] if source != "-" else "stdin"
+    path = os.path.join(folder, f"{stem}-{digest}.mlir")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(sized)
+        os.replace(tmp, path)
+    labels = "; ".join(f"@{name} ({', '.join(f'{i}.{d}={v}' for (i, d), v in sorted(vals.items()))})"
+                       for name, vals in made)
+    logging.getLogger("mlir_ansor").info("--sizes: %s, in %s", labels, path)
+    return path
+
+
 def _cmd_tune(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -278,16 +324,17 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     executor = parse_executor(args.executor)
     target = Target.parse(args.target)
-    source = args.input or _example_path()
+    source = _sized(args, args.input or _example_path(), one=False)
     config = dataclasses.replace(config_from_args(args, TuneConfig), executor=executor)
     from mlir_ansor.tools.progress import ProgressDisplay
 
     if args.progress == "none":
-        result = tune(source, target=target, config=config, db=args.db, func=args.func)
+        result = tune(source, target=target, config=config, db=args.db, func=None if args.sizes else args.func)
     else:
         live = {"auto": None, "live": True, "log": False}[args.progress]
         with ProgressDisplay(sys.stderr, live=live) as display:
-            result = tune(source, target=target, config=config, db=args.db, func=args.func, on_progress=display)
+            result = tune(source, target=target, config=config, db=args.db, func=None if args.sizes else args.func,
+                          on_progress=display)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
         return 0
@@ -451,7 +498,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
     _load_plugins(args)
     target = Target.parse(args.target)
-    source = args.input or _example_path()
+    source = _sized(args, args.input or _example_path(), one=True)
     out = args.output
     if out is not None:
         if not out.endswith((".so", ".mlir")):
@@ -491,7 +538,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     _load_plugins(args)
     target = Target.parse(args.target)
-    source = args.input or _example_path()
+    source = _sized(args, args.input or _example_path(), one=True)
     limit_mb = args.memory_limit or default_memory_limit_mb()
     cm = compile_module(source, db=args.db, threads=args.threads, target=target, entry=args.func,
                         cache_dir=False if args.no_cache else args.cache_dir)

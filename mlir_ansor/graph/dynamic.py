@@ -1,0 +1,250 @@
+"""Dynamic dimensions: which extents of a function's arguments are dynamic,
+which of them are one symbol, and static specializations of the function.
+
+A dimension is named by argument and dimension, 0-based: ``0.0`` is
+argument 0's dimension 0 (the command line's ``--sizes 0.0=1,16,64``).
+Dimensions that the function's Linalg ops tie together (a matmul's A rows
+and C rows: both are its loop d0) are one symbol, :func:`symbols` finds
+them, and a size given for one is the size of all.
+
+:func:`specialize` makes a function static: each dynamic argument gets its
+static type, a ``tensor.cast`` (``memref.cast``) back to the dynamic type
+stands where the argument was used, and MLIR's canonicalization folds the
+casts into the ops (`linalg`'s cast folding, ``tensor.dim`` of a static
+value, ``tensor.empty`` with constant sizes), so that every op sees static
+shapes; the results' types follow. The tasks, the schedules and the records
+of a specialization are those of any static module: tuning a list of sizes
+is tuning a module with one specialization per size
+(:func:`specializations`), and running a size compiles its specialization.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+from mlir import ir, passmanager
+
+from mlir_ansor.errors import InputError, UnsupportedError
+
+__all__ = ["Dim", "dynamic_dims", "parse_sizes", "specializations", "specialize", "symbols"]
+
+Dim = tuple[int, int]
+"""(argument, dimension), both 0-based."""
+
+_SIZE = re.compile(r"^(\d+)\.(\d+)=(\d+(?:,\d+)*)$")
+
+
+def parse_sizes(specs: list[str] | str) -> dict[Dim, tuple[int, ...]]:
+    """``["0.0=1,16,64", "1.1=8"]`` (or one string with ``;`` between
+    them) -> ``{(0, 0): (1, 16, 64), (1, 1): (8,)}``."""
+    items = specs.split(";") if isinstance(specs, str) else [s for spec in specs for s in spec.split(";")]
+    out: dict[Dim, tuple[int, ...]] = {}
+    for item in (s.strip() for s in items):
+        if not item:
+            continue
+        m = _SIZE.match(item)
+        if not m:
+            raise InputError(f"--sizes {item!r}: expected ARG.DIM=V1,V2,... (for example 0.0=1,16,64)")
+        values = tuple(int(v) for v in m.group(3).split(","))
+        if any(v < 1 for v in values):
+            raise InputError(f"--sizes {item!r}: sizes must be at least 1")
+        out[(int(m.group(1)), int(m.group(2)))] = values
+    if not out:
+        raise InputError("--sizes: no size given")
+    return out
+
+
+def _func(module: ir.Module, name: str | None) -> ir.Operation:
+    funcs = [op.operation for op in module.body.operations
+             if op.operation.name == "func.func" and op.operation.regions[0].blocks]
+    if name is not None:
+        funcs = [f for f in funcs if ir.StringAttr(f.attributes["sym_name"]).value == name]
+        if not funcs:
+            raise InputError(f"no function @{name} with a body in the module")
+    dynamic = [f for f in funcs if dynamic_dims(f)]
+    if not dynamic:
+        raise InputError("the module has no function with dynamic dimensions in its arguments"
+                         if name is None else f"@{name} has no dynamic dimension in its arguments")
+    if name is None and len(dynamic) > 1:
+        names = ", ".join("@" + ir.StringAttr(f.attributes["sym_name"]).value for f in dynamic)
+        raise InputError(f"several functions have dynamic dimensions ({names}): name one with --func")
+    return dynamic[0]
+
+
+def _shaped(t: ir.Type) -> ir.ShapedType | None:
+    return ir.ShapedType(t) if isinstance(t, (ir.RankedTensorType, ir.MemRefType)) else None
+
+
+def dynamic_dims(fn: ir.Operation) -> list[Dim]:
+    """The dynamic (argument, dimension) pairs of `fn`'s arguments."""
+    out = []
+    for i, arg in enumerate(fn.regions[0].blocks[0].arguments):
+        st = _shaped(arg.type)
+        if st is not None:
+            out += [(i, d) for d in range(st.rank) if st.is_dynamic_dim(d)]
+    return out
+
+
+def symbols(module: ir.Module, func: str | None = None) -> list[list[Dim]]:
+    """The dynamic dimensions of the function's arguments, grouped into the
+    symbols that its Linalg ops tie together (each loop of a
+    ``linalg.generic``, after generalizing a copy, ties the operand
+    dimensions its indexing maps give that loop, and each result is its
+    init's shape), in argument order."""
+    fn = _func(module, func)
+    holder = ir.Module.create(ir.Location.unknown(module.context))
+    copy = fn.clone()  # detached, then generalized in a module of its own
+    holder.body.append(copy)
+    passmanager.PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))").run(holder.operation)
+    parent: dict = {}
+
+    def find(x):
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(a, b):
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[ra] = rb
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name != "linalg.generic":
+            return ir.WalkResult.ADVANCE
+        maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+        loops: dict[int, list] = {}
+        for v, amap in zip(op.operands, maps):
+            for k, expr in enumerate(amap.results):
+                if isinstance(expr, ir.AffineDimExpr):
+                    loops.setdefault(ir.AffineDimExpr(expr).position, []).append((v, k))
+        for members in loops.values():
+            for m in members[1:]:
+                union(members[0], m)
+        n_results = len(op.results)
+        for r, init in zip(op.results, list(op.operands)[len(op.operands) - n_results:]):
+            st = _shaped(r.type)
+            for k in range(st.rank if st else 0):
+                union((r, k), (init, k))
+        return ir.WalkResult.SKIP
+
+    copy.operation.walk(visit)
+    args = copy.regions[0].blocks[0].arguments
+    groups: dict = {}
+    for i, d in dynamic_dims(copy.operation):
+        groups.setdefault(find((args[i], d)), []).append((i, d))
+    return list(groups.values())
+
+
+def _static(t: ir.Type, shape: list[int]) -> ir.Type:
+    if isinstance(t, ir.RankedTensorType):
+        return ir.RankedTensorType.get(shape, t.element_type, t.encoding)
+    mt = ir.MemRefType(t)
+    return ir.MemRefType.get(shape, mt.element_type, None, mt.memory_space)
+
+
+def specialize(fn: ir.Operation, values: dict[Dim, int]) -> None:
+    """Make `fn` static in place: `values` gives every dynamic dimension of
+    its arguments a size (see the module's docstring). Raises
+    :class:`UnsupportedError` when some op stays dynamic."""
+    from mlir.dialects import memref, tensor
+
+    entry = fn.regions[0].blocks[0]
+    name = ir.StringAttr(fn.attributes["sym_name"]).value
+    missing = [f"{i}.{d}" for i, d in dynamic_dims(fn) if (i, d) not in values]
+    if missing:
+        raise InputError(f"@{name}: no size for dynamic dimension(s) {', '.join(missing)}")
+    for i, arg in enumerate(entry.arguments):
+        st = _shaped(arg.type)
+        if st is None or st.has_static_shape:
+            continue
+        old = arg.type
+        shape = [values[(i, d)] if st.is_dynamic_dim(d) else st.get_dim_size(d) for d in range(st.rank)]
+        arg.set_type(_static(old, shape))
+        with ir.InsertionPoint.at_block_begin(entry), ir.Location.unknown():
+            cast = (tensor.CastOp(old, arg) if isinstance(old, ir.RankedTensorType) else memref.CastOp(old, arg))
+        for use in list(arg.uses):
+            owner = getattr(use.owner, "operation", use.owner)
+            if owner != cast.operation:
+                owner.operands[use.operand_number] = cast.result
+    results = list(ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value).results)
+    fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get([a.type for a in entry.arguments], results))
+    cleanup = passmanager.PassManager.parse("func.func(canonicalize,cse)")
+    cleanup.run(fn)
+    # The results: a cast back to the dynamic type at the return goes.
+    ret = list(entry.operations)[-1]
+    for k, v in enumerate(list(ret.operands)):
+        owner = getattr(v.owner, "operation", v.owner) if not isinstance(v.owner, ir.Block) else None
+        if owner is not None and owner.name in ("tensor.cast", "memref.cast"):
+            ret.operands[k] = owner.operands[0]
+    fn.attributes["function_type"] = ir.TypeAttr.get(
+        ir.FunctionType.get([a.type for a in entry.arguments], [v.type for v in ret.operands]))
+    cleanup.run(fn)
+    left: list[str] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        for r in op.results:
+            st = _shaped(r.type)
+            if st is not None and not st.has_static_shape:
+                left.append(f"{op.name} -> {r.type}")
+        return ir.WalkResult.ADVANCE
+
+    fn.walk(visit)
+    if left:
+        raise UnsupportedError(f"@{name} stays dynamic at sizes {_label(values)}: {left[0]}"
+                               + (f" (and {len(left) - 1} more)" if len(left) > 1 else ""))
+
+
+def _label(values: dict[Dim, int]) -> str:
+    return ",".join(f"{i}.{d}={v}" for (i, d), v in sorted(values.items()))
+
+
+def expand(module: ir.Module, sizes: dict[Dim, tuple[int, ...]], func: str | None = None) -> list[dict[Dim, int]]:
+    """Every combination of the given sizes, each spread over the
+    dimensions of its symbol (a size for 0.0 is the size of every dimension
+    tied to it); a symbol without a size, or two sizes for one symbol, is
+    an error that names them."""
+    groups = symbols(module, func)
+    by_dim = {d: g for g in groups for d in g}
+    unknown = [f"{i}.{d}" for i, d in sizes if (i, d) not in by_dim]
+    if unknown:
+        raise InputError(f"--sizes {', '.join(unknown)}: not a dynamic dimension of the function's arguments "
+                         f"(those are {', '.join(f'{i}.{d}' for g in groups for i, d in g) or 'none'})")
+    chosen: list[tuple[list[Dim], tuple[int, ...]]] = []
+    for g in groups:
+        given = [d for d in g if d in sizes]
+        if not given:
+            raise InputError(f"--sizes: no size for {' = '.join(f'{i}.{d}' for i, d in g)} "
+                             f"(give one, for example --sizes {g[0][0]}.{g[0][1]}=1,16,64)")
+        if len(given) > 1:
+            raise InputError(f"--sizes: {' and '.join(f'{i}.{d}' for i, d in given)} are one dimension; give one of them")
+        chosen.append((g, sizes[given[0]]))
+    out = []
+    for combo in itertools.product(*(vals for _, vals in chosen)):
+        out.append({d: v for (g, _), v in zip(chosen, combo) for d in g})
+    return out
+
+
+def specializations(text: str, sizes: dict[Dim, tuple[int, ...]], func: str | None = None,
+                    keep_name: bool = False) -> tuple[str, list[tuple[str, dict[Dim, int]]]]:
+    """The module with the dynamic function replaced by one static copy per
+    combination of `sizes` (named ``<func>__<arg>_<dim>_<size>...``, or
+    keeping its name when there is one combination and `keep_name`), and
+    the list of (name, sizes). Its tasks are those of every size."""
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+        fn = _func(module, func)
+        combos = expand(module, sizes, func)
+        base = ir.StringAttr(fn.attributes["sym_name"]).value
+        made = []
+        for values in combos:
+            name = base if keep_name and len(combos) == 1 else base + "__" + "_".join(
+                f"{i}_{d}_{v}" for (i, d), v in sorted(values.items()) if (i, d) in sizes)
+            copy = fn.clone(ir.InsertionPoint(fn))
+            copy.attributes["sym_name"] = ir.StringAttr.get(name)
+            specialize(copy.operation, values)
+            made.append((name, values))
+        fn.erase()
+        return str(module), made

@@ -1,0 +1,130 @@
+"""Dynamic dimensions: symbols, static specializations, and `--sizes` on
+the command line (tune at several sizes, run and compile one)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import INPUTS
+from mlir import ir
+
+import mlir_ansor
+from mlir_ansor.errors import InputError
+from mlir_ansor.graph.dynamic import parse_sizes, specializations, symbols
+from mlir_ansor.records.database import Database
+from mlir_ansor.tools.cli import main
+
+# Dynamic M: tensor.dim, tensor.empty(%m), a fill, the matmul and a ReLU.
+GEMM = """
+func.func @gemm(%A: tensor<?x32xf32>, %B: tensor<32x16xf32>) -> tensor<?x16xf32> {
+  %c0 = arith.constant 0 : index
+  %cst = arith.constant 0.0 : f32
+  %m = tensor.dim %A, %c0 : tensor<?x32xf32>
+  %e = tensor.empty(%m) : tensor<?x16xf32>
+  %z = linalg.fill ins(%cst : f32) outs(%e : tensor<?x16xf32>) -> tensor<?x16xf32>
+  %r = linalg.matmul ins(%A, %B : tensor<?x32xf32>, tensor<32x16xf32>) outs(%z : tensor<?x16xf32>) -> tensor<?x16xf32>
+  %relu = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i, j)>],
+      iterator_types = ["parallel", "parallel"]} ins(%r : tensor<?x16xf32>) outs(%e : tensor<?x16xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %y = arith.maximumf %x, %cst : f32
+    linalg.yield %y : f32
+  } -> tensor<?x16xf32>
+  return %relu : tensor<?x16xf32>
+}
+"""
+
+
+def test_parse_sizes_and_its_errors():
+    assert parse_sizes(["0.0=1,16,64", "1.1=8"]) == {(0, 0): (1, 16, 64), (1, 1): (8,)}
+    assert parse_sizes("0.0=3;2.1=4") == {(0, 0): (3,), (2, 1): (4,)}
+    for bad in (["0=4"], ["0.0="], ["0.0=0"], ["a.b=1"], []):
+        with pytest.raises(InputError, match="--sizes"):
+            parse_sizes(bad)
+
+
+def test_tied_dimensions_are_one_symbol():
+    with ir.Context():
+        module = ir.Module.parse((INPUTS / "dynamic.mlir").read_text())
+        # A's rows and C's rows are both the matmul's loop d0.
+        assert symbols(module) == [[(0, 0), (2, 0)]]
+
+
+def test_specializations_are_static_and_named_by_size():
+    text, made = specializations(GEMM, parse_sizes(["0.0=1,7"]))
+    assert [name for name, _ in made] == ["gemm__0_0_1", "gemm__0_0_7"]
+    assert "?" not in text and "tensor.dim" not in text
+    assert "func.func @gemm__0_0_7(%arg0: tensor<7x32xf32>, %arg1: tensor<32x16xf32>) -> tensor<7x16xf32>" in text
+    one, made = specializations((INPUTS / "dynamic.mlir").read_text(), parse_sizes(["2.0=5"]), keep_name=True)
+    assert made == [("dyn", {(0, 0): 5, (2, 0): 5})]
+    assert "tensor<5x64xf32>" in one and "tensor<5x32xf32>" in one
+
+
+def test_sizes_that_do_not_name_a_symbol_are_errors():
+    with pytest.raises(InputError, match=r"1\.0: not a dynamic dimension"):
+        specializations(GEMM, parse_sizes(["1.0=4"]))
+    with pytest.raises(InputError, match="are one dimension"):
+        specializations((INPUTS / "dynamic.mlir").read_text(), parse_sizes(["0.0=4", "2.0=4"]))
+    with pytest.raises(InputError, match="no function with dynamic dimensions"):
+        specializations((INPUTS / "matmul.mlir").read_text(), parse_sizes(["0.0=4"]))
+
+
+def test_tune_at_sizes_then_run_and_compile_one(tmp_path, capsys):
+    src = tmp_path / "gemm.mlir"
+    src.write_text(GEMM)
+    db = str(tmp_path / "g.db")
+    assert main(["tune", str(src), "--sizes", "0.0=4,9", "--trials", "4", "--batch-size", "2", "--db", db,
+                 "--progress", "none", "--json"]) == 0
+    tuned = json.loads(capsys.readouterr().out)
+    shapes = {t["name"] for t in tuned["tasks"]}
+    assert any("4x16x32" in n for n in shapes) and any("9x16x32" in n for n in shapes), shapes
+    with Database(db) as d:
+        names = {w["name"] for w in d.workloads()}
+    assert any("4x16x32" in n for n in names) and any("9x16x32" in n for n in names), names
+    # A tuned size and one between them, each checked against its untuned build.
+    for size in (9, 6):
+        assert main(["run", str(src), "--sizes", f"0.0={size}", "--db", db, "--repeat", "2", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["ok"] and out["function"] == "gemm"
+    so = tmp_path / "g9.so"
+    assert main(["compile", str(src), "--sizes", "0.0=9", "--db", db, "-o", str(so)]) == 0
+    assert so.exists()
+    # The specialized file is kept beside the database's cache, named by its text.
+    assert list((tmp_path / "g.db.cache" / "sized").glob("gemm-*.mlir"))
+
+
+def test_compile_of_a_dynamic_module_runs_any_size():
+    """`compile` returns a DynamicModule: each new size compiles its
+    specialization once; tied dimensions of other sizes are an error."""
+    dm = mlir_ansor.compile(str(INPUTS / "dynamic.mlir"))
+    assert isinstance(dm, mlir_ansor.compiler.DynamicModule) and dm.symbols == [[(0, 0), (2, 0)]]
+    rng = np.random.default_rng(0)
+    b = rng.standard_normal((64, 32)).astype(np.float32)
+    for m in (3, 1, 3):
+        a = rng.standard_normal((m, 64)).astype(np.float32)
+        c = rng.standard_normal((m, 32)).astype(np.float32)
+        np.testing.assert_allclose(dm(a, b, c), c + a @ b, rtol=1e-4, atol=1e-4)
+    assert dm.sizes == [{(0, 0): 3, (2, 0): 3}, {(0, 0): 1, (2, 0): 1}]
+    with pytest.raises(mlir_ansor.AnsorError, match="must have the same size"):
+        dm(np.zeros((2, 64), np.float32), b, np.zeros((4, 32), np.float32))
+    dm.close()
+
+
+def test_tasks_of_a_dynamic_module_say_how_to_give_sizes():
+    with pytest.raises(mlir_ansor.AnsorError, match="--sizes"):
+        mlir_ansor.tune(str(INPUTS / "dynamic.mlir"), config=mlir_ansor.TuneConfig(trials=1))
+
+
+def test_run_takes_one_size_per_dimension(tmp_path, capsys):
+    assert main(["run", str(INPUTS / "dynamic.mlir"), "--sizes", "0.0=4,8", "--db", str(tmp_path / "x.db")]) == 2
+    assert "one size per dimension" in capsys.readouterr().err
+
+
+def test_specialized_module_computes_the_matmul():
+    text, _ = specializations(GEMM, parse_sizes(["0.0=5"]), keep_name=True)
+    cm = mlir_ansor.compile(mlir_ansor.load(text=text))
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((5, 32)).astype(np.float32)
+    b = rng.standard_normal((32, 16)).astype(np.float32)
+    np.testing.assert_allclose(cm(a, b), np.maximum(a @ b, 0), rtol=1e-4, atol=1e-4)
