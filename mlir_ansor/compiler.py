@@ -959,11 +959,11 @@ class DynamicModule:
     default schedules."""
 
     def __init__(self, program: Program, *, entry: str | None, **options) -> None:
-        from mlir_ansor.graph.dynamic import _func, symbols
+        from mlir_ansor.graph.dynamic import dynamic_function, symbols
 
         with program.context:
             self.text = str(program.module)
-            fn = _func(program.module, entry)
+            fn = dynamic_function(program.module, entry)
             self.entry = _name(fn)
             self.symbols = symbols(program.module, self.entry)
             self.n_args = len(fn.regions[0].blocks[0].arguments)

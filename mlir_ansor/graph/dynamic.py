@@ -27,7 +27,7 @@ from mlir import ir, passmanager
 
 from mlir_ansor.errors import InputError, UnsupportedError
 
-__all__ = ["Dim", "dynamic_dims", "parse_sizes", "specializations", "specialize", "symbols"]
+__all__ = ["Dim", "dynamic_dims", "dynamic_function", "expand", "parse_sizes", "specializations", "specialize", "symbols"]
 
 Dim = tuple[int, int]
 """(argument, dimension), both 0-based."""
@@ -55,7 +55,7 @@ def parse_sizes(specs: list[str] | str) -> dict[Dim, tuple[int, ...]]:
     return out
 
 
-def _func(module: ir.Module, name: str | None) -> ir.Operation:
+def dynamic_function(module: ir.Module, name: str | None) -> ir.Operation:
     funcs = [op.operation for op in module.body.operations
              if op.operation.name == "func.func" and op.operation.regions[0].blocks]
     if name is not None:
@@ -92,7 +92,7 @@ def symbols(module: ir.Module, func: str | None = None) -> list[list[Dim]]:
     ``linalg.generic``, after generalizing a copy, ties the operand
     dimensions its indexing maps give that loop, and each result is its
     init's shape), in argument order."""
-    fn = _func(module, func)
+    fn = dynamic_function(module, func)
     holder = ir.Module.create(ir.Location.unknown(module.context))
     copy = fn.clone()  # detached, then generalized in a module of its own
     holder.body.append(copy)
@@ -235,7 +235,7 @@ def specializations(text: str, sizes: dict[Dim, tuple[int, ...]], func: str | No
     the list of (name, sizes). Its tasks are those of every size."""
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse(text)
-        fn = _func(module, func)
+        fn = dynamic_function(module, func)
         combos = expand(module, sizes, func)
         base = ir.StringAttr(fn.attributes["sym_name"]).value
         made = []
