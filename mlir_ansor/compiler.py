@@ -977,7 +977,7 @@ class DynamicModule:
 
     def specialization(self, *arrays: np.ndarray) -> CompiledModule:
         """The compiled specialization for the sizes of `arrays`."""
-        from mlir_ansor.graph.dynamic import specializations
+        from mlir_ansor.graph.dynamic import size_label, specializations
         from mlir_ansor.ir.program import load as load_text
 
         if len(arrays) != self.n_args:
@@ -991,7 +991,7 @@ class DynamicModule:
                     raise AnsorError(f"@{self.entry}: argument {i} has rank {len(shape)}, expected more than {d}")
                 seen[(i, d)] = shape[d]
             if len(set(seen.values())) > 1:
-                raise AnsorError(f"@{self.entry}: dimensions {', '.join(f'{i}.{d}={v}' for (i, d), v in seen.items())} "
+                raise AnsorError(f"@{self.entry}: dimensions {size_label(seen)} "
                                  "are one dimension of the function and must have the same size")
             values.update(seen)
         key = tuple(sorted(values.items()))
@@ -999,7 +999,7 @@ class DynamicModule:
         if cm is None:
             first = {g[0]: (values[g[0]],) for g in self.symbols}
             text, _ = specializations(self.text, first, func=self.entry, keep_name=True)
-            sizes = ", ".join(f"{i}.{d}={v}" for (i, d), v in key)
+            sizes = size_label(values)
             log.info("compile: @%s at sizes %s", self.entry, sizes)
             cm = compile(load_text(text=text, name=f"<{self.source} at {sizes}>"), entry=self.entry, **self.options)
             self._compiled[key] = cm

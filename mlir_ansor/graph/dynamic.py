@@ -27,7 +27,8 @@ from mlir import ir, passmanager
 
 from mlir_ansor.errors import InputError, UnsupportedError
 
-__all__ = ["Dim", "dynamic_dims", "dynamic_function", "expand", "parse_sizes", "specializations", "specialize", "symbols"]
+__all__ = ["Dim", "dynamic_dims", "dynamic_function", "expand", "parse_sizes", "size_label", "specializations", "specialize",
+           "symbols"]
 
 Dim = tuple[int, int]
 """(argument, dimension), both 0-based."""
@@ -193,12 +194,13 @@ def specialize(fn: ir.Operation, values: dict[Dim, int]) -> None:
 
     fn.walk(visit)
     if left:
-        raise UnsupportedError(f"@{name} stays dynamic at sizes {_label(values)}: {left[0]}"
+        raise UnsupportedError(f"@{name} stays dynamic at sizes {size_label(values)}: {left[0]}"
                                + (f" (and {len(left) - 1} more)" if len(left) > 1 else ""))
 
 
-def _label(values: dict[Dim, int]) -> str:
-    return ",".join(f"{i}.{d}={v}" for (i, d), v in sorted(values.items()))
+def size_label(values: dict[Dim, int]) -> str:
+    """``{(0, 0): 16, (2, 0): 16}`` -> ``"0.0=16, 2.0=16"`` (as ``--sizes`` names them)."""
+    return ", ".join(f"{i}.{d}={v}" for (i, d), v in sorted(values.items()))
 
 
 def expand(module: ir.Module, sizes: dict[Dim, tuple[int, ...]], func: str | None = None) -> list[dict[Dim, int]]:

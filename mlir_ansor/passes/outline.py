@@ -129,7 +129,8 @@ def _outline(module: ir.Module, fn: ir.Operation, run: list[ir.Operation], fn_na
     inside = _defined_within(run)
     used = _used_from_outside(run, inside)
     copied = [v for v in used if isinstance(v.owner, ir.OpView | ir.Operation) and _rematerialized(_op(v.owner))]
-    inputs = [v for v in used if v not in set(copied)]
+    kept = set(copied)
+    inputs = [v for v in used if v not in kept]
     run_set = set(run)
     outputs = [r for op in run for r in op.results
                if any(_top_level(u.owner, fn) not in run_set for u in r.uses)]

@@ -289,7 +289,7 @@ def _sized(args: argparse.Namespace, source: str, one: bool) -> str:
         return source
     import hashlib
 
-    from mlir_ansor.graph.dynamic import parse_sizes, specializations
+    from mlir_ansor.graph.dynamic import parse_sizes, size_label, specializations
     from mlir_ansor.importers import load as load_any
 
     sizes = parse_sizes(args.sizes)
@@ -309,8 +309,7 @@ def _sized(args: argparse.Namespace, source: str, one: bool) -> str:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(sized)
         os.replace(tmp, path)
-    labels = "; ".join(f"@{name} ({', '.join(f'{i}.{d}={v}' for (i, d), v in sorted(vals.items()))})"
-                       for name, vals in made)
+    labels = "; ".join(f"@{name} ({size_label(vals)})" for name, vals in made)
     logging.getLogger("mlir_ansor").info("--sizes: %s, in %s", labels, path)
     return path
 
