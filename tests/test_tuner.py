@@ -101,6 +101,18 @@ def test_the_best_schedules_are_re_timed_in_turns(tmp_path):
     with Database(db) as d:
         assert sum(x.retime for x in d.records()) == len(retimes)
     assert again.tasks[0].best_latency_s == pytest.approx(r.best_latency_s)
+    # Nor does one where re-timings pushed an earlier run's un-re-timed
+    # schedule among the best: it is not new to this run.
+    with Database(db) as d:
+        slow = [dataclasses.replace(x, costs=(1.0,) * 1000, timestamp=x.timestamp + 1e-3) for x in retimes[:3]]
+        for x in slow:
+            d.commit_record(x)
+        k4 = {(x.sketch_hash, x.knobs) for x in d.best(r.task.workload_key, Target.host().key, k=3)}
+        assert k4 - top, "the slowed schedules must leave room for one the first run did not re-time"
+    with _CountingMeasurer(config) as m:
+        tune(str(INPUTS / "matmul.mlir"), config=dataclasses.replace(config, trials=0), db=db, measurer=m)
+        assert m.built == 0
+    retimes += slow
     # One with new candidates re-times those among the best, and of the
     # schedules re-timed before only the incumbent they take turns with.
     with Database(db) as d:

@@ -295,6 +295,17 @@ class Record:
             return False
         return isinstance(versions, dict) and RETIME_KEY in versions
 
+    @property
+    def run(self) -> int | None:
+        """The id (in the ``runs`` table) of the tuning run that measured
+        this record, from its ``versions`` JSON; None when it names none."""
+        try:
+            versions = json.loads(self.versions) if self.versions else None
+        except (ValueError, RecursionError):
+            return None
+        run = versions.get("run") if isinstance(versions, dict) else None
+        return run if isinstance(run, int) and not isinstance(run, bool) else None
+
     def to_json(self) -> dict:
         return {
             "workload_key": self.workload_key,
