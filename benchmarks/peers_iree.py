@@ -109,12 +109,13 @@ def _balanced(text: str, start: int) -> int:
     raise ValueError("unbalanced brackets in the function signature")
 
 
-_TENSOR = re.compile(r"tensor<((?:\d+x)*)([a-z]+\d*)>")
+_TENSOR = re.compile(r"tensor<((?:(?:\d+|\?)x)*)([a-z]+\d*)>")
 
 
 def signature(mlir: str, function: str | None = None) -> tuple[str, list[tuple[tuple[int, ...], str]], list[tuple[tuple[int, ...], str]]]:
     """(name, argument types, result types) of the module's public function
-    `function` (default: the first public one); each type a (shape, element type) pair."""
+    `function` (default: the first public one); each type a (shape, element
+    type) pair, a dynamic dimension (``?``) as None."""
     for m in re.finditer(r"func\.func\s+(private\s+)?@([\w$.]+)\s*\(", mlir):
         if m.group(1) or (function and m.group(2) != function):
             continue
@@ -124,7 +125,7 @@ def signature(mlir: str, function: str | None = None) -> tuple[str, list[tuple[t
         head = mlir[args_end: attrs if attrs >= 0 else body]
 
         def types(s: str) -> list[tuple[tuple[int, ...], str]]:
-            return [(tuple(int(d) for d in shp.split("x") if d), et) for shp, et in _TENSOR.findall(s)]
+            return [(tuple(None if d == "?" else int(d) for d in shp.split("x") if d), et) for shp, et in _TENSOR.findall(s)]
 
         return m.group(2), types(mlir[m.end(): args_end]), types(head)
     raise SystemExit(f"peers_iree.py: no public func.func{' @' + function if function else ''} in the module")
@@ -149,19 +150,24 @@ def write_inputs(arrays: list[np.ndarray], args_types: list, wd: str, tag: str) 
     flags = []
     for i, (a, (shape, et)) in enumerate(zip(arrays, args_types)):
         want = np.dtype(_NP[et]).itemsize if et in _NP else None
-        if tuple(a.shape) != shape or (want and a.dtype.itemsize != want):
-            sys.exit(f"peers_iree.py: input {i} is {a.dtype}{list(a.shape)}, the function wants {_type_str(shape, et)}")
+        fits = len(a.shape) == len(shape) and all(d is None or d == n for d, n in zip(shape, a.shape))
+        if not fits or (want and a.dtype.itemsize != want):
+            sys.exit(f"peers_iree.py: input {i} is {a.dtype}{list(a.shape)}, the function wants "
+                     f"{_type_str(tuple('?' if d is None else d for d in shape), et)}")
         path = os.path.join(wd, f"{tag}.arg{i}.bin")
         np.ascontiguousarray(a).tofile(path)
-        flags.append(f"--input={_type_str(shape, et)}=@{path}")
+        flags.append(f"--input={_type_str(tuple(a.shape), et)}=@{path}")  # a dynamic dimension at the array's size
     return flags
 
 
 def read_output(path: str, shape: tuple[int, ...], et: str) -> np.ndarray:
-    """A raw output file as numpy (bf16 widened to f32)."""
+    """A raw output file as numpy (bf16 widened to f32); one dynamic
+    dimension (None) is what the file's size leaves for it."""
     if et not in _NP:
         raise ValueError(f"cannot read outputs of element type {et}")
-    raw = np.fromfile(path, dtype=_NP[et]).reshape(shape)
+    if sum(d is None for d in shape) > 1:
+        raise ValueError(f"cannot read an output of {len(shape)} dimensions with more than one dynamic")
+    raw = np.fromfile(path, dtype=_NP[et]).reshape(tuple(-1 if d is None else d for d in shape))
     if et == "bf16":
         return (raw.astype(np.uint32) << 16).view(np.float32)
     return raw

@@ -95,8 +95,9 @@ _WRITABLE = "bufferization.writable"
 class KernelPlan:
     """How one distinct task is compiled.
 
-    source: "tuned" (best record of the database), "default" (the default
-    sketch with a heuristic assignment) or "naive" (no schedule).
+    source: "tuned" (best record of the database), "transferred" (the best
+    record of the same task at other sizes, `search.transfer`), "default"
+    (the default sketch with a heuristic assignment) or "naive" (no schedule).
     """
 
     task: Task
@@ -112,6 +113,8 @@ class KernelPlan:
     """Why a schedule was dropped for the naive lowering, if it was."""
     trials: int = 0
     """Records of this task in the database (this target, any thread count)."""
+    origin: str = ""
+    """A transferred plan's source: the task (at other sizes) it was tuned for."""
 
     def to_json(self) -> dict:
         lat = self.latency_s if math.isfinite(self.latency_s) else None
@@ -122,6 +125,7 @@ class KernelPlan:
             "weight": self.task.weight,
             "trials": self.trials,
             "schedule": self.source,
+            **({"transferred_from": self.origin} if self.origin else {}),
             "sketch": self.sketch_name,
             "knobs": dict(self.knobs),
             "best_latency_s": lat,
@@ -317,6 +321,21 @@ def _symbol(task: Task) -> str:
     return "ansor_" + "".join(c if c.isalnum() or c == "_" else "_" for c in task.name)
 
 
+def _transferred_plan(database, task: Task, sym: str, sketches, target: Target, threads: int) -> KernelPlan | None:
+    """The plan of a task without records of its own that has a tuned
+    relative at other sizes (`search.transfer`): its best schedule, made
+    valid for this task's extents; None when there is none."""
+    from mlir_ansor.search.transfer import transferred
+
+    for t in transferred(database, task, sketches, target, threads=threads, prefer_host=target.model, relatives=1, per_relative=4):
+        try:
+            script = t.sketch.concrete(t.knobs)
+        except ir.MLIRError:
+            continue
+        return KernelPlan(task, sym, "transferred", t.sketch.payload, script, t.sketch.name, t.knobs, origin=t.source)
+    return None
+
+
 def plan_kernels(
     tasks: list[Task], *, db: str | os.PathLike | None, target: Target, threads: int, default: str = "sketch"
 ) -> list[KernelPlan]:
@@ -367,6 +386,8 @@ def plan_kernels(
                         task.name,
                         threads,
                     )
+                if plan is None and default == "sketch":
+                    plan = _transferred_plan(database, task, sym, sketches, target, threads)
             if plan is None and default == "sketch":
                 # The first rule-made sketch with a preferred point; else the
                 # default schedule (parallel tiles only).
@@ -381,10 +402,11 @@ def plan_kernels(
                 plan = KernelPlan(task, sym, "naive", task.mlir)
             plan.trials = trials
             log.info(
-                "compile: task %s (x%d): %s%s",
+                "compile: task %s (x%d): %s%s%s",
                 task.name,
                 task.weight,
                 plan.source,
+                f" from {plan.origin}" if plan.origin else "",
                 f" {plan.sketch_name} {dict(plan.knobs)}" if plan.knobs else "",
             )
             plans.append(plan)
@@ -1178,7 +1200,7 @@ def schedule_module(
     import concurrent.futures
 
     pool = _pool()
-    args = [(p.payload, p.script, p.symbol, threads, p.source == "default") for p in plans]
+    args = [(p.payload, p.script, p.symbol, threads, p.source in ("default", "transferred")) for p in plans]
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(1) as scheduler:
         scheduled = scheduler.submit(pool.map, schedule_kernel, args, timeout_s=600)

@@ -64,6 +64,7 @@ from mlir_ansor.search.sketch import Sketch, default_assignment
 from mlir_ansor.search.space import Assignment
 from mlir_ansor.search.strategy import EvolutionConfig, MeasuredCandidate, SearchStrategy, TaskContext
 from mlir_ansor.search.task_scheduler import TaskStats
+from mlir_ansor.search.transfer import family_key, transfer_knobs, transferred
 from mlir_ansor.target import Target, usable_cores
 from mlir_ansor.version import __version__
 
@@ -130,6 +131,11 @@ class TuneConfig:
     """Measure each task's default point (what `compile` gives it untuned) in its first batch."""
     share_best: bool = False
     """Seed a task's batch with the best schedule of a task with the same knobs (one per batch)."""
+    transfer: bool = True
+    """Seed the search of a task with the best schedules of the same task at
+    other sizes (`search.transfer`): those of the database when the task has
+    no records of its own, and, one per batch, those of the run's other
+    sizes (``tune --sizes``: the records of one size seed the next)."""
     evolution: EvolutionConfig = field(default_factory=EvolutionConfig)
     """Settings of the evolutionary strategy (its `max_tries` comes from `max_sample_tries`)."""
     pretrained_model: str | None = None
@@ -595,6 +601,12 @@ def _prepare(
                 ctx.history.append(
                     MeasuredCandidate(by_hash[rec.sketch_hash], tuple(rec.knobs), tuple(rec.costs), rec.error_kind)
                 )
+        if config.transfer and sketches and not any(r.valid for r in records):
+            # A task new to the database whose relatives at other sizes were
+            # tuned (`search.transfer`) starts from their best schedules.
+            for t in transferred(database, task, sketches, target, threads=config.threads, prefer_host=m.host):
+                log.debug("task %s: seeded with the best schedule of %s", task.name, t.source)
+                ctx.seeds.append((t.sketch, t.knobs))
         st.strategy.pre_tuning(ctx)
         _best_from_db(st, database, target, config, m)
         prof.seconds["resume"] += time.perf_counter() - t_resume
@@ -721,20 +733,34 @@ def _knob_space(sk: Sketch) -> tuple:
     return tuple((k.name, k.options, k.divides, k.multiple_of, k.at_least, k.alternatives) for k in sk.knobs)
 
 
-def _siblings(states: list[_TaskState]) -> dict[int, list[tuple[int, Sketch, Sketch]]]:
+def _siblings(states: list[_TaskState], *, same_knobs: bool = True, relatives: bool = True) -> dict[int, list[tuple[int, Sketch, Sketch]]]:
     """task index -> [(other task, its sketch, this task's sketch)] for
     sketches made by the same rule with the same knobs (names, options and
     constraints): the same anchor loops, tiled the same way by the same
-    assignment, whatever the tasks fuse around the anchor."""
+    assignment, whatever the tasks fuse around the anchor (`same_knobs`);
+    and (`relatives`) for the sketches of the same rule on the same task
+    at other sizes (`search.transfer.family_key`), whose knobs are carried
+    to this task's options when it is seeded."""
     spaces = [{(sk.name, _knob_space(sk)): sk for sk in st.sketches if sk.knobs} for st in states]
+    # Relatives: the same task at other sizes (`search.transfer`), whose
+    # sketches have the same knobs with other options.
+    named = [{sk.name: sk for sk in st.sketches if sk.knobs} for st in states]
+    families = [family_key(st.task.mlir) for st in states]
     out: dict[int, list[tuple[int, Sketch, Sketch]]] = {}
     for i, mine in enumerate(spaces):
         for j, theirs in enumerate(spaces):
             if i == j:
                 continue
+            same = set()
             for key, sk in theirs.items():
-                if key in mine:
+                if key in mine and same_knobs:
                     out.setdefault(i, []).append((j, sk, mine[key]))
+                    same.add(key[0])
+            if not relatives or families[i] != families[j]:
+                continue
+            for name, sk in named[j].items():
+                if name not in same and name in named[i]:
+                    out.setdefault(i, []).append((j, sk, named[i][name]))
     return out
 
 
@@ -763,7 +789,7 @@ class _Batches:
 
         # For each task: (index of another task, its sketch, the sketch of
         # this task with the same knobs) -- see `_siblings`.
-        self.siblings = _siblings(states) if config.share_best else {}
+        self.siblings = _siblings(states, same_knobs=config.share_best, relatives=config.transfer)
 
     def _share_best(self, ti: int) -> None:
         """Queue, as a seed of task `ti`, the fastest best schedule of its
@@ -772,14 +798,22 @@ class _Batches:
         ctx = getattr(self.states[ti].strategy, "ctx", None)
         if ctx is None:  # a strategy that keeps no TaskContext takes no seeds
             return
-        siblings = sorted(self.siblings.get(ti, ()), key=lambda s: self.states[s[0]].result.best_latency_s)
-        for tj, their_sketch, my_sketch in siblings:
+        flops = self.states[ti].task.flops
+
+        def order(s):  # the nearest in size first (relatives), then the fastest
+            other = self.states[s[0]]
+            return round(abs(math.log(max(1, other.task.flops) / max(1, flops))), 1), other.result.best_latency_s
+
+        for tj, their_sketch, my_sketch in sorted(self.siblings.get(ti, ()), key=order):
             r = self.states[tj].result
             if not r.best_knobs or not math.isfinite(r.best_latency_s) or r.best_sketch != their_sketch.name:
                 continue
             if set(dict(r.best_knobs)) != {k.name for k in their_sketch.knobs}:
                 continue
-            seed = (my_sketch, tuple(r.best_knobs))
+            knobs = transfer_knobs(my_sketch, tuple(r.best_knobs))
+            if knobs is None:
+                continue
+            seed = (my_sketch, knobs)
             if (my_sketch.hash, seed[1]) in ctx.measured or seed in ctx.seeds:
                 continue
             log.debug("task %s: seeded with the best schedule of task %s", self.states[ti].task.name, r.task.name)

@@ -120,6 +120,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--share-best", action="store_true",
                    help="seed each batch with the best schedule of a task whose sketch has the same knobs "
                         "(one per batch; off by default, see TuneConfig.share_best)")
+    t.add_argument("--no-transfer", action="store_true",
+                   help="do not seed a task's search with the best schedules of the same task at other sizes "
+                        "(tuned before into the database, or in this run: tune --sizes; TuneConfig.transfer)")
     t.add_argument("--pretrained-model", default=None, metavar="FILE",
                    help="a saved cost model to start the evolutionary search from (transfer learning); "
                         "'builtin': the one shipped in the package, trained on the bundled operators and models")
@@ -419,6 +422,7 @@ def config_from_args(args: argparse.Namespace, config_cls):
         default_candidate=not args.no_default_candidate,
         reference_cache=not args.no_reference_cache,
         share_best=args.share_best,
+        transfer=not args.no_transfer,
         evolution=EvolutionConfig(crossover=not args.no_crossover, local_share=_share(args.local_share)),
         pretrained_model=args.pretrained_model,
         build_only=getattr(args, "build_only", False),

@@ -1,0 +1,136 @@
+"""Schedules carried from a task to the same task at other sizes.
+
+A function with dynamic dimensions is tuned at a few sizes (``tune --sizes``);
+it is called at others. The tasks of a size nobody tuned are the tuned ones
+with other extents: the same ops, maps, body and element types, only the
+static sizes of their types differ (their *family*, `family_key`). Such a
+task takes the best schedule of its nearest tuned relative (by the ratio of
+their flops, on a log scale): the sketch the same rule makes for it, with
+each knob at the option nearest to the relative's value that the new
+extents allow (`transfer_knobs`, the search's own `repair`). `compile`
+applies it to a task without records of its own (``source: transferred``);
+the tuner seeds such a task's search with it (the records of one size seed
+the next, as Ansor's and MetaSchedule's transfer learning start a new task
+from a similar one's measurements).
+
+A transferred schedule has not been measured at the new size: it is the
+schedule a tuned neighbour found best, made valid for these extents. It is
+built and lowered like a default schedule, and replaced by the naive
+lowering where it fails to build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mlir_ansor.errors import AnsorError
+from mlir_ansor.search.sketch import Sketch
+from mlir_ansor.search.space import Assignment
+from mlir_ansor.search.strategy.evolutionary import repair
+
+log = logging.getLogger(__name__)
+
+_SHAPED = re.compile(r"\b(tensor|memref|vector)<([^<>]*)>")
+_DIM = re.compile(r"(?<![\w.])(\d+|\?)x")
+
+__all__ = ["Transfer", "family_key", "transfer_knobs", "transferred"]
+
+
+def family_key(task_mlir: str) -> str:
+    """What a task is without its sizes: a digest of its text with every
+    dimension of its shaped types written ``?``. Two tasks with the same
+    key differ only in their static extents."""
+    text = _SHAPED.sub(lambda m: f"{m.group(1)}<{_DIM.sub('?x', m.group(2))}>", task_mlir)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def transfer_knobs(sketch: Sketch, knobs: Sequence[tuple[str, int]]) -> Assignment | None:
+    """`knobs` (a relative's assignment of the sketch the same rule made
+    for it) made valid for `sketch`: in sampling order, each value kept
+    where `sketch` allows it, else the nearest allowed option (log scale);
+    a knob the relative's sketch did not have (a choice its extents did not
+    offer) takes its first allowed option, and one `sketch` lacks is
+    dropped. None when they share no knob, a value is not an integer, or
+    the result breaks a limit of the target."""
+    names = {k.name for k in sketch.knobs}
+    values = {k: v for k, v in knobs if k in names}
+    if not values or any(isinstance(v, bool) or not isinstance(v, int) for v in values.values()):
+        return None
+    a = repair(sketch.knobs, values)
+    return None if sketch.violation(a) is not None else a
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """A schedule carried over from a relative task."""
+
+    sketch: Sketch
+    knobs: Assignment
+    source: str
+    """The name of the task it was tuned for."""
+    source_latency_s: float
+    """Its measured latency there."""
+
+
+def _distance(a_flops: int, b_flops: int) -> float:
+    return abs(math.log(max(1, a_flops)) - math.log(max(1, b_flops)))
+
+
+def transferred(
+    database,
+    task,
+    sketches: Sequence[Sketch],
+    target,
+    *,
+    threads: int,
+    prefer_host: str | None = None,
+    relatives: int = 2,
+    per_relative: int = 2,
+) -> list[Transfer]:
+    """The best schedules of `task`'s nearest relatives in `database`
+    (`relatives` of them, nearest first, `per_relative` each), carried to
+    `sketches` (the task's own, by sketch name). Empty when it has none, or
+    none whose schedule fits."""
+    from mlir_ansor.search.generate import generate_sketches
+
+    family = family_key(task.mlir)
+    others = [
+        w
+        for w in database.workloads()
+        if w["workload_key"] != task.workload_key and family_key(w["task_mlir"]) == family
+    ]
+    others.sort(key=lambda w: _distance(int(w["flops"]), task.flops))
+    mine = {}
+    for sk in sketches:
+        mine.setdefault(sk.name, sk)
+    out: list[Transfer] = []
+    taken: set = set()
+    used = 0
+    for w in others:
+        if used >= relatives:
+            break
+        best = database.best(w["workload_key"], target.key, threads=threads, k=per_relative, prefer_host=prefer_host)
+        if not best:
+            continue
+        try:
+            theirs = {sk.hash: sk for sk in generate_sketches(w["task_mlir"], target)}
+        except AnsorError as e:
+            log.debug("transfer: task %s: no sketches (%s)", w["name"], e)
+            continue
+        used += 1
+        for rec in best:
+            src = theirs.get(rec.sketch_hash)
+            sk = mine.get(src.name) if src is not None else None
+            if sk is None:
+                continue
+            knobs = transfer_knobs(sk, rec.knobs)
+            if knobs is None or (sk.hash, knobs) in taken:
+                continue
+            taken.add((sk.hash, knobs))
+            out.append(Transfer(sk, knobs, w["name"], rec.latency_s))
+    return out

@@ -1,0 +1,105 @@
+"""Schedules carried to the same task at other sizes (`search.transfer`):
+the family of a task, knobs made valid for new extents, `compile` of an
+untuned size, and the tuner's seeds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_dynamic import GEMM
+
+import mlir_ansor
+from mlir_ansor import TuneConfig
+from mlir_ansor.graph.dynamic import parse_sizes, specializations
+from mlir_ansor.records.database import Database
+from mlir_ansor.search.generate import generate_sketches
+from mlir_ansor.search.transfer import family_key, transfer_knobs, transferred
+from mlir_ansor.target import Target
+
+
+def _task(m: int, dtype: str = "f32"):
+    text, _ = specializations(GEMM.replace("f32", dtype) if dtype != "f32" else GEMM, parse_sizes([f"0.0={m}"]), keep_name=True)
+    (task,) = [t for t in mlir_ansor.extract_tasks(mlir_ansor.load(text=text)) if "matmul" in t.name]
+    return task
+
+
+def test_a_family_is_the_task_without_its_sizes():
+    a, b = _task(64), _task(100)
+    assert a.workload_key != b.workload_key
+    assert family_key(a.mlir) == family_key(b.mlir)
+    assert family_key(a.mlir) != family_key(a.mlir.replace("arith.maximumf", "arith.minimumf"))
+    assert family_key(a.mlir) != family_key(a.mlir.replace("xf32>", "xf64>"))
+
+
+def test_knobs_are_carried_to_the_options_of_other_extents():
+    """Each knob of the new sketch gets an option of its own; a value the new
+    extents allow (and no other knob constrains) is kept; knobs the old
+    sketch lacks take a default, knobs the new one lacks are dropped."""
+    target = Target.host()
+    small = {sk.name: sk for sk in generate_sketches(_task(64).mlir, target)}
+    odd = {sk.name: sk for sk in generate_sketches(_task(100).mlir, target)}
+    carried = 0
+    for name, sk in small.items():
+        if name not in odd or not sk.knobs:
+            continue
+        new = {k.name: k for k in odd[name].knobs}
+        for pick in (-1, 0):
+            knobs = tuple((k.name, k.options[pick]) for k in sk.knobs) + (("no_such_knob", 4),)
+            got = transfer_knobs(odd[name], knobs)
+            assert got is not None
+            carried += 1
+            assert odd[name].knob_problem(got) is None and {k for k, _ in got} == set(new)
+            free = [k for k, v in knobs if k in new and v in new[k].options and not (new[k].divides or new[k].multiple_of)]
+            assert all(dict(got)[k] == dict(knobs)[k] for k in free)
+    assert carried
+    assert transfer_knobs(next(iter(odd.values())), (("no_such_knob", 4),)) is None
+
+
+@pytest.mark.slow
+def test_an_untuned_size_compiles_with_its_tuned_neighbours_schedule(tmp_path):
+    """Tuned at M = 64 only: a call at M = 100 compiles the matmul task with
+    the schedule tuned at 64 (knobs carried to 100's options), and computes
+    the right answer; the tuner seeds the new size's search with it."""
+    text, _ = specializations(GEMM, parse_sizes(["0.0=64"]), keep_name=True)
+    db = tmp_path / "g.db"
+    mlir_ansor.tune(mlir_ansor.load(text=text), config=TuneConfig(trials=4, batch_size=2), db=db)
+    target = Target.host()
+    task = _task(100)
+    sketches = generate_sketches(task.mlir, target)
+    with Database(db) as d:
+        ts = transferred(d, task, sketches, target, threads=1, prefer_host=target.model)
+        assert ts and all(t.sketch.knob_problem(t.knobs) is None and "64x16x32" in t.source for t in ts)
+    dm = mlir_ansor.compile(mlir_ansor.load(text=GEMM), db=db)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((100, 32)).astype(np.float32)
+    b = rng.standard_normal((32, 16)).astype(np.float32)
+    np.testing.assert_allclose(dm(a, b), np.maximum(a @ b, 0), rtol=1e-4, atol=1e-4)
+    (plan,) = [p for p in dm.specialization(a, b).kernels if "matmul" in p.task.name]
+    assert plan.source == "transferred" and (plan.sketch_name, plan.knobs) == (ts[0].sketch.name, ts[0].knobs)
+    # The tuned size itself keeps its own record.
+    a64 = rng.standard_normal((64, 32)).astype(np.float32)
+    (own,) = [p for p in dm.specialization(a64, b).kernels if "matmul" in p.task.name]
+    assert own.source == "tuned"
+    dm.close()
+    # Tuning M = 100 into the same database measures the carried schedule in its first batch.
+    text100, _ = specializations(GEMM, parse_sizes(["0.0=100"]), keep_name=True)
+    mlir_ansor.tune(mlir_ansor.load(text=text100), config=TuneConfig(trials=2, batch_size=2, default_candidate=False), db=db)
+    with Database(db) as d:
+        first = sorted((r for r in d.records(task.workload_key) if not r.retime), key=lambda r: r.timestamp)[:2]
+    assert (ts[0].sketch.hash, ts[0].knobs) in {(r.sketch_hash, r.knobs) for r in first}  # in the first batch
+
+
+def test_the_sizes_of_one_run_seed_each_other():
+    """In one run (``tune --sizes``), the tasks of one family are relatives:
+    each seeds the others' batches with its best (`TuneConfig.transfer`)."""
+    from types import SimpleNamespace
+
+    from mlir_ansor.tuner import _siblings
+
+    target = Target.host()
+    tasks = (_task(64), _task(100), _task(64, "f64"))
+    states = [SimpleNamespace(task=t, sketches=generate_sketches(t.mlir, target)) for t in tasks]
+    sib = _siblings(states, same_knobs=False, relatives=True)
+    assert {j for j, _, _ in sib[0]} == {1} and {j for j, _, _ in sib[1]} == {0} and 2 not in sib
+    assert all(theirs.name == mine.name for pairs in sib.values() for _, theirs, mine in pairs)
+    assert not _siblings(states, same_knobs=False, relatives=False)
