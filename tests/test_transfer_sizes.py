@@ -103,3 +103,19 @@ def test_the_sizes_of_one_run_seed_each_other():
     assert {j for j, _, _ in sib[0]} == {1} and {j for j, _, _ in sib[1]} == {0} and 2 not in sib
     assert all(theirs.name == mine.name for pairs in sib.values() for _, theirs, mine in pairs)
     assert not _siblings(states, same_knobs=False, relatives=False)
+
+
+def test_a_relative_that_chose_what_the_new_sketch_cannot_comes_last():
+    """At 100 rows (not a multiple of 8), cpu-contraction has no packing
+    alternative: it reads B in place, "pack" 1 (`Sketch.implied`). A
+    schedule of 64 rows that copied B is not one it can make as it is."""
+    from mlir_ansor.search.transfer import faithful
+
+    target = Target.host()
+    (sk100,) = [s for s in generate_sketches(_task(100).mlir, target) if s.name == "cpu-contraction"]
+    (sk64,) = [s for s in generate_sketches(_task(64).mlir, target) if s.name == "cpu-contraction"]
+    assert dict(sk100.implied) == {"pack": 1} and "pack" not in {k.name for k in sk100.knobs}
+    assert sk64.implied == () and "pack" in {k.name for k in sk64.knobs}
+    copied = tuple((k.name, 1 if k.name == "pack" else k.options[0]) for k in sk64.knobs)
+    assert faithful(sk100, copied) and not faithful(sk100, tuple((k, 0 if k == "pack" else v) for k, v in copied))
+    assert faithful(sk64, copied)

@@ -229,6 +229,12 @@ class Sketch:
     # taken): :func:`default_assignment`, for tasks nobody tuned and as the
     # first candidate of every search. Not part of the sketch's identity.
     prefer: tuple[tuple[str, int], ...] = field(default=(), compare=False)
+    # Alternatives the rule offers elsewhere but not here, with the value
+    # this sketch behaves as (multi-level tiling with partial rows has no
+    # packing: it reads in place, "pack" 1): a schedule carried from the same
+    # task at other sizes (`search.transfer`) that chose otherwise is a
+    # different schedule. Not part of the sketch's identity.
+    implied: tuple[tuple[str, int], ...] = field(default=(), compare=False)
 
     def parallelism(self, assignment: Assignment) -> int:
         """How many iterations the scf.forall of this schedule has (a

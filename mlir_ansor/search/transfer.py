@@ -38,7 +38,10 @@ log = logging.getLogger(__name__)
 _SHAPED = re.compile(r"\b(tensor|memref|vector)<([^<>]*)>")
 _DIM = re.compile(r"(?<![\w.])(\d+|\?)x")
 
-__all__ = ["Transfer", "family_key", "transfer_knobs", "transferred"]
+__all__ = ["Transfer", "faithful", "family_key", "transfer_knobs", "transferred"]
+
+_SCANNED = 64
+"""A relative's best records looked at for ones the new sketch can make as they are."""
 
 
 def family_key(task_mlir: str) -> str:
@@ -77,6 +80,16 @@ class Transfer:
     """Its measured latency there."""
 
 
+def faithful(sketch: Sketch, knobs: Sequence[tuple[str, int]]) -> bool:
+    """Whether a relative's `knobs` describe a schedule `sketch` can make:
+    each of its knobs that `sketch` lacks was at the value `sketch`
+    behaves as (`Sketch.implied`); a knob it lacks with no such value is
+    taken as one the new sketch does not need."""
+    names = {k.name for k in sketch.knobs}
+    implied = dict(sketch.implied)
+    return all(implied.get(k, v) == v for k, v in knobs if k not in names)
+
+
 def _distance(a_flops: int, b_flops: int) -> float:
     return abs(math.log(max(1, a_flops)) - math.log(max(1, b_flops)))
 
@@ -94,8 +107,11 @@ def transferred(
 ) -> list[Transfer]:
     """The best schedules of `task`'s nearest relatives in `database`
     (`relatives` of them, nearest first, `per_relative` each), carried to
-    `sketches` (the task's own, by sketch name). Empty when it has none, or
-    none whose schedule fits."""
+    `sketches` (the task's own, by sketch name). Of a relative's records,
+    those `sketch` can make as they are come first (`faithful`: a relative
+    tuned at a multiple of 8 rows may have chosen to copy B, which a sketch
+    for 333 rows does not offer); the others follow. Empty when it has
+    none, or none whose schedule fits."""
     from mlir_ansor.search.generate import generate_sketches
 
     family = family_key(task.mlir)
@@ -114,7 +130,7 @@ def transferred(
     for w in others:
         if used >= relatives:
             break
-        best = database.best(w["workload_key"], target.key, threads=threads, k=per_relative, prefer_host=prefer_host)
+        best = database.best(w["workload_key"], target.key, threads=threads, k=_SCANNED, prefer_host=prefer_host)
         if not best:
             continue
         try:
@@ -123,6 +139,7 @@ def transferred(
             log.debug("transfer: task %s: no sketches (%s)", w["name"], e)
             continue
         used += 1
+        carried: list[tuple[bool, Transfer]] = []
         for rec in best:
             src = theirs.get(rec.sketch_hash)
             sk = mine.get(src.name) if src is not None else None
@@ -132,5 +149,7 @@ def transferred(
             if knobs is None or (sk.hash, knobs) in taken:
                 continue
             taken.add((sk.hash, knobs))
-            out.append(Transfer(sk, knobs, w["name"], rec.latency_s))
+            carried.append((faithful(sk, rec.knobs), Transfer(sk, knobs, w["name"], rec.latency_s)))
+        carried.sort(key=lambda ft: not ft[0])  # stable: by latency within each kind
+        out += [t for _, t in carried[:per_relative]]
     return out

@@ -317,7 +317,9 @@ class MultiLevelTiling(Rule):
         finish(w, vectorize=True)
         forall_knobs = tuple((f"p_d{d}", ranges[d]) for d in anchor.parallel)
         prefer = _preferred(specs, vec, row, inner_red, lanes, narrow=is_window and reused is not None)
-        return [Sketch(self.name, ctx.payload, w.text(), tuple(specs), forall=forall_knobs, prefer=prefer)]
+        # Without the packing alternative (partial rows), B is read in place.
+        implied = (("pack", 1),) if partial_rows and reused_operand(anchor, row) is not None else ()
+        return [Sketch(self.name, ctx.payload, w.text(), tuple(specs), forall=forall_knobs, prefer=prefer, implied=implied)]
 
 
 # The default point of the space (`sketch.default_assignment`): a register
