@@ -977,30 +977,49 @@ class DynamicModule:
     them otherwise). `sizes` lists the specializations compiled so far.
 
     A specialization is compiled like any static module: the records of a
-    size tuned with ``tune --sizes`` apply to it, any other size gets the
-    default schedules."""
+    size tuned with ``tune --sizes`` apply to it; a size nobody tuned gets
+    the schedule of its nearest tuned size (`search.transfer`), else the
+    default schedules.
 
-    def __init__(self, program: Program, *, entry: str | None, **options) -> None:
-        from mlir_ansor.graph.dynamic import dynamic_function, symbols
+    A size that is not a multiple of :data:`PAD_TO` and was not tuned
+    itself runs padded, where the function allows it (`graph.dynamic.
+    paddable`: a GEMM's rows, not a sequence that attention reduces over)
+    and it costs at most :data:`PAD_WORK` more work: the inputs are copied
+    into zero-padded arrays, the specialization of the padded size runs,
+    and each result is its first rows. Schedules for whole register tiles
+    (and the packing alternatives that only they have) then apply: a GEMM
+    of 333 rows carried from 256 ran 1.8x slower than one tuned at 333 as
+    333, and within 15% of it as 336 (Zen 5, `benchmarks/dynamic_gemm.py`).
+    ``pad=False`` turns it off."""
+
+    PAD_TO = 8
+    """Padded sizes are multiples of this (the register tiles' rows)."""
+    PAD_WORK = 1.15
+    """The most a padded size may exceed the size it stands for, as a ratio."""
+
+    def __init__(self, program: Program, *, entry: str | None, pad: bool = True, **options) -> None:
+        from mlir_ansor.graph.dynamic import dynamic_function, paddable, symbols
 
         with program.context:
             self.text = str(program.module)
             fn = dynamic_function(program.module, entry)
             self.entry = _name(fn)
             self.symbols = symbols(program.module, self.entry)
+            on_memrefs = any(isinstance(a.type, ir.MemRefType) for a in fn.regions[0].blocks[0].arguments)
+            # (a function on memrefs writes its arguments: nothing to cut back)
+            self.paddable = paddable(program.module, self.entry) if pad and not on_memrefs else [False] * len(self.symbols)
             self.n_args = len(fn.regions[0].blocks[0].arguments)
         self.source = program.source
         self.options = options
         self._compiled: dict[tuple, CompiledModule] = {}
+        self._runs: dict[tuple, tuple] = {}  # sizes -> (compiled module, padded sizes or None, result shapes)
 
     @property
     def sizes(self) -> list[dict[tuple[int, int], int]]:
         return [dict(k) for k in self._compiled]
 
-    def specialization(self, *arrays: np.ndarray) -> CompiledModule:
-        """The compiled specialization for the sizes of `arrays`."""
-        from mlir_ansor.graph.dynamic import size_label, specializations
-        from mlir_ansor.ir.program import load as load_text
+    def _values(self, arrays) -> dict[tuple[int, int], int]:
+        from mlir_ansor.graph.dynamic import size_label
 
         if len(arrays) != self.n_args:
             raise AnsorError(f"@{self.entry} takes {self.n_args} argument(s), got {len(arrays)}")
@@ -1015,25 +1034,116 @@ class DynamicModule:
             if len(set(seen.values())) > 1:
                 raise AnsorError(f"@{self.entry}: dimensions {size_label(seen)} "
                                  "are one dimension of the function and must have the same size")
+            if any(v < 1 for v in seen.values()):
+                raise AnsorError(f"@{self.entry}: dimensions {size_label(seen)} are empty: every size must be at least 1")
             values.update(seen)
+        return values
+
+    def _text_at(self, values: dict[tuple[int, int], int]) -> str:
+        from mlir_ansor.graph.dynamic import specializations
+
+        first = {g[0]: (values[g[0]],) for g in self.symbols}
+        text, _ = specializations(self.text, first, func=self.entry, keep_name=True)
+        return text
+
+    def _compile_at(self, values: dict[tuple[int, int], int]) -> CompiledModule:
+        from mlir_ansor.graph.dynamic import size_label
+        from mlir_ansor.ir.program import load as load_text
+
         key = tuple(sorted(values.items()))
         cm = self._compiled.get(key)
         if cm is None:
-            first = {g[0]: (values[g[0]],) for g in self.symbols}
-            text, _ = specializations(self.text, first, func=self.entry, keep_name=True)
             sizes = size_label(values)
             log.info("compile: @%s at sizes %s", self.entry, sizes)
-            cm = compile(load_text(text=text, name=f"<{self.source} at {sizes}>"), entry=self.entry, **self.options)
+            cm = compile(load_text(text=self._text_at(values), name=f"<{self.source} at {sizes}>"), entry=self.entry,
+                         **self.options)
             self._compiled[key] = cm
         return cm
 
+    def _tuned(self, text: str) -> bool:
+        """Whether the database has records of a task of `text`'s module."""
+        from mlir_ansor.graph.task import extract_tasks
+        from mlir_ansor.ir.program import load as load_text
+        from mlir_ansor.records import Database
+
+        db = self.options.get("db")
+        if db is None or not os.path.exists(db) or os.path.getsize(db) == 0:
+            return False
+        target = self.options.get("target") or Target.host()
+        tasks = extract_tasks(load_text(text=text), func=self.entry, prepack=weight_packing(target))
+        with Database(db, readonly=True) as d:
+            return any(d.count(t.workload_key, target.key) for t in tasks)
+
+    def _padded(self, values: dict[tuple[int, int], int]) -> dict[tuple[int, int], int] | None:
+        """The sizes to run `values` at, padded (None: as they are)."""
+        out = dict(values)
+        for group, ok in zip(self.symbols, self.paddable):
+            v = values[group[0]]
+            p = -(-v // self.PAD_TO) * self.PAD_TO
+            if ok and p != v and p <= self.PAD_WORK * v:
+                out.update({dim: p for dim in group})
+        if out == values or self._tuned(self._text_at(values)):
+            return None
+        return out
+
+    def _run(self, arrays) -> tuple:
+        values = self._values(arrays)
+        key = tuple(sorted(values.items()))
+        run = self._runs.get(key)
+        if run is None:
+            padded = self._padded(values)
+            cm = self._compile_at(padded or values)
+            shapes = None
+            if padded is not None:
+                from mlir_ansor.graph.dynamic import size_label
+
+                with ir.Context():
+                    exact = ir.Module.parse(self._text_at(values))
+                    fn = next(op.operation for op in exact.body.operations
+                              if op.operation.name == "func.func" and _name(op.operation) == self.entry)
+                    shapes = [tuple(ir.ShapedType(t).shape) for t in ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value).results]
+                log.info("compile: @%s at sizes %s runs padded to %s", self.entry, size_label(values), size_label(padded))
+            run = self._runs[key] = (cm, padded, shapes)
+        return run
+
+    def specialization(self, *arrays: np.ndarray) -> CompiledModule:
+        """The compiled specialization that runs `arrays` (at their sizes,
+        or padded ones: `padded_sizes`)."""
+        return self._run(arrays)[0]
+
+    def padded_sizes(self, *arrays: np.ndarray) -> dict[tuple[int, int], int] | None:
+        """The sizes the arrays run at when they are padded (None: as they are)."""
+        return self._run(arrays)[1]
+
     def __call__(self, *arrays: np.ndarray):
-        return self.specialization(*arrays)(*arrays)
+        cm, padded, shapes = self._run(arrays)
+        if padded is None:
+            return cm(*arrays)
+        ins = []
+        for i, a in enumerate(arrays):
+            a = np.asarray(a)
+            want = list(a.shape)
+            for (j, d), p in padded.items():
+                if j == i:
+                    want[d] = p
+            if want != list(a.shape):
+                b = np.zeros(want, a.dtype)
+                b[tuple(slice(0, n) for n in a.shape)] = a
+                a = b
+            ins.append(a)
+        out = cm(*ins)
+        if out is None:
+            return None
+        outs = out if isinstance(out, tuple) else (out,)
+        cut = tuple(np.ascontiguousarray(o[tuple(slice(0, n) for n in shape)]) if o.shape != shape else o
+                    for o, shape in zip(outs, shapes))
+        return cut if isinstance(out, tuple) else cut[0]
 
     def close(self) -> None:
         for cm in self._compiled.values():
             cm.close()
         self._compiled.clear()
+        self._runs.clear()
 
 
 def cached_compile(

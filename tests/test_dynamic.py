@@ -128,3 +128,60 @@ def test_specialized_module_computes_the_matmul():
     a = rng.standard_normal((5, 32)).astype(np.float32)
     b = rng.standard_normal((32, 16)).astype(np.float32)
     np.testing.assert_allclose(cm(a, b), np.maximum(a @ b, 0), rtol=1e-4, atol=1e-4)
+
+
+# The rows reduced (a column sum): padding them would add the pad rows in.
+COLUMN_SUM = """
+func.func @colsum(%A: tensor<?x32xf32>) -> tensor<32xf32> {
+  %cst = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<32xf32>
+  %z = linalg.fill ins(%cst : f32) outs(%e : tensor<32xf32>) -> tensor<32xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (j)>],
+      iterator_types = ["reduction", "parallel"]} ins(%A : tensor<?x32xf32>) outs(%z : tensor<32xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %y = arith.addf %x, %o : f32
+    linalg.yield %y : f32
+  } -> tensor<32xf32>
+  return %r : tensor<32xf32>
+}
+"""
+
+
+def test_only_dimensions_every_op_keeps_apart_are_paddable():
+    from mlir_ansor.graph.dynamic import paddable
+
+    sliced = GEMM.replace("return %relu : tensor<?x16xf32>",
+                          "%s = tensor.extract_slice %relu[1, 0] [4, 16] [1, 1] : tensor<?x16xf32> to tensor<4x16xf32>\n"
+                          "  return %s : tensor<4x16xf32>").replace("-> tensor<?x16xf32> {\n  %c0", "-> tensor<4x16xf32> {\n  %c0")
+    with ir.Context():
+        assert paddable(ir.Module.parse(GEMM)) == [True]  # rows: parallel in the matmul and the ReLU
+        assert paddable(ir.Module.parse((INPUTS / "dynamic.mlir").read_text())) == [True]
+        assert paddable(ir.Module.parse(COLUMN_SUM)) == [False]  # a reduction runs over them
+        assert paddable(ir.Module.parse(sliced)) == [False]  # a slice could move rows
+
+
+def test_untuned_odd_sizes_run_padded_and_give_the_exact_rows():
+    """A size that is not a multiple of 8 runs at the next one (at most 15%
+    more rows), on zero-padded inputs, and returns its own rows; a column
+    sum is never padded; pad=False turns it off."""
+    dm = mlir_ansor.compile(mlir_ansor.load(text=GEMM))
+    rng = np.random.default_rng(1)
+    b = rng.standard_normal((32, 16)).astype(np.float32)
+    for m, padded in ((7, 8), (100, 104), (3, None), (16, None)):
+        a = rng.standard_normal((m, 32)).astype(np.float32)
+        got = dm(a, b)
+        assert got.shape == (m, 16) and got.flags.c_contiguous
+        np.testing.assert_allclose(got, np.maximum(a @ b, 0), rtol=1e-4, atol=1e-4)
+        assert dm.padded_sizes(a, b) == ({(0, 0): padded} if padded else None)
+    assert {(0, 0): 104} in dm.sizes and {(0, 0): 100} not in dm.sizes
+    dm.close()
+    exact = mlir_ansor.compiler.DynamicModule(mlir_ansor.load(text=GEMM), entry=None, pad=False)
+    a = rng.standard_normal((7, 32)).astype(np.float32)
+    np.testing.assert_allclose(exact(a, b), np.maximum(a @ b, 0), rtol=1e-4, atol=1e-4)
+    assert exact.padded_sizes(a, b) is None and exact.sizes == [{(0, 0): 7}]
+    exact.close()
+    cs = mlir_ansor.compile(mlir_ansor.load(text=COLUMN_SUM))
+    a = rng.standard_normal((7, 32)).astype(np.float32)
+    np.testing.assert_allclose(cs(a), a.sum(axis=0), rtol=1e-4, atol=1e-4)
+    assert cs.padded_sizes(a) is None
+    cs.close()

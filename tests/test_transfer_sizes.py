@@ -10,6 +10,7 @@ from test_dynamic import GEMM
 
 import mlir_ansor
 from mlir_ansor import TuneConfig
+from mlir_ansor.compiler import DynamicModule
 from mlir_ansor.graph.dynamic import parse_sizes, specializations
 from mlir_ansor.records.database import Database
 from mlir_ansor.search.generate import generate_sketches
@@ -69,7 +70,7 @@ def test_an_untuned_size_compiles_with_its_tuned_neighbours_schedule(tmp_path):
     with Database(db) as d:
         ts = transferred(d, task, sketches, target, threads=1, prefer_host=target.model)
         assert ts and all(t.sketch.knob_problem(t.knobs) is None and "64x16x32" in t.source for t in ts)
-    dm = mlir_ansor.compile(mlir_ansor.load(text=GEMM), db=db)
+    dm = DynamicModule(mlir_ansor.load(text=GEMM), entry=None, db=db, pad=False)  # 100 as 100
     rng = np.random.default_rng(0)
     a = rng.standard_normal((100, 32)).astype(np.float32)
     b = rng.standard_normal((32, 16)).astype(np.float32)
@@ -81,6 +82,13 @@ def test_an_untuned_size_compiles_with_its_tuned_neighbours_schedule(tmp_path):
     (own,) = [p for p in dm.specialization(a64, b).kernels if "matmul" in p.task.name]
     assert own.source == "tuned"
     dm.close()
+    # Padded (the default), 100 rows run as 104, carried from 64 too.
+    padded = mlir_ansor.compile(mlir_ansor.load(text=GEMM), db=db)
+    np.testing.assert_allclose(padded(a, b), np.maximum(a @ b, 0), rtol=1e-4, atol=1e-4)
+    assert padded.padded_sizes(a, b) == {(0, 0): 104}
+    (plan,) = [p for p in padded.specialization(a, b).kernels if "matmul" in p.task.name]
+    assert plan.source == "transferred" and "64x16x32" in plan.origin
+    padded.close()
     # Tuning M = 100 into the same database measures the carried schedule in its first batch.
     text100, _ = specializations(GEMM, parse_sizes(["0.0=100"]), keep_name=True)
     mlir_ansor.tune(mlir_ansor.load(text=text100), config=TuneConfig(trials=2, batch_size=2, default_candidate=False), db=db)

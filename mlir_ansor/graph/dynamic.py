@@ -27,8 +27,8 @@ from mlir import ir, passmanager
 
 from mlir_ansor.errors import InputError, UnsupportedError
 
-__all__ = ["Dim", "dynamic_dims", "dynamic_function", "expand", "parse_sizes", "size_label", "specializations", "specialize",
-           "symbols"]
+__all__ = ["Dim", "dynamic_dims", "dynamic_function", "expand", "paddable", "parse_sizes", "size_label", "specializations",
+           "specialize", "symbols"]
 
 Dim = tuple[int, int]
 """(argument, dimension), both 0-based."""
@@ -137,6 +137,82 @@ def symbols(module: ir.Module, func: str | None = None) -> list[list[Dim]]:
     for i, d in dynamic_dims(copy.operation):
         groups.setdefault(find((args[i], d)), []).append((i, d))
     return list(groups.values())
+
+
+_PADDABLE_OPS = {"linalg.generic", "tensor.empty", "tensor.dim", "tensor.cast", "func.return", "arith.constant"}
+"""The ops a function may hold for its symbols to be paddable (`paddable`)."""
+
+
+def paddable(module: ir.Module, func: str | None = None) -> list[bool]:
+    """For each symbol of :func:`symbols` (same order): whether its extent
+    can be padded, the function run at a larger size on inputs padded at
+    the end of those dimensions, and each result sliced back to its first
+    rows, with the same values in them: every loop the symbol is in is
+    parallel and indexes its operands directly (no reduction runs over it,
+    no window or other expression reads across it), and the function holds
+    only Linalg ops, ``tensor.empty``/``dim``/``cast`` and constants (a
+    slice, a reshape or a loop of its own could move rows: nothing is
+    paddable then). A GEMM's M is; a sequence length that attention
+    reduces over is not."""
+    groups = symbols(module, func)
+    fn = dynamic_function(module, func)
+    holder = ir.Module.create(ir.Location.unknown(module.context))
+    copy = fn.clone()
+    holder.body.append(copy)
+    passmanager.PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))").run(holder.operation)
+    parent: dict = {}
+
+    def find(x):
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(a, b):
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[ra] = rb
+
+    blocked: list = []  # (value, dim) a reduction runs over or an expression reads across
+    other_ops: list[str] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "func.func":
+            return ir.WalkResult.ADVANCE
+        if op.name not in _PADDABLE_OPS and not (op.name.startswith("arith.") and all(
+                isinstance(r.type, ir.IndexType) for r in op.results)):
+            other_ops.append(op.name)
+            return ir.WalkResult.SKIP
+        if op.name != "linalg.generic":
+            return ir.WalkResult.SKIP
+        maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+        kinds = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+        loops: dict[int, list] = {}
+        for v, amap in zip(op.operands, maps):
+            for k, expr in enumerate(amap.results):
+                if isinstance(expr, ir.AffineDimExpr):
+                    loops.setdefault(ir.AffineDimExpr(expr).position, []).append((v, k))
+                elif not isinstance(expr, ir.AffineConstantExpr):
+                    blocked.append((v, k))
+        for pos, members in loops.items():
+            for m in members[1:]:
+                union(members[0], m)
+            if "reduction" in kinds[pos]:
+                blocked.append(members[0])
+        n_results = len(op.results)
+        for r, init in zip(op.results, list(op.operands)[len(op.operands) - n_results:]):
+            st = _shaped(r.type)
+            for k in range(st.rank if st else 0):
+                union((r, k), (init, k))
+        return ir.WalkResult.SKIP
+
+    copy.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    if other_ops:
+        return [False] * len(groups)
+    args = copy.regions[0].blocks[0].arguments
+    bad = {find(x) for x in blocked}
+    return [all(find((args[i], d)) not in bad for i, d in g) for g in groups]
 
 
 def _static(t: ir.Type, shape: list[int]) -> ir.Type:
