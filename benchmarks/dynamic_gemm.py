@@ -132,6 +132,7 @@ def main() -> int:
 
     import mlir_ansor
     from mlir_ansor.graph.dynamic import parse_sizes, specializations
+    from mlir_ansor.measure.runner import aligned_copy
     from mlir_ansor.target import Target
 
     wd = args.work_dir or tempfile.mkdtemp(prefix="dyn_gemm_")
@@ -142,8 +143,10 @@ def main() -> int:
     sizes, tuned = _ints(args.at), _ints(args.tuned)
     threads = _ints(args.threads)
     rng = np.random.default_rng(args.seed)
-    b = rng.standard_normal((K, N)).astype(np.float32)
-    inputs = {m: rng.standard_normal((m, K)).astype(np.float32) for m in sizes}
+    # Aligned as `mlir_ansor.measure.runner.aligned_copy` makes them: ours pass
+    # such arrays to the kernels as they are (numpy's own are copied first).
+    b = aligned_copy(rng.standard_normal((K, N)).astype(np.float32))
+    inputs = {m: aligned_copy(rng.standard_normal((m, K)).astype(np.float32)) for m in sizes}
     refs = {m: (inputs[m].astype(np.float64) @ b.astype(np.float64)) for m in sizes}
 
     iree = None

@@ -1127,8 +1127,11 @@ class DynamicModule:
                 if j == i:
                     want[d] = p
             if want != list(a.shape):
-                b = np.zeros(want, a.dtype)
+                b = aligned_empty(tuple(want), a.dtype)  # aligned: passed to the kernels as it is
                 b[tuple(slice(0, n) for n in a.shape)] = a
+                for d, n in enumerate(a.shape):
+                    if want[d] != n:
+                        b[(slice(None),) * d + (slice(n, None),)] = 0
                 a = b
             ins.append(a)
         out = cm(*ins)
