@@ -87,12 +87,15 @@ def dynamic_dims(fn: ir.Operation) -> list[Dim]:
     return out
 
 
-def symbols(module: ir.Module, func: str | None = None) -> list[list[Dim]]:
-    """The dynamic dimensions of the function's arguments, grouped into the
-    symbols that its Linalg ops tie together (each loop of a
-    ``linalg.generic``, after generalizing a copy, ties the operand
-    dimensions its indexing maps give that loop, and each result is its
-    init's shape), in argument order."""
+def _ties(module: ir.Module, func: str | None):
+    """Walk a generalized copy of the dynamic function: the union-find of the
+    (value, dimension) pairs its Linalg ops tie together (each loop of a
+    ``linalg.generic`` ties the operand dimensions its indexing maps give
+    that loop, and each result is its init's shape); the pairs a reduction
+    runs over or an expression other than a loop index reads (a window);
+    and the ops other than those of :data:`_PADDABLE_OPS`. Returns
+    (the module holding the copy, which must outlive the rest; the copy's
+    arguments, find, blocked pairs, other ops)."""
     fn = dynamic_function(module, func)
     holder = ir.Module.create(ir.Location.unknown(module.context))
     copy = fn.clone()  # detached, then generalized in a module of its own
@@ -112,69 +115,7 @@ def symbols(module: ir.Module, func: str | None = None) -> list[list[Dim]]:
         if ra != rb:
             parent[ra] = rb
 
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name != "linalg.generic":
-            return ir.WalkResult.ADVANCE
-        maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
-        loops: dict[int, list] = {}
-        for v, amap in zip(op.operands, maps):
-            for k, expr in enumerate(amap.results):
-                if isinstance(expr, ir.AffineDimExpr):
-                    loops.setdefault(ir.AffineDimExpr(expr).position, []).append((v, k))
-        for members in loops.values():
-            for m in members[1:]:
-                union(members[0], m)
-        n_results = len(op.results)
-        for r, init in zip(op.results, list(op.operands)[len(op.operands) - n_results:]):
-            st = _shaped(r.type)
-            for k in range(st.rank if st else 0):
-                union((r, k), (init, k))
-        return ir.WalkResult.SKIP
-
-    copy.operation.walk(visit)
-    args = copy.regions[0].blocks[0].arguments
-    groups: dict = {}
-    for i, d in dynamic_dims(copy.operation):
-        groups.setdefault(find((args[i], d)), []).append((i, d))
-    return list(groups.values())
-
-
-_PADDABLE_OPS = {"linalg.generic", "tensor.empty", "tensor.dim", "tensor.cast", "func.return", "arith.constant"}
-"""The ops a function may hold for its symbols to be paddable (`paddable`)."""
-
-
-def paddable(module: ir.Module, func: str | None = None) -> list[bool]:
-    """For each symbol of :func:`symbols` (same order): whether its extent
-    can be padded, the function run at a larger size on inputs padded at
-    the end of those dimensions, and each result sliced back to its first
-    rows, with the same values in them: every loop the symbol is in is
-    parallel and indexes its operands directly (no reduction runs over it,
-    no window or other expression reads across it), and the function holds
-    only Linalg ops, ``tensor.empty``/``dim``/``cast`` and constants (a
-    slice, a reshape or a loop of its own could move rows: nothing is
-    paddable then). A GEMM's M is; a sequence length that attention
-    reduces over is not."""
-    groups = symbols(module, func)
-    fn = dynamic_function(module, func)
-    holder = ir.Module.create(ir.Location.unknown(module.context))
-    copy = fn.clone()
-    holder.body.append(copy)
-    passmanager.PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))").run(holder.operation)
-    parent: dict = {}
-
-    def find(x):
-        parent.setdefault(x, x)
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    def union(a, b):
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            parent[ra] = rb
-
-    blocked: list = []  # (value, dim) a reduction runs over or an expression reads across
+    blocked: list = []
     other_ops: list[str] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
@@ -208,11 +149,52 @@ def paddable(module: ir.Module, func: str | None = None) -> list[bool]:
         return ir.WalkResult.SKIP
 
     copy.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    if other_ops:
-        return [False] * len(groups)
-    args = copy.regions[0].blocks[0].arguments
+    return holder, copy.regions[0].blocks[0].arguments, find, blocked, other_ops
+
+
+def _groups(args, find) -> list[list[Dim]]:
+    groups: dict = {}
+    for i, arg in enumerate(args):
+        st = _shaped(arg.type)
+        for d in range(st.rank if st is not None else 0):
+            if st.is_dynamic_dim(d):
+                groups.setdefault(find((arg, d)), []).append((i, d))
+    return list(groups.values())
+
+
+def symbols(module: ir.Module, func: str | None = None) -> list[list[Dim]]:
+    """The dynamic dimensions of the function's arguments, grouped into the
+    symbols that its Linalg ops tie together (each loop of a
+    ``linalg.generic``, after generalizing a copy, ties the operand
+    dimensions its indexing maps give that loop, and each result is its
+    init's shape), in argument order."""
+    holder, args, find, _, _ = _ties(module, func)
+    groups = _groups(args, find)
+    del holder  # (only now: the arguments live in it)
+    return groups
+
+
+_PADDABLE_OPS = {"linalg.generic", "tensor.empty", "tensor.dim", "tensor.cast", "func.return", "arith.constant"}
+"""The ops a function may hold for its symbols to be paddable (`paddable`)."""
+
+
+def paddable(module: ir.Module, func: str | None = None) -> list[bool]:
+    """For each symbol of :func:`symbols` (same order): whether its extent
+    can be padded, the function run at a larger size on inputs padded at
+    the end of those dimensions, and each result sliced back to its first
+    rows, with the same values in them: every loop the symbol is in is
+    parallel and indexes its operands directly (no reduction runs over it,
+    no window or other expression reads across it), and the function holds
+    only Linalg ops, ``tensor.empty``/``dim``/``cast`` and constants (a
+    slice, a reshape or a loop of its own could move rows: nothing is
+    paddable then). A GEMM's M is; a sequence length that attention
+    reduces over is not."""
+    holder, args, find, blocked, other_ops = _ties(module, func)
+    groups = _groups(args, find)
     bad = {find(x) for x in blocked}
-    return [all(find((args[i], d)) not in bad for i, d in g) for g in groups]
+    out = [not other_ops and all(find((args[i], d)) not in bad for i, d in g) for g in groups]
+    del holder  # (only now: the arguments live in it)
+    return out
 
 
 def _static(t: ir.Type, shape: list[int]) -> ir.Type:
