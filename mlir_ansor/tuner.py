@@ -1022,11 +1022,13 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
     # Schedules an earlier run re-timed: a task whose best are all among them
     # has nothing new to choose between (a resumed run of 32 trials spent
     # 89 s rebuilding and re-timing ResNet-50's unchanged best).
-    # Only what this run measured is new: a schedule of an earlier run that
-    # enters the best because the re-timings moved the others is not (a
-    # resumed run of no trials rebuilt such a one).
+    # New are the schedules this run measured, and those of a run that never
+    # re-timed this task (killed first, or with re-timing off). A schedule of
+    # a run that did re-time it, left out then and now among the best because
+    # the re-timings moved the others, is not new (a resumed run of no trials
+    # rebuilt such a one).
     earlier: dict[int, set] = {}
-    this_run: dict[int, set] = {}
+    fresh_keys: dict[int, set] = {}
     for i, st in enumerate(states):
         recs = [
             r
@@ -1034,7 +1036,12 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
             if r.host == m.host and r.threads == config.threads
         ]
         earlier[i] = {(r.sketch_hash, tuple(r.knobs)) for r in recs if r.retime}
-        this_run[i] = {(r.sketch_hash, tuple(r.knobs)) for r in recs if not r.retime and (run_id is None or r.run == run_id)}
+        retimed_runs = {r.run for r in recs if r.retime}
+        fresh_keys[i] = {
+            (r.sketch_hash, tuple(r.knobs))
+            for r in recs
+            if not r.retime and (run_id is None or r.run == run_id or r.run not in retimed_runs)
+        }
     for attempt in range(3):
         todo: list[tuple[int, Candidate]] = []
         for i, st in enumerate(states):
@@ -1042,9 +1049,9 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
             keys = [(r.sketch_hash, r.knobs) for r in top]
             if len(top) < 2 or keys[0] in retimed[i] or keys[0] in earlier[i] and attempt > 0:
                 continue  # nothing to choose between, or the best is re-timed
-            fresh = [key for key in keys if key not in earlier[i] and key in this_run[i]]
+            fresh = [key for key in keys if key not in earlier[i] and key in fresh_keys[i]]
             if not fresh:
-                continue  # nothing this run measured is among them
+                continue  # nothing new is among them
             # What an earlier run re-timed is timed again only as the incumbent
             # the fresh ones take turns with (the best of them), not rebuilt all.
             old = [key for key in keys if key in earlier[i]][:1]
