@@ -998,16 +998,16 @@ class DynamicModule:
     """The most a padded size may exceed the size it stands for, as a ratio."""
 
     def __init__(self, program: Program, *, entry: str | None, pad: bool = True, **options) -> None:
-        from mlir_ansor.graph.dynamic import dynamic_function, paddable, symbols
+        from mlir_ansor.graph.dynamic import dynamic_function, symbols_with_padding
 
         with program.context:
             self.text = str(program.module)
             fn = dynamic_function(program.module, entry)
             self.entry = _name(fn)
-            self.symbols = symbols(program.module, self.entry)
+            self.symbols, paddable = symbols_with_padding(program.module, self.entry)
             on_memrefs = any(isinstance(a.type, ir.MemRefType) for a in fn.regions[0].blocks[0].arguments)
             # (a function on memrefs writes its arguments: nothing to cut back)
-            self.paddable = paddable(program.module, self.entry) if pad and not on_memrefs else [False] * len(self.symbols)
+            self.paddable = paddable if pad and not on_memrefs else [False] * len(self.symbols)
             self.n_args = len(fn.regions[0].blocks[0].arguments)
         self.source = program.source
         self.options = options
@@ -1046,7 +1046,8 @@ class DynamicModule:
         text, _ = specializations(self.text, first, func=self.entry, keep_name=True)
         return text
 
-    def _compile_at(self, values: dict[tuple[int, int], int]) -> CompiledModule:
+    def _compile_at(self, values: dict[tuple[int, int], int], text: str | None = None) -> CompiledModule:
+        """The specialization at `values` (`text`: its module, when the caller has made it)."""
         from mlir_ansor.graph.dynamic import size_label
         from mlir_ansor.ir.program import load as load_text
 
@@ -1055,8 +1056,8 @@ class DynamicModule:
         if cm is None:
             sizes = size_label(values)
             log.info("compile: @%s at sizes %s", self.entry, sizes)
-            cm = compile(load_text(text=self._text_at(values), name=f"<{self.source} at {sizes}>"), entry=self.entry,
-                         **self.options)
+            cm = compile(load_text(text=text or self._text_at(values), name=f"<{self.source} at {sizes}>"),
+                         entry=self.entry, **self.options)
             self._compiled[key] = cm
         return cm
 
@@ -1074,15 +1075,16 @@ class DynamicModule:
         with Database(db, readonly=True) as d:
             return any(d.count(t.workload_key, target.key) for t in tasks)
 
-    def _padded(self, values: dict[tuple[int, int], int]) -> dict[tuple[int, int], int] | None:
-        """The sizes to run `values` at, padded (None: as they are)."""
+    def _padded(self, values: dict[tuple[int, int], int], exact: str) -> dict[tuple[int, int], int] | None:
+        """The sizes to run `values` (whose specialization is the module
+        `exact`) at, padded (None: as they are)."""
         out = dict(values)
         for group, ok in zip(self.symbols, self.paddable):
             v = values[group[0]]
             p = -(-v // self.PAD_TO) * self.PAD_TO
             if ok and p != v and p <= self.PAD_WORK * v:
                 out.update({dim: p for dim in group})
-        if out == values or self._tuned(self._text_at(values)):
+        if out == values or self._tuned(exact):
             return None
         return out
 
@@ -1091,15 +1093,16 @@ class DynamicModule:
         key = tuple(sorted(values.items()))
         run = self._runs.get(key)
         if run is None:
-            padded = self._padded(values)
-            cm = self._compile_at(padded or values)
+            exact = self._text_at(values)  # made once: the database check, the result shapes, or the compile
+            padded = self._padded(values, exact)
+            cm = self._compile_at(padded) if padded is not None else self._compile_at(values, exact)
             shapes = None
             if padded is not None:
                 from mlir_ansor.graph.dynamic import size_label
 
                 with ir.Context():
-                    exact = ir.Module.parse(self._text_at(values))
-                    fn = next(op.operation for op in exact.body.operations
+                    module = ir.Module.parse(exact)
+                    fn = next(op.operation for op in module.body.operations
                               if op.operation.name == "func.func" and _name(op.operation) == self.entry)
                     shapes = [tuple(ir.ShapedType(t).shape) for t in ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value).results]
                 log.info("compile: @%s at sizes %s runs padded to %s", self.entry, size_label(values), size_label(padded))

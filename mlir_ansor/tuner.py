@@ -64,7 +64,7 @@ from mlir_ansor.search.sketch import Sketch, default_assignment
 from mlir_ansor.search.space import Assignment
 from mlir_ansor.search.strategy import EvolutionConfig, MeasuredCandidate, SearchStrategy, TaskContext
 from mlir_ansor.search.task_scheduler import TaskStats
-from mlir_ansor.search.transfer import family_key, transfer_knobs, transferred
+from mlir_ansor.search.transfer import family_key, size_distance, transfer_knobs, transferred
 from mlir_ansor.target import Target, usable_cores
 from mlir_ansor.version import __version__
 
@@ -802,7 +802,7 @@ class _Batches:
 
         def order(s):  # the nearest in size first (relatives), then the fastest
             other = self.states[s[0]]
-            return round(abs(math.log(max(1, other.task.flops) / max(1, flops))), 1), other.result.best_latency_s
+            return round(size_distance(other.task.flops, flops), 1), other.result.best_latency_s
 
         for tj, their_sketch, my_sketch in sorted(self.siblings.get(ti, ()), key=order):
             r = self.states[tj].result

@@ -28,7 +28,7 @@ from mlir import ir, passmanager
 from mlir_ansor.errors import InputError, UnsupportedError
 
 __all__ = ["Dim", "dynamic_dims", "dynamic_function", "expand", "paddable", "parse_sizes", "size_label", "specializations",
-           "specialize", "symbols"]
+           "specialize", "symbols", "symbols_with_padding"]
 
 Dim = tuple[int, int]
 """(argument, dimension), both 0-based."""
@@ -94,8 +94,8 @@ def _ties(module: ir.Module, func: str | None):
     that loop, and each result is its init's shape); the pairs a reduction
     runs over or an expression other than a loop index reads (a window);
     and the ops other than those of :data:`_PADDABLE_OPS`. Returns
-    (the module holding the copy, which must outlive the rest; the copy's
-    arguments, find, blocked pairs, other ops)."""
+    (the module holding the copy, which must outlive the rest; the copy,
+    find, blocked pairs, other ops)."""
     fn = dynamic_function(module, func)
     holder = ir.Module.create(ir.Location.unknown(module.context))
     copy = fn.clone()  # detached, then generalized in a module of its own
@@ -149,17 +149,7 @@ def _ties(module: ir.Module, func: str | None):
         return ir.WalkResult.SKIP
 
     copy.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    return holder, copy.regions[0].blocks[0].arguments, find, blocked, other_ops
-
-
-def _groups(args, find) -> list[list[Dim]]:
-    groups: dict = {}
-    for i, arg in enumerate(args):
-        st = _shaped(arg.type)
-        for d in range(st.rank if st is not None else 0):
-            if st.is_dynamic_dim(d):
-                groups.setdefault(find((arg, d)), []).append((i, d))
-    return list(groups.values())
+    return holder, copy.operation, find, blocked, other_ops
 
 
 def symbols(module: ir.Module, func: str | None = None) -> list[list[Dim]]:
@@ -168,10 +158,7 @@ def symbols(module: ir.Module, func: str | None = None) -> list[list[Dim]]:
     ``linalg.generic``, after generalizing a copy, ties the operand
     dimensions its indexing maps give that loop, and each result is its
     init's shape), in argument order."""
-    holder, args, find, _, _ = _ties(module, func)
-    groups = _groups(args, find)
-    del holder  # (only now: the arguments live in it)
-    return groups
+    return symbols_with_padding(module, func)[0]
 
 
 _PADDABLE_OPS = {"linalg.generic", "tensor.empty", "tensor.dim", "tensor.cast", "func.return", "arith.constant"}
@@ -189,12 +176,20 @@ def paddable(module: ir.Module, func: str | None = None) -> list[bool]:
     slice, a reshape or a loop of its own could move rows: nothing is
     paddable then). A GEMM's M is; a sequence length that attention
     reduces over is not."""
-    holder, args, find, blocked, other_ops = _ties(module, func)
-    groups = _groups(args, find)
+    return symbols_with_padding(module, func)[1]
+
+
+def symbols_with_padding(module: ir.Module, func: str | None = None) -> tuple[list[list[Dim]], list[bool]]:
+    """:func:`symbols` and :func:`paddable` from one walk of the function."""
+    holder, copy, find, blocked, other_ops = _ties(module, func)
+    args = copy.regions[0].blocks[0].arguments
+    groups: dict = {}
+    for i, d in dynamic_dims(copy):
+        groups.setdefault(find((args[i], d)), []).append((i, d))
     bad = {find(x) for x in blocked}
-    out = [not other_ops and all(find((args[i], d)) not in bad for i, d in g) for g in groups]
+    padding = [not other_ops and all(find((args[i], d)) not in bad for i, d in g) for g in groups.values()]
     del holder  # (only now: the arguments live in it)
-    return out
+    return list(groups.values()), padding
 
 
 def _static(t: ir.Type, shape: list[int]) -> ir.Type:

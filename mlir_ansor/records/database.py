@@ -284,26 +284,27 @@ class Record:
         """Median of ``costs``; ``inf`` when there are none."""
         return statistics.median(self.costs) if self.costs else math.inf
 
+    def _versions(self) -> dict | None:
+        """The ``versions`` JSON as a dict (None: empty or unreadable)."""
+        try:
+            versions = json.loads(self.versions) if self.versions else None
+        except (ValueError, RecursionError):
+            return None
+        return versions if isinstance(versions, dict) else None
+
     @property
     def retime(self) -> bool:
         """A second timing of a schedule measured before (the end of a tuning
         run re-times each task's best, `TuneConfig.retime_rounds`), not a new
         candidate: its ``versions`` JSON holds ``"retime"``."""
-        try:
-            versions = json.loads(self.versions) if self.versions else None
-        except (ValueError, RecursionError):
-            return False
-        return isinstance(versions, dict) and RETIME_KEY in versions
+        versions = self._versions()
+        return versions is not None and RETIME_KEY in versions
 
     @property
     def run(self) -> int | None:
         """The id (in the ``runs`` table) of the tuning run that measured
         this record, from its ``versions`` JSON; None when it names none."""
-        try:
-            versions = json.loads(self.versions) if self.versions else None
-        except (ValueError, RecursionError):
-            return None
-        run = versions.get("run") if isinstance(versions, dict) else None
+        run = (self._versions() or {}).get("run")
         return run if isinstance(run, int) and not isinstance(run, bool) else None
 
     def to_json(self) -> dict:

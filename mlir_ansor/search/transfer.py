@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 _SHAPED = re.compile(r"\b(tensor|memref|vector)<([^<>]*)>")
 _DIM = re.compile(r"(?<![\w.])(\d+|\?)x")
 
-__all__ = ["Transfer", "faithful", "family_key", "transfer_knobs", "transferred"]
+__all__ = ["Transfer", "faithful", "family_key", "size_distance", "transfer_knobs", "transferred"]
 
 _SCANNED = 64
 """A relative's best records looked at for ones the new sketch can make as they are."""
@@ -90,7 +90,8 @@ def faithful(sketch: Sketch, knobs: Sequence[tuple[str, int]]) -> bool:
     return all(implied.get(k, v) == v for k, v in knobs if k not in names)
 
 
-def _distance(a_flops: int, b_flops: int) -> float:
+def size_distance(a_flops: int, b_flops: int) -> float:
+    """How far apart two relatives are: their flops' ratio, on a log scale."""
     return abs(math.log(max(1, a_flops)) - math.log(max(1, b_flops)))
 
 
@@ -120,7 +121,7 @@ def transferred(
         for w in database.workloads()
         if w["workload_key"] != task.workload_key and family_key(w["task_mlir"]) == family
     ]
-    others.sort(key=lambda w: _distance(int(w["flops"]), task.flops))
+    others.sort(key=lambda w: size_distance(int(w["flops"]), task.flops))
     mine = {}
     for sk in sketches:
         mine.setdefault(sk.name, sk)
