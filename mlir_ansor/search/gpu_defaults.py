@@ -47,28 +47,33 @@ _SM_COUNT = {70: 80, 75: 68, 80: 108, 86: 84, 89: 128, 90: 132, 100: 148}
 grid should fill them; a smaller part is filled all the more)."""
 
 
-def _tiled_ranges(sketch: GpuSketch) -> tuple[tuple[int, ...], bool]:
+def _tiled_ranges(sketch: GpuSketch) -> tuple[tuple[int, ...], bool, bool]:
     """Loop extents of the op whose loops the sketch's ``b_d<i>`` knobs tile
-    (the root for ``cuda-default``, the anchor otherwise), and whether the
+    (the root for ``cuda-default``, the anchor otherwise); whether the
     task is a contraction with reuse (a reduction over two or more inputs:
-    matmul, convolution), whatever sketch schedules it."""
+    matmul, convolution), whatever sketch schedules it; and whether it has
+    fused consumers (an epilogue)."""
     _, ops = prepare_payload(sketch.payload)
     anchor = next((o for o in ops if o.role == "anchor"), None)
     if anchor is None:
         anchor = ([o for o in ops if o.reductions] or list(ops))[-1]
     contraction = bool(anchor.reductions) and anchor.num_inputs >= 2 and all(d is not None for d in anchor.output_dims)
+    fused = any(o.role == "fused" for o in ops)
     if sketch.name == "cuda-default":
         roots: list[OpStructure] = [o for o in ops if o.is_root]
-        return (roots[-1] if roots else anchor).loop_ranges, contraction
-    return anchor.loop_ranges, contraction
+        return (roots[-1] if roots else anchor).loop_ranges, contraction, fused
+    return anchor.loop_ranges, contraction, fused
 
 
 def score(sketch: GpuSketch, assignment: Assignment, ranges: tuple[int, ...], target: Target, *,
-          contraction: bool = False) -> float:
+          contraction: bool = False, fused: bool = False) -> float:
     """How far `assignment` is from the rules of thumb above (0 is ideal;
     lower is better). `ranges`: the extents of the loops the ``b_d<i>``
     knobs tile; `contraction`: the task reuses its operands (a matmul or a
-    convolution, whichever sketch schedules it)."""
+    convolution, whichever sketch schedules it); `fused`: it has an
+    epilogue, whose input tile (the block's) each thread keeps in local
+    memory (`passes.cuda_kernels.device_allocs_to_stack`), so a block tile
+    past 2 KB costs."""
     v = dict(assignment)
     threads = sketch.block_threads(assignment)
     contraction = contraction or sketch.name in CONTRACTION_SKETCHES
@@ -99,6 +104,10 @@ def score(sketch: GpuSketch, assignment: Assignment, ranges: tuple[int, ...], ta
         if name.startswith("b_d") and name[3:].isdigit() and int(name[3:]) < len(ranges):
             blocks *= -(-ranges[int(name[3:])] // max(1, value))
             outputs *= ranges[int(name[3:])]
+    if fused and blocks:
+        tile_bytes = 4 * outputs // blocks
+        if tile_bytes > 2048:
+            penalty += 0.5 * math.log2(tile_bytes / 2048)
     want = 2 * _SM_COUNT.get(target.arch, 132)
     # The blocks that fill the GPU, where the task has work for them (a
     # block of fewer than about 1024 outputs is mostly overhead).
@@ -139,7 +148,7 @@ def default_gpu_assignments(sketch: GpuSketch, target: Target, *, count: int = 4
     (:func:`score`) first: every assignment where the space has at most
     `limit`, else `draws` drawn with a fixed `seed`; the same on every call.
     Raises :class:`UnsupportedError` when none is valid."""
-    ranges, contraction = _tiled_ranges(sketch)
+    ranges, contraction, fused = _tiled_ranges(sketch)
     pool = _enumerate(sketch, limit)
     if pool is None:
         rng = random.Random(seed)
@@ -152,7 +161,7 @@ def default_gpu_assignments(sketch: GpuSketch, target: Target, *, count: int = 4
     seen: dict[Assignment, float] = {}
     for a in pool:
         if a not in seen and sketch.violation(a) is None:
-            seen[a] = score(sketch, a, ranges, target, contraction=contraction)
+            seen[a] = score(sketch, a, ranges, target, contraction=contraction, fused=fused)
     ranked = sorted(seen, key=lambda a: (seen[a], sorted(dict(a).items())))
     if not ranked:
         raise UnsupportedError(f"{sketch.name}: no knob assignment within the limits of {target.key}")
