@@ -62,7 +62,7 @@ from mlir_ansor.graph.constants import fold_constants
 from mlir_ansor.graph.task import Occurrence, Task, partition
 from mlir_ansor.importers import load
 from mlir_ansor.ir.dtypes import ELEMENT_BYTES
-from mlir_ansor.ir.program import Program
+from mlir_ansor.ir.program import Program, resource_blobs
 from mlir_ansor.measure.pool import WorkerPool
 from mlir_ansor.measure.runner import (
     ALIGNMENT,
@@ -463,15 +463,6 @@ _EXTERNAL_TYPES = ("f32", "f64", "bf16", "f16", "i64", "i32", "i16", "i8")
 """Element types whose large constant globals are kept out of LLVM."""
 
 _ASM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.$]*")
-_RESOURCE = re.compile(r'^\s*("[^"]*"|[^\s:]+): "0x([0-9A-Fa-f]*)",?\s*$', re.M)
-
-
-def _resource_blobs(mlir_text: str) -> dict[str, str]:
-    """name -> hex data of the ``dialect_resources`` section of a module's text."""
-    start = mlir_text.rfind("{-#")
-    if start < 0:
-        return {}
-    return {m.group(1).strip('"'): m.group(2) for m in _RESOURCE.finditer(mlir_text, start)}
 
 
 def _dense_bytes(dense: ir.DenseElementsAttr, text: str) -> bytes | None:
@@ -514,7 +505,7 @@ def _externalize_weights(module: ir.Module, mlir_text: str, workdir: str) -> tup
         data: bytes | None = None
         if text.startswith("dense_resource<"):
             if blobs is None:
-                blobs = _resource_blobs(mlir_text)
+                blobs = resource_blobs(mlir_text)
             hexdata = blobs.get(text[len("dense_resource<") :].split(">")[0].strip('"'))
             if hexdata is not None:
                 data = bytes.fromhex(hexdata[8:])  # after the blob's 4-byte alignment
@@ -769,7 +760,7 @@ def _evaluate_fold(fold: ir.Module, entry: str, cache: CompileCache | None = Non
             log.info("compile: the folded constants come from the compile cache")
             return tuple(values)
     try:
-        values = evaluate(fold, entry, _resource_blobs(text))
+        values = evaluate(fold, entry, resource_blobs(text))
     except NotEvaluable as e:
         log.info("compile: the constant-only ops are built through LLVM (numpy does not evaluate them exactly: %s)", e)
     else:
@@ -1385,7 +1376,8 @@ def _link_kernels(module: ir.Module, kernels: dict[str, ir.Module]) -> None:
 
 
 def compile_untuned(source, *, threads: int = 1, opt_level: int = 3, widen: bool = False,
-                    cache_dir: str | os.PathLike | bool | None = False, db: str | os.PathLike | None = None) -> CompiledModule:
+                    cache_dir: str | os.PathLike | bool | None = False, db: str | os.PathLike | None = None,
+                    only_cached: bool = False) -> CompiledModule | None:
     """The whole module lowered as it is, without tasks or schedules: the
     reference a compiled module is checked against. `widen`: compute in f32
     wherever the module computes in bf16 or f16 (`graph.precision.widen_payload`;
@@ -1398,7 +1390,8 @@ def compile_untuned(source, *, threads: int = 1, opt_level: int = 3, widen: bool
     False by default): a file's untuned build is kept in the compile cache,
     keyed by the file's bytes and the options, and a later call with the same
     file loads it (``cache_stats`` says ``module_hit``) instead of building it
-    again (a ResNet-50's took about 100 s)."""
+    again (a ResNet-50's took about 100 s). `only_cached`: return that
+    cached build, or None where there is none (nothing is built)."""
     cache = cache_for(cache_dir, db) if cache_dir is not False else None
     keys = _untuned_key(source, threads, opt_level, widen) if cache is not None else None
     if keys is not None:
@@ -1406,6 +1399,8 @@ def compile_untuned(source, *, threads: int = 1, opt_level: int = 3, widen: bool
         if cm is not None:
             cm.cache_stats = dict(cache.stats)
             return cm
+    if only_cached:
+        return None
     cm = _build_untuned(source, threads, opt_level, widen, cache)
     if keys is not None:
         _store_module(cache, keys, cm, [])

@@ -223,7 +223,7 @@ def test_cli_compile_and_run(tmp_path, capsys):
     assert not (tmp_path / "none.db").exists()  # compile never creates a database
     assert main(["compile", path, "-o", str(tmp_path / "bad.txt")]) == 2
     capsys.readouterr()
-    assert main(["run", path, "--db", str(tmp_path / "none.db"), "--repeat", "2", "--json"]) == 0
+    assert main(["run", path, "--db", str(tmp_path / "none.db"), "--repeat", "2", "--json", "--reference", "untuned"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["ok"] and res["latency_s"] > 0 and res["untuned_latency_s"] > 0
     assert res["untuned_repeat"] == 2  # a tiny module: timed as often as asked, within a second

@@ -26,7 +26,7 @@ import math
 import numpy as np
 from mlir import ir
 
-__all__ = ["NotEvaluable", "evaluate"]
+__all__ = ["CMPF_PREDICATES", "NotEvaluable", "evaluate"]
 
 
 class NotEvaluable(Exception):
@@ -49,7 +49,7 @@ _BINARY = {
     "arith.xori": np.bitwise_xor,
 }
 _UNARY = {"math.sqrt": np.sqrt, "arith.negf": np.negative, "math.absf": np.abs}
-_CMPF = {
+CMPF_PREDICATES = {
     # predicate number -> function (arith::CmpFPredicate)
     1: lambda a, b: a == b,  # oeq
     2: lambda a, b: a > b,  # ogt
@@ -120,7 +120,7 @@ def _scalar(attr: ir.Attribute, t: ir.Type):
 def evaluate(fold: ir.Module, entry: str, resources: dict[str, str]) -> tuple[np.ndarray, ...]:
     """The results of function `entry` of `fold` (no arguments, on tensors),
     computed with numpy; `resources` maps ``dense_resource`` names to their
-    hex blobs (``compiler._resource_blobs``). Raises :class:`NotEvaluable`."""
+    hex blobs (``ir.program.resource_blobs``). Raises :class:`NotEvaluable`."""
     fn = next(
         (o.operation for o in fold.body.operations
          if o.operation.name == "func.func" and ir.StringAttr(o.operation.attributes["sym_name"]).value == entry),
@@ -284,9 +284,9 @@ def _scalar_op(b: ir.Operation, local: dict, outer: dict | None = None) -> None:
         out = np.asarray(args[0]).astype(res_t)
     elif name == "arith.cmpf":
         pred = ir.IntegerAttr(b.attributes["predicate"]).value
-        if pred not in _CMPF:
+        if pred not in CMPF_PREDICATES:
             raise NotEvaluable(f"cmpf predicate {pred}")
-        out = _CMPF[pred](np.asarray(args[0]), np.asarray(args[1]))
+        out = CMPF_PREDICATES[pred](np.asarray(args[0]), np.asarray(args[1]))
     elif name == "arith.select":
         out = np.where(args[0], args[1], args[2])
     else:

@@ -14,6 +14,7 @@ that every later message (task extraction, compile errors) points at it.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ from mlir import ir
 
 from mlir_ansor.errors import InputError
 
-__all__ = ["Program", "format_diagnostic", "load", "location_str"]
+__all__ = ["Program", "format_diagnostic", "load", "location_str", "resource_blobs"]
 
 
 @dataclass
@@ -212,3 +213,16 @@ def load(
             raise InputError(f"cannot read stdin: {err}") from None
         return _parse_text(_decode(raw, "<stdin>"), "<stdin>")
     return _parse_file(path)
+
+
+_RESOURCE = re.compile(r'^\s*("[^"]*"|[^\s:]+): "0x([0-9A-Fa-f]*)",?\s*$', re.M)
+
+
+def resource_blobs(mlir_text: str) -> dict[str, str]:
+    """name -> hex data of the ``dialect_resources`` section of a module's
+    text: the contents of its ``dense_resource`` constants (torch-mlir's
+    weights), which the bindings do not give back from the attribute."""
+    start = mlir_text.rfind("{-#")
+    if start < 0:
+        return {}
+    return {m.group(1).strip('"'): m.group(2) for m in _RESOURCE.finditer(mlir_text, start)}

@@ -173,6 +173,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="timed runs of the compiled module (the median is reported); the untuned reference "
                         "is timed as often within about a second, at least once")
     r.add_argument("--seed", type=_positive(int, zero_ok=True), default=0, help="seed of the random inputs")
+    r.add_argument("--reference", choices=("auto", "numpy", "untuned"), default="auto",
+                   help="what the outputs are checked against: numpy (the function evaluated in numpy, sums in "
+                        "float64: seconds, no untimed speedup), untuned (the module lowered without schedules: "
+                        "its build costs a minute on ResNet-50, and it is timed for the speedup), or auto: the "
+                        "untuned build where the compile cache holds it, else numpy where it evaluates every op, "
+                        "else the untuned build")
     r.add_argument("--cache-dir", default=None, metavar="DIR", help="compile cache folder (as for compile)")
     r.add_argument("--no-cache", action="store_true", help="neither read nor write the compile cache")
     r.add_argument("--func", default=None, help="the function to run (default: the first with tasks)")
@@ -548,10 +554,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     ins_spec, outs_spec, _ = cm.functions[cm.entry]
     _check_run_memory(cm.entry, ins_spec, outs_spec, limit_mb)
     # bf16/f16 computed in f32; kept in the compile cache beside the database
-    ref = compile_untuned(source, threads=args.threads, widen=True, db=args.db,
-                          cache_dir=False if args.no_cache else args.cache_dir)
-    reference = "untuned build (from the compile cache)" if ref.cache_stats.get("module_hit") else "untuned build"
-    ref.entry = cm.entry
+    untuned = dict(threads=args.threads, widen=True, db=args.db, cache_dir=False if args.no_cache else args.cache_dir)
+    ref = compile_untuned(source, **untuned, only_cached=True) if args.reference == "auto" else None
+    if ref is None and args.reference == "untuned":
+        ref = compile_untuned(source, **untuned)
     policy = TimingPolicy(warmup=1, min_repeat=args.repeat, max_repeat=args.repeat, min_time_s=0.0)
     # The untuned reference is only the speedup's denominator: its checking
     # run warms it, and it is timed `repeat` times or for about a second,
@@ -563,8 +569,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
             inputs = random_inputs(ins_spec, args.seed)
             run, outs = cm.bind(*inputs)
             run()
-            ref_run, ref_outs = ref.bind(*inputs)
-            ref_run()
+            ref_outs = None
+            if ref is None:  # auto without a cached untuned build, or numpy
+                ref_outs = _numpy_reference(source, cm.entry, inputs, required=args.reference == "numpy")
+                if ref_outs is None:
+                    ref = compile_untuned(source, **untuned)
+            if ref is not None:
+                ref.entry = cm.entry
+                ref_run, ref_outs = ref.bind(*inputs)
+                ref_run()
+                reference = "untuned build (from the compile cache)" if ref.cache_stats.get("module_hit") else "untuned build"
+            else:
+                reference = "numpy evaluation"
             red = max((k.task.reduction_length for k in cm.kernels), default=1)
             dtypes = [d for _, d in outs_spec] or [d for _, d in ins_spec]
             rounded = sorted({k.task.rounding_dtype for k in cm.kernels} - {""}) or [None]  # bf16 on the way
@@ -572,8 +588,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             err = max((relative_error(o, r) for o, r in zip(outs, ref_outs)), default=0.0)
             ok = bool(err <= tol)
             lat = statistics.median(time_callable(run, policy))
-            ref_costs = time_callable(ref_run, ref_policy)
-            ref_lat = statistics.median(ref_costs)
+            ref_costs = time_callable(ref_run, ref_policy) if ref is not None else []
+            ref_lat = statistics.median(ref_costs) if ref_costs else None
     except (MemoryError, OSError) as e:
         if not is_memory_error(e):
             raise
@@ -590,7 +606,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "latency_s": lat,
         "untuned_latency_s": ref_lat,
         "untuned_repeat": len(ref_costs),
-        "speedup": ref_lat / lat if lat > 0 else None,
+        "speedup": ref_lat / lat if ref_lat and lat > 0 else None,
         "max_relative_error": err if np.isfinite(err) else None,
         "tolerance": tol,
         "reference": reference,
@@ -607,14 +623,45 @@ def _cmd_run(args: argparse.Namespace) -> int:
             t = k.to_json()
             print(f"{k.task.name[:44]:<44} {k.task.weight:>6} {k.source:>8} {k.trials:>6} "
                   f"{_fmt_s(t['best_latency_s']):>11} {t['gflops']:>8.1f}")
-        print(f"@{cm.entry}, {args.threads} thread(s): {_fmt_s(lat)} (untuned {_fmt_s(ref_lat)}, "
-              f"{ref_lat / lat:.2f}x), max relative error {err:.3g} (tolerance {tol:.3g}) against the "
-              f"{reference}: {'ok' if ok else 'MISMATCH'}")
+        untuned_note = f" (untuned {_fmt_s(ref_lat)}, {ref_lat / lat:.2f}x)" if ref_lat else ""
+        print(f"@{cm.entry}, {args.threads} thread(s): {_fmt_s(lat)}{untuned_note}, max relative error {err:.3g} "
+              f"(tolerance {tol:.3g}) against the {reference}: {'ok' if ok else 'MISMATCH'}")
     if not ok:
-        print(f"mlir-ansor: error: the compiled module does not match the untuned one "
+        print(f"mlir-ansor: error: the compiled module does not match the {reference} "
               f"(relative error {err:.3g} > {tol:.3g})", file=sys.stderr)
         return 1
     return 0
+
+
+def _numpy_reference(source: str, entry: str, inputs, required: bool):
+    """`entry`'s outputs on `inputs` computed with numpy (`graph.interpret`:
+    seconds where the untuned build's code generation took a minute), or None
+    where the function holds something that evaluator does not compute (the
+    untuned build is then the reference; with `required`, an error naming it)."""
+    import time
+
+    from mlir_ansor.graph.interpret import NotInterpretable, interpret
+    from mlir_ansor.importers import load as load_any
+    from mlir_ansor.ir.program import resource_blobs
+
+    log = logging.getLogger("mlir_ansor")
+    start = time.perf_counter()
+    program = load_any(source)
+    with program.context:
+        if source.endswith(".mlir") and os.path.isfile(source):
+            with open(source, encoding="utf-8", errors="replace") as f:
+                blobs = resource_blobs(f.read())
+        else:
+            blobs = resource_blobs(str(program.module))
+        try:
+            outs = interpret(program.module, entry, inputs, blobs)
+        except NotInterpretable as e:
+            if required:
+                raise AnsorError(f"--reference numpy: @{entry} cannot be evaluated with numpy: {e}") from None
+            log.info("run: numpy cannot evaluate @%s (%s); the reference is the untuned build", entry, e)
+            return None
+    log.info("run: the numpy reference took %.2f s", time.perf_counter() - start)
+    return outs
 
 
 def run_bytes(ins_spec, outs_spec) -> int:
