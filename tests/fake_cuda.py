@@ -124,3 +124,73 @@ def wrong_run_on_fake_gpu(*args):
 
     _install(wrong=True)
     return jobs.run_cuda_candidate(*args)
+
+
+class FakeModuleDevice:
+    """A stand-in device for whole modules (`measure.cuda_module.CudaModule`):
+    buffers are byte arrays at distinct, never reused addresses; it records
+    every upload (pointer, bytes) and every launch (entry, grid, block,
+    pointers), and on a launch calls ``on_launch(entry, pointers)`` when set
+    (a test computes the kernel's task with numpy there, through
+    :meth:`array`)."""
+
+    name = "fake-module"
+    device_name = "Fake GPU"
+
+    def __init__(self) -> None:
+        self.mem: dict[int, np.ndarray] = {}
+        self.next = 1 << 20
+        self.uploads: list[tuple[int, int]] = []
+        self.launches: list[tuple[str, tuple, tuple, tuple[int, ...]]] = []
+        self.images: list[bytes] = []
+        self.on_launch = None
+
+    def load(self, image):
+        assert image[:4] == b"\x7fELF", "a cubin is an ELF image"
+        self.images.append(image)
+        return len(self.images) - 1
+
+    def function(self, module, entry):
+        return entry
+
+    def unload(self, module):
+        pass
+
+    def alloc(self, nbytes):
+        ptr = self.next
+        self.next += -(-max(1, nbytes) // 256) * 256 + 256  # 256-byte aligned, a gap between buffers
+        self.mem[ptr] = np.zeros(nbytes, np.uint8)
+        return ptr
+
+    def free(self, ptr):
+        del self.mem[ptr]
+
+    def to_device(self, ptr, array):
+        data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        assert data.nbytes == self.mem[ptr].nbytes, (data.nbytes, self.mem[ptr].nbytes)
+        self.mem[ptr][:] = data
+        self.uploads.append((ptr, data.nbytes))
+
+    def to_host(self, array, ptr):
+        array.reshape(-1).view(np.uint8)[:] = self.mem[ptr]
+
+    def array(self, ptr, shape, dtype) -> np.ndarray:
+        """The buffer at `ptr` seen as an array (writes go to the device)."""
+        return self.mem[ptr].view(dtype).reshape(shape)
+
+    def launch(self, func, grid, block, smem, ptrs):
+        self.launches.append((func, tuple(grid), tuple(block), tuple(int(p) for p in ptrs)))
+        if self.on_launch is not None:
+            self.on_launch(func, [int(p) for p in ptrs])
+
+    def event(self):
+        return object()
+
+    def record(self, ev):
+        pass
+
+    def elapsed_s(self, start, end):
+        return 1e-4
+
+    def synchronize(self):
+        pass
