@@ -24,6 +24,7 @@ what it may import; `tests/test_layering.py` checks it):
   passes/                   lowering pipelines, driver rewrites, libraries and PTX
   measure/                  builders, runners, executors, the measurer
   search/                   space, sketch rules, strategies, cost models, features, task scheduler
+  cuda_compiler             whole modules for NVIDIA GPUs: kernels and a host plan (a bundle)
   tuner, compile            the tuning loop and the compiler: the API
   tools/, examples/         command line and its back-ends; example workloads and models
 """

@@ -912,6 +912,9 @@ def compile(  # noqa: A001 - the public name the design asks for
     `cache_dir`: the compile cache (`passes.compile_cache`): None for the default
     folder (``<db>.cache``, or ``$MLIR_ANSOR_CACHE_DIR``...), a folder, or
     False for none.
+    A CUDA `target` (``Target.cuda()``) gives a
+    `measure.cuda_module.CudaModule` instead (`cuda_compiler.compile_cuda`:
+    kernels and a host plan; `threads`, `opt_level` and the cache do not apply).
     `source_key`: ``(name, digest)``, what identifies the source's text,
     vouched for by the caller (the torch backend: its graph's code and input
     types, and a digest of those and the weights), in place of a file's path
@@ -919,6 +922,10 @@ def compile(  # noqa: A001 - the public name the design asks for
     (one entry per name), and :func:`cached_compile` finds it without the
     source.
     """
+    if target is not None and target.kind == "cuda":  # kernels and a host plan: `cuda_compiler`
+        from mlir_ansor.cuda_compiler import compile_cuda
+
+        return compile_cuda(source, db=None if default == "naive" else db, target=target, entry=entry)
     if default not in ("sketch", "naive"):
         raise AnsorError(f"default={default!r}: expected 'sketch' or 'naive'")
     target = target or Target.host()

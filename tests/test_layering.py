@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("passes",),
     ("measure",),
     ("search",),
+    ("cuda_compiler",),
     ("tuner", "compiler"),
     ("tools", "examples"),
     ("__init__",),

@@ -1,0 +1,246 @@
+"""Whole modules for NVIDIA GPUs (`cuda_compiler`, `measure.cuda_module`),
+without a GPU: real MLIR builds every kernel to PTX and a cubin, ptxas
+assembles the PTX that `compile --target cuda -o X.ptx` writes, and the
+host plan runs on a fake device (`fake_cuda.FakeModuleDevice`) whose
+kernels compute their tasks with numpy, so that the launch order, the
+buffers each launch gets, the weights' single upload and the outputs are
+checked against the untuned CPU build.
+
+What only a GPU can check (the kernels' own arithmetic, and the times) is
+left to `benchmarks/gpu_check.sh` on a GPU host.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fake_cuda import FakeModuleDevice
+
+from mlir_ansor.errors import AnsorError
+from mlir_ansor.examples import workloads
+from mlir_ansor.passes.nvvm import find_ptxas
+from mlir_ansor.target import Target
+from mlir_ansor.tools.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+INPUTS = Path(__file__).parent / "inputs"
+SM90 = Target.parse("cuda:sm_90")
+
+MODULES = {
+    "matmul": lambda: workloads.matmul(256, 256, 256),
+    "conv_bias_relu": lambda: workloads.conv_bias_relu(1, 18, 18, 32, 64, 3),
+    "softmax": lambda: workloads.softmax(64, 256),
+}
+
+
+@pytest.fixture(scope="module")
+def ptxas():
+    exe = find_ptxas()
+    if exe is None:
+        pytest.skip("ptxas (CUDA toolkit) not found on PATH, $PTXAS, $CUDA_HOME/bin or /usr/local/cuda/bin")
+    return exe
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_compile_to_ptx_that_ptxas_accepts(name, ptxas, tmp_path, capsys):
+    """`compile --target cuda:sm_90 -o X.ptx` writes every kernel of the
+    module in one PTX file that `ptxas -arch=sm_90` assembles; each task's
+    kernel is an entry of it, and a contraction's threads each compute
+    several outputs (no one-thread-per-element kernel)."""
+    src = tmp_path / f"{name}.mlir"
+    src.write_text(MODULES[name]())
+    out = tmp_path / f"{name}.ptx"
+    bundle = tmp_path / f"{name}.cuda"
+    assert main(["compile", str(src), "--target", "cuda:sm_90", "--db", str(tmp_path / "none.db"),
+                 "-o", str(bundle)]) == 0
+    plan = json.loads((bundle / "plan.json").read_text())
+    assert main(["compile", str(src), "--target", "cuda:sm_90", "--db", str(tmp_path / "none.db"),
+                 "-o", str(out)]) == 0
+    assert f"wrote {out}" in capsys.readouterr().err
+    ptx = out.read_text()
+    assert ptx.count(".version ") == 1 and ".target sm_90" in ptx
+    entries = {ln["entry"] for ln in plan["launches"]}
+    for entry in entries:
+        assert f".entry {entry}(" in ptx
+    proc = subprocess.run([ptxas, "-arch=sm_90", "-v", "-o", str(tmp_path / "all.cubin"), str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "all.cubin").read_bytes()[:4] == b"\x7fELF"
+    for entry in entries:
+        assert f"Compiling entry function '{entry}'" in proc.stdout + proc.stderr
+    assert "malloc" not in ptx  # no buffer left to device malloc (it would leak on every launch)
+    for k in plan["kernels"]:
+        assert (bundle / "kernels" / k["cubin"]).read_bytes()[:4] == b"\x7fELF"
+        for fig in k["ptxas"].values():
+            assert fig["spill_stores"] == 0 and fig["smem"] <= SM90.smem_per_block
+    if name in ("matmul", "conv_bias_relu"):
+        (task,) = plan["tasks"]
+        assert task["schedule"] == "default" and task["sketch"] in ("cuda-tiled", "cuda-contraction")
+        outputs = np.prod(plan["buffers"][plan["outputs"][0]]["shape"])
+        (launch,) = plan["launches"]
+        threads = np.prod(launch["grid"]) * np.prod(launch["block"])
+        assert outputs >= 8 * threads, (outputs, launch)  # a register tile of 8 or more outputs per thread
+    else:  # softmax: max, exp-sum, divide: three kernels in dependency order
+        assert [t["name"].split("_")[0] for t in plan["tasks"]] == ["reduction", "reduction", "generic"]
+        assert len(plan["launches"]) == 3
+
+
+def _numpy_tasks(module, dev: FakeModuleDevice, fns: dict) -> None:
+    """Make the fake device compute each launch's task with the numpy
+    function of `fns` (task name -> f(*inputs) -> result), reading and
+    writing the buffers the launch's pointers name."""
+    plan = module.plan
+    by_entry = {ln["entry"]: ln for ln in plan["launches"]}
+
+    def on_launch(entry: str, ptrs: list[int]) -> None:
+        ln = by_entry[entry]
+        assert ptrs == [module.pointer(i) for i in ln["args"]]
+        bufs = [plan["buffers"][i] for i in ln["task_args"]]
+        arrays = [dev.array(module.pointer(b["id"]), b["shape"], np.float32) for b in bufs]
+        n = ln["task_inputs"]
+        arrays[n][...] = fns[ln["task"]](*arrays[:n])
+
+    dev.on_launch = on_launch
+
+
+def test_whole_module_on_a_fake_device(tmp_path):
+    """tests/inputs/mini_net.mlir (constant weights, matmul + bias + ReLU, a
+    row sum, a division, an expand_shape view, two results) as a CUDA
+    module: launched in program order on distinct buffers, the weights
+    uploaded once over two calls, the inputs on each, and both outputs as
+    the untuned CPU build gives them."""
+    from mlir_ansor.compiler import compile, compile_untuned
+
+    folder = tmp_path / "net.cuda"
+    from mlir_ansor.cuda_compiler import compile_cuda
+
+    module = compile_cuda(str(INPUTS / "mini_net.mlir"), target=SM90, folder=folder)
+    assert (folder / "plan.json").exists()
+    plan = module.plan
+    assert [ln["task"] for ln in plan["launches"]] == ["matmul_8x8x16_f32_add_relu", "reduction_8x8_f32", "div_8x8_f32"]
+    roles = [b["role"] for b in plan["buffers"]]
+    assert roles.count("input") == 1 and roles.count("constant") == 2 and roles.count("view") == 1
+    view = next(b for b in plan["buffers"] if b["role"] == "view")
+    assert plan["outputs"] == [view["id"], plan["launches"][1]["task_args"][-1]]
+    assert view["shape"] == [2, 4, 8] and view["of"] == plan["launches"][2]["task_args"][-1]
+
+    dev = FakeModuleDevice()
+    module.backend = dev
+    module.open()
+    _numpy_tasks(module, dev, {
+        "matmul_8x8x16_f32_add_relu": lambda x, w, b: np.maximum(x @ w + b, 0),
+        "reduction_8x8_f32": lambda r: 1 + r.sum(axis=1),  # the sum starts from 1 (its linalg.fill)
+        "div_8x8_f32": lambda r, s: r / s[:, None],
+    })
+    reference = compile_untuned(str(INPUTS / "mini_net.mlir"))
+    rng = np.random.default_rng(0)
+    for call in range(2):
+        x = rng.uniform(-1, 1, (8, 16)).astype(np.float32)
+        got = module(x)
+        want = reference(x)
+        assert len(got) == 2
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and g.dtype == np.float32
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+        assert len(dev.launches) == 3 * (call + 1)
+    # the launches of both calls, in order, on the same buffers
+    assert dev.launches[:3] == dev.launches[3:]
+    assert [e for e, *_ in dev.launches[:3]] == [ln["entry"] for ln in plan["launches"]]
+    # weights uploaded once, the input on each call
+    const_ptrs = {module.pointer(b["id"]) for b in plan["buffers"] if b["role"] == "constant"}
+    input_ptr = module.pointer(0)
+    uploaded = [p for p, _ in dev.uploads]
+    assert all(uploaded.count(p) == 1 for p in const_ptrs) and uploaded.count(input_ptr) == 2
+    # every buffer but the view its own memory; the view its base's
+    own = [module.pointer(b["id"]) for b in plan["buffers"] if b["role"] != "view"]
+    assert len(set(own)) == len(own) == len(plan["buffers"]) - 1
+    assert module.pointer(view["id"]) == module.pointer(view["of"])
+    module.close()
+    assert dev.mem == {}
+
+    # `compile(..., target=cuda)` is the same thing, in a folder of its own
+    again = compile(str(INPUTS / "mini_net.mlir"), target=SM90)
+    assert [ln["entry"] for ln in again.plan["launches"]] == [ln["entry"] for ln in plan["launches"]]
+
+
+def test_an_op_outside_the_tasks_is_an_error_naming_it(tmp_path):
+    """A value the plan would have to compute on the host (an extract_slice
+    feeding a matmul) is refused with the op's name and place."""
+    from mlir_ansor.cuda_compiler import build_bundle
+
+    src = tmp_path / "slice.mlir"
+    src.write_text("""
+func.func @f(%A: tensor<64x64xf32>, %B: tensor<64x32xf32>) -> tensor<32x32xf32> {
+  %cst = arith.constant 0.0 : f32
+  %s = tensor.extract_slice %A[0, 0] [32, 64] [1, 1] : tensor<64x64xf32> to tensor<32x64xf32>
+  %e = tensor.empty() : tensor<32x32xf32>
+  %C = linalg.fill ins(%cst : f32) outs(%e : tensor<32x32xf32>) -> tensor<32x32xf32>
+  %R = linalg.matmul ins(%s, %B : tensor<32x64xf32>, tensor<64x32xf32>) outs(%C : tensor<32x32xf32>) -> tensor<32x32xf32>
+  return %R : tensor<32x32xf32>
+}
+""")
+    with pytest.raises(AnsorError, match=r"slice.mlir:4:\d+: tensor.extract_slice computes a value outside every task"):
+        build_bundle(str(src), tmp_path / "out", target=SM90)
+
+
+def test_run_without_a_gpu_is_a_one_line_error(capsys):
+    from mlir_ansor.measure.cuda_runner import device_count
+
+    if device_count()[0]:
+        pytest.skip("a CUDA device is present")
+    assert main(["run", str(INPUTS / "matmul.mlir"), "--target", "cuda:sm_90"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mlir-ansor: error: run --target cuda:sm_90: no CUDA device here") and "\n" not in err
+
+
+def test_the_runtime_imports_no_mlir():
+    """A GPU host needs numpy and cuda-python only: loading the runtime
+    imports no MLIR binding."""
+    code = ("import sys; import mlir_ansor.measure.cuda_module as m; "
+            "assert not [k for k in sys.modules if k == 'mlir' or k.startswith('mlir.')], 'MLIR imported'; "
+            "print(m.FORMAT)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "mlir-ansor-cuda-module"
+
+
+def test_compile_names_what_it_writes(tmp_path, capsys):
+    """-o with --target cuda takes OUT.ptx or a bundle folder, and says so before compiling."""
+    assert main(["compile", str(INPUTS / "matmul.mlir"), "--target", "cuda:sm_90", "-o", str(tmp_path / "x.so")]) == 2
+    err = capsys.readouterr().err
+    assert "x.so: with --target cuda:sm_90, expected OUT.ptx or a bundle folder (a name ending in .cuda or /)" in err
+    assert not (tmp_path / "x.so").exists()
+
+
+def test_default_gpu_assignments_follow_the_rules_of_thumb():
+    """Untuned tasks' defaults (`search.gpu_defaults`): valid within the
+    target's limits, the same on every call, a contraction's threads each
+    with a register tile of 16-64 outputs even under the generic sketch,
+    an elementwise op's with at most 4."""
+    from mlir_ansor.graph.task import partition
+    from mlir_ansor.importers import load
+    from mlir_ansor.ir.program import load as load_text
+    from mlir_ansor.search.generate import generate_sketches
+    from mlir_ansor.search.gpu_defaults import default_gpu_assignments
+
+    def tile(sk, a) -> int:
+        v = dict(a)
+        return int(np.prod([v[b] // v[t] for b, t in sk.register_tile]))
+
+    (occ,) = partition(load_text(text=workloads.matmul(256, 256, 256)))
+    sketches = {sk.name: sk for sk in generate_sketches(occ.task.mlir, SM90)}
+    for name in ("cuda-tiled", "cuda-contraction", "cuda-default"):
+        sk = sketches[name]
+        best = default_gpu_assignments(sk, SM90, count=3)
+        assert best == default_gpu_assignments(sk, SM90, count=3) and len(best) == 3
+        assert all(sk.violation(a) is None for a in best)
+        assert 16 <= tile(sk, best[0]) <= 64, (name, dict(best[0]))
+    occs = partition(load(str(INPUTS / "mini_net.mlir")))
+    div = next(o.task for o in occs if o.task.name.startswith("div"))
+    (sk,) = generate_sketches(div.mlir, SM90)
+    assert tile(sk, default_gpu_assignments(sk, SM90)[0]) <= 4
