@@ -148,14 +148,18 @@ def _parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compile", help="compile a module with the best schedules of a records database")
     c.add_argument("input", nargs="?", help="MLIR file ('-' for stdin) or ONNX model (.onnx); default: a bundled 256^3 matmul")
-    c.add_argument("--target", default="cpu", help="cpu (the host)")
+    c.add_argument("--target", default="cpu", help="cpu (the host), or cuda[:sm_XX] (NVIDIA: kernels and a host plan)")
     c.add_argument("--db", default="tuning.db", help="records database (a missing file: default schedules)")
     c.add_argument("--threads", type=_positive(int), default=1, help="threads the kernels use")
     c.add_argument("--untuned", action="store_true", help="naive lowering for every task (ignore --db)")
     c.add_argument("--sizes", action="append", default=[], metavar="ARG.DIM=V",
                    help="compile a function with dynamic dimensions at these sizes (one per dimension)")
     c.add_argument("--func", default=None, help="with --sizes: the function with dynamic dimensions")
-    c.add_argument("-o", "--output", default=None, help="OUT.mlir (scheduled MLIR) or OUT.so (shared library); default: MLIR on stdout")
+    c.add_argument("-o", "--output", default=None,
+                   help="OUT.mlir (scheduled MLIR) or OUT.so (shared library); default: MLIR on stdout. With "
+                        "--target cuda: OUT.ptx (every kernel's PTX in one file; default: on stdout), or a bundle "
+                        "folder, a name ending in .cuda or / (kernels' PTX and cubins, weights, and plan.json: "
+                        "the buffers and launches that `mlir_ansor.measure.cuda_module.CudaModule` runs)")
     c.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                    help="import a module that registers the sketch rules the records were made with")
     c.add_argument("--cache-dir", default=None, metavar="DIR",
@@ -166,7 +170,7 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="compile, run on random inputs, time, and check against the untuned module")
     r.add_argument("input", nargs="?", help="MLIR file ('-' for stdin) or ONNX model (.onnx); default: a bundled 256^3 matmul")
-    r.add_argument("--target", default="cpu", help="cpu (the host)")
+    r.add_argument("--target", default="cpu", help="cpu (the host), or cuda[:sm_XX] (needs a GPU here)")
     r.add_argument("--db", default="tuning.db", help="records database (a missing file: default schedules)")
     r.add_argument("--threads", type=_positive(int), default=1, help="threads the kernels use")
     r.add_argument("--repeat", type=_positive(int), default=10,
@@ -509,6 +513,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     target = Target.parse(args.target)
     source = _sized(args, args.input or _example_path(), one=True)
     out = args.output
+    if target.kind == "cuda":
+        return _compile_cuda(args, target, source, out)
     if out is not None:
         if not out.endswith((".so", ".mlir")):
             raise AnsorError(f"-o {out}: expected a file name ending in .mlir or .so")
@@ -534,6 +540,10 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from mlir_ansor.target import Target as _Target
+
+    if _Target.parse(args.target).kind == "cuda":
+        return _cmd_run_cuda(args)
     import statistics
 
     import numpy as np
@@ -662,6 +672,120 @@ def _numpy_reference(source: str, entry: str, inputs, required: bool):
             return None
     log.info("run: the numpy reference took %.2f s", time.perf_counter() - start)
     return outs
+
+
+def _is_bundle_path(out: str) -> bool:
+    """Whether `-o OUT` names a CUDA bundle folder (not a .ptx file)."""
+    return out.endswith((".cuda", "/", os.sep)) or os.path.isdir(out)
+
+
+def _compile_cuda(args: argparse.Namespace, target, source: str, out: str | None) -> int:
+    """`compile --target cuda[:sm_XX]`: the whole module's kernels and host
+    plan (`cuda_compiler.build_bundle`), written as a bundle folder, or as
+    the PTX of every kernel in one file (or on stdout)."""
+    import tempfile
+
+    from mlir_ansor.cuda_compiler import build_bundle, bundle_ptx
+
+    bundle = out is not None and _is_bundle_path(out)
+    if out is not None and not bundle:
+        if not out.endswith(".ptx"):
+            raise AnsorError(f"-o {out}: with --target {args.target}, expected OUT.ptx or a bundle folder "
+                             "(a name ending in .cuda or /)")
+        _check_output(out)
+    if bundle:
+        folder = out.rstrip("/" + os.sep) or out
+        parent = os.path.dirname(os.path.abspath(folder))
+        if not os.path.isdir(parent):
+            raise InputError(f"-o {out}: the folder {parent} does not exist")
+        if os.path.isdir(folder) and os.listdir(folder) and not os.path.exists(os.path.join(folder, "plan.json")):
+            raise InputError(f"-o {out}: a folder that is not empty and holds no bundle; give a new name")
+    db = None if args.untuned else args.db
+    with tempfile.TemporaryDirectory(prefix="mlir-ansor-cuda-") as tmp:
+        plan = build_bundle(source, folder if bundle else tmp, db=db, target=target, entry=args.func)
+        figures = "; ".join(
+            f"{entry}: {fig['registers']} registers, {fig['smem']} B smem"
+            + (f", {fig['stack']} B stack" if fig["stack"] else "")
+            for k in plan["kernels"] for entry, fig in k["ptxas"].items()
+        )
+        if bundle:
+            print(f"wrote {folder} ({len(plan['kernels'])} kernel(s), {len(plan['launches'])} launch(es) of "
+                  f"@{plan['entry']}; {figures})", file=sys.stderr)
+            return 0
+        text = bundle_ptx(tmp)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        _write_text(out, text)
+        print(f"wrote {out} ({len(plan['kernels'])} kernel(s) for {target.key}; {figures})", file=sys.stderr)
+    return 0
+
+
+def _cmd_run_cuda(args: argparse.Namespace) -> int:
+    """`run --target cuda[:sm_XX]`: compile the bundle, run it on this
+    machine's GPU on seeded random inputs, check it against the untuned CPU
+    build, and time it with CUDA events. Without a GPU: a one-line error
+    before anything is compiled."""
+    import statistics
+    import tempfile
+
+    import numpy as np
+
+    from mlir_ansor.compiler import compile_untuned
+    from mlir_ansor.cuda_compiler import build_bundle
+    from mlir_ansor.ir.dtypes import tolerance
+    from mlir_ansor.measure.cuda_module import CudaModule
+    from mlir_ansor.measure.cuda_runner import CudaRunError, CudaUnavailable, device_count
+    from mlir_ansor.measure.runner import random_inputs, relative_error
+    from mlir_ansor.target import Target
+
+    _load_plugins(args)
+    target = Target.parse(args.target)
+    count, why = device_count()
+    if not count:
+        raise AnsorError(f"run --target {args.target}: no CUDA device here ({why}); build the bundle with "
+                         f"`mlir-ansor compile --target {target.key} -o OUT.cuda` and run it on a GPU host")
+    source = _sized(args, args.input or _example_path(), one=True)
+    with tempfile.TemporaryDirectory(prefix="mlir-ansor-cuda-") as tmp:
+        plan = build_bundle(source, tmp, db=args.db, target=target, entry=args.func)
+        module = CudaModule(tmp)
+        try:
+            inputs = random_inputs(module.inputs, args.seed)
+            outs = module(*inputs)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            costs = module.time(*inputs, repeat=args.repeat)
+            device = getattr(module.backend, "device_name", "")
+        except (CudaUnavailable, CudaRunError) as e:
+            raise AnsorError(f"run --target {args.target}: {str(e).splitlines()[0]}") from None
+        finally:
+            module.close()
+    ref = compile_untuned(source, threads=args.threads, widen=True, db=args.db,
+                          cache_dir=False if args.no_cache else args.cache_dir)
+    ref.entry = plan["entry"]
+    ref_outs = ref(*inputs)
+    ref_outs = ref_outs if isinstance(ref_outs, tuple) else (ref_outs,)
+    red = max((t.get("reduction_length", 1) for t in plan["tasks"]), default=1)
+    rounded = sorted({t.get("rounding_dtype", "") for t in plan["tasks"]} - {""}) or [None]
+    dtypes = [d for _, d in module.outputs]
+    tol = max(tolerance(d, red, rounds_to=n, whole_module=True) for d in dtypes for n in rounded) if dtypes else 0.0
+    err = max((relative_error(o, r) for o, r in zip(outs, ref_outs)), default=0.0)
+    ok = bool(err <= tol)
+    lat = statistics.median(costs)
+    result = {"input": source, "function": plan["entry"], "target": target.key, "device": device,
+              "tasks": plan["tasks"], "latency_s": lat, "max_relative_error": err if np.isfinite(err) else None,
+              "tolerance": tol, "reference": "untuned build (CPU)", "ok": ok, "repeat": args.repeat}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for t in plan["tasks"]:
+            print(f"{t['name'][:44]:<44} {t['weight']:>6} {t['schedule']:>8} {t['sketch']}")
+        print(f"@{plan['entry']} on {device or target.key}: {_fmt_s(lat)}, max relative error {err:.3g} "
+              f"(tolerance {tol:.3g}) against the untuned CPU build: {'ok' if ok else 'MISMATCH'}")
+    if not ok:
+        print(f"mlir-ansor: error: the CUDA module does not match the untuned CPU build "
+              f"(relative error {err:.3g} > {tol:.3g})", file=sys.stderr)
+        return 1
+    return 0
 
 
 def run_bytes(ins_spec, outs_spec) -> int:
