@@ -244,3 +244,45 @@ def test_default_gpu_assignments_follow_the_rules_of_thumb():
     div = next(o.task for o in occs if o.task.name.startswith("div"))
     (sk,) = generate_sketches(div.mlir, SM90)
     assert tile(sk, default_gpu_assignments(sk, SM90)[0]) <= 4
+
+
+def test_a_tuned_record_is_the_schedule_and_a_failing_one_falls_back(tmp_path):
+    """A task's best valid record for the target is its schedule; when the
+    best record's schedule does not build, the next one is tried, and the
+    plan says why."""
+    from mlir_ansor.cuda_compiler import build_bundle
+    from mlir_ansor.graph.task import partition
+    from mlir_ansor.ir.program import load as load_text
+    from mlir_ansor.records import Database, Record
+    from mlir_ansor.search.generate import generate_sketches
+    from mlir_ansor.search.gpu_defaults import default_gpu_assignments
+
+    text = workloads.matmul(128, 128, 64)
+    src = tmp_path / "mm.mlir"
+    src.write_text(text)
+    (occ,) = partition(load_text(text=text))
+    sk = next(s for s in generate_sketches(occ.task.mlir, SM90) if s.name == "cuda-tiled")
+    default = dict(default_gpu_assignments(sk, SM90)[0])
+    mine = next(dict(a) for a in default_gpu_assignments(sk, SM90, count=40)[1:]
+                if dict(a)["b_d0"] != default["b_d0"] or dict(a)["b_d1"] != default["b_d1"])
+    db = tmp_path / "t.db"
+    with Database(str(db)) as d:
+        d.commit_record(Record(occ.task.workload_key, SM90.key, sk.hash, tuple(mine.items()), (2e-5,), "none",
+                               host="NVIDIA H200", threads=1))
+    plan = build_bundle(str(src), tmp_path / "a", db=db, target=SM90)
+    (task,) = plan["tasks"]
+    assert (task["schedule"], task["sketch"], task["knobs"]) == ("tuned", "cuda-tiled", mine)
+    assert task["best_latency_s"] == 2e-5 and task["trials"] == 1
+    (launch,) = plan["launches"]
+    assert launch["grid"][:2] == [128 // mine["b_d1"], 128 // mine["b_d0"]]
+
+    # a faster record that does not build (4 threads cannot share the copies of 128x128 tiles)
+    greedy = {**mine, "b_d0": 128, "b_d1": 128, "t_d0": 2, "t_d1": 2, "cp_a": 1, "cp_b": 1}
+    greedy = dict(sk.complete(tuple(sorted(greedy.items()))))
+    with Database(str(db)) as d:
+        d.commit_record(Record(occ.task.workload_key, SM90.key, sk.hash, tuple(greedy.items()), (1e-5,), "none",
+                               host="NVIDIA H200", threads=1))
+    plan = build_bundle(str(src), tmp_path / "b", db=db, target=SM90)
+    (task,) = plan["tasks"]
+    assert task["knobs"] == mine and task["schedule"] == "tuned"
+    assert task["error"].startswith("tuned cuda-tiled {'b_d0': 128, 'b_d1': 128"), task["error"]
