@@ -275,7 +275,10 @@ class _PlanBuilder:
 
     def new(self, role: str, t: ir.Type, **extra) -> int:
         shape, dtype = _spec(t)
-        np_dtype(dtype)  # an element type the runtime has
+        try:
+            np_dtype(dtype)  # an element type the runtime has
+        except ValueError as e:
+            raise UnsupportedError(f"a {role} buffer of type {t}: {e}") from None
         buf = {"id": len(self.buffers), "role": role, "shape": shape, "dtype": dtype, **extra}
         self.buffers.append(buf)
         return buf["id"]
@@ -294,11 +297,11 @@ class _PlanBuilder:
             raise UnsupportedError(f"{location_str(op)}: {op.name} gives a {v.type}, not a tensor")
         if op.name == "arith.constant":
             shape, dtype = _spec(v.type)
-            array = _constant_array(op, shape, dtype, self.blobs)
             bid = len(self.buffers)
             suffix = ".npy" if dtype != "bf16" else ".bin"
             name = f"weights/{bid}{suffix}"
-            if self.weights_dir is not None:
+            if self.weights_dir is not None:  # (None: a dry run, before the kernels are built)
+                array = _constant_array(op, shape, dtype, self.blobs)
                 path = os.path.join(self.weights_dir, f"{bid}{suffix}")
                 np.save(path, array) if suffix == ".npy" else array.tofile(path)
             self.of[v] = self.new("constant", v.type, file=name)
@@ -412,12 +415,14 @@ def build_bundle(source, folder: str | os.PathLike, *, db: str | os.PathLike | N
     if not tasks:
         raise AnsorError(f"@{name} has no task to compile for the GPU")
     plans = plan_cuda_kernels(list(tasks.values()), db=db, target=target)
+    by_key = {p.task.workload_key: p for p in plans}
+    # A dry run first: an op the plan cannot express fails before any kernel is built.
+    host_plan(program, occs, {p.symbol: {"launches": []} for p in plans}, by_key, name, None)
     folder = os.fspath(folder)
     kernels_dir, weights_dir = os.path.join(folder, "kernels"), os.path.join(folder, "weights")
     os.makedirs(kernels_dir, exist_ok=True)
     os.makedirs(weights_dir, exist_ok=True)
     built = build_kernels(plans, target, kernels_dir)
-    by_key = {p.task.workload_key: p for p in plans}
     host = host_plan(program, occs, built, by_key, name, weights_dir)
     plan = {
         "format": FORMAT,

@@ -170,7 +170,8 @@ def test_whole_module_on_a_fake_device(tmp_path):
 
 def test_an_op_outside_the_tasks_is_an_error_naming_it(tmp_path):
     """A value the plan would have to compute on the host (an extract_slice
-    feeding a matmul) is refused with the op's name and place."""
+    feeding a matmul) is refused with the op's name and place, before any
+    kernel is built."""
     from mlir_ansor.cuda_compiler import build_bundle
 
     src = tmp_path / "slice.mlir"
@@ -186,6 +187,7 @@ func.func @f(%A: tensor<64x64xf32>, %B: tensor<64x32xf32>) -> tensor<32x32xf32> 
 """)
     with pytest.raises(AnsorError, match=r"slice.mlir:4:\d+: tensor.extract_slice computes a value outside every task"):
         build_bundle(str(src), tmp_path / "out", target=SM90)
+    assert not (tmp_path / "out").exists()  # refused before any kernel was built
 
 
 def test_run_without_a_gpu_is_a_one_line_error(capsys):
