@@ -185,3 +185,35 @@ def test_untuned_odd_sizes_run_padded_and_give_the_exact_rows():
     np.testing.assert_allclose(cs(a), a.sum(axis=0), rtol=1e-4, atol=1e-4)
     assert cs.padded_sizes(a) is None
     cs.close()
+
+
+def test_torch_export_with_a_dynamic_sequence_length(torch, tmp_path, capsys):
+    """A BERT layer exported with ``Dim`` (torch-mlir's view shapes computed
+    from ``tensor.dim``, reshaped through ``tensor.reshape``): one symbol,
+    static at every size, and the compiled module at two sizes gives torch's
+    output at those sizes."""
+    from mlir_ansor.examples.models import BertLayer, dynamic_shapes
+    from mlir_ansor.importers.pytorch import import_module
+
+    torch.manual_seed(0)
+    model = BertLayer(hidden=64, heads=2, ffn=128).eval()
+    example = (torch.randn(1, 16, 64),)
+    text = import_module(model, example, dynamic_shapes=dynamic_shapes(example, ["0.1"]))
+    assert "tensor<1x?x64xf32>" in text and "tensor.reshape" in text
+    program = mlir_ansor.load(text=text)
+    with program.context:
+        assert symbols(program.module) == [[(0, 1)]]
+    cm = mlir_ansor.compile(program)
+    for seq in (16, 37):
+        x = torch.randn(1, seq, 64, generator=torch.Generator().manual_seed(seq))
+        with torch.no_grad():
+            want = model(x).numpy()
+        out = cm(x.numpy())
+        assert out.shape == (1, seq, 64)
+        assert np.max(np.abs(out - want)) / np.max(np.abs(want)) < 1e-5
+    path = tmp_path / "bert_dyn.mlir"
+    path.write_text(text)
+    assert main(["run", str(path), "--db", str(tmp_path / "none.db"), "--sizes", "0.1=23", "--json",
+                 "--repeat", "1", "--reference", "numpy"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["ok"] and res["reference"] == "numpy evaluation"

@@ -211,6 +211,23 @@ MODELS: dict[str, Callable[..., tuple[nn.Module, tuple]]] = {
 """Model name -> factory(seed) returning (module in eval mode, example inputs)."""
 
 
+def dynamic_shapes(inputs: tuple, dims: list[str], max_size: int = 4096) -> tuple:
+    """``torch.export``'s ``dynamic_shapes`` for `inputs` with the dimensions
+    named ``ARG.DIM`` (0-based, as ``--sizes`` names them) dynamic, each a
+    ``torch.export.Dim`` of its own from 2 to `max_size` (torch.export
+    specializes sizes 0 and 1)."""
+    spec: list[dict | None] = [None] * len(inputs)
+    for text in dims:
+        try:
+            arg, dim = (int(x) for x in text.split("."))
+        except ValueError:
+            raise SystemExit(f"--dynamic {text}: expected ARG.DIM, for example 0.1") from None
+        if not (0 <= arg < len(inputs)) or not (0 <= dim < inputs[arg].dim()):
+            raise SystemExit(f"--dynamic {text}: the inputs have shapes {[tuple(x.shape) for x in inputs]}")
+        spec[arg] = {**(spec[arg] or {}), dim: torch.export.Dim(f"arg{arg}_dim{dim}", min=2, max=max_size)}
+    return tuple(spec)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m mlir_ansor.examples.models NAME -o FILE.mlir``: write a model's
     Linalg-on-tensors MLIR (weights as ``dense_resource`` blobs)."""
@@ -223,9 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", choices=sorted(MODELS))
     parser.add_argument("-o", "--output", default="-", help="output file (default: stdout)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and the example input")
+    parser.add_argument("--dynamic", action="append", default=[], metavar="ARG.DIM",
+                        help="leave this dimension of an input dynamic (tensor<1x?x768xf32>), for example 0.1: the "
+                             "BERT layer's sequence length; each one a size of its own, from 2 to 4096")
     args = parser.parse_args(argv)
     model, inputs = MODELS[args.model](args.seed)
-    text = import_module(model, inputs)
+    text = import_module(model, inputs, dynamic_shapes=dynamic_shapes(inputs, args.dynamic) if args.dynamic else None)
     if args.output == "-":
         sys.stdout.write(text)
     else:

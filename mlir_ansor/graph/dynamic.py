@@ -21,6 +21,7 @@ is tuning a module with one specialization per size
 from __future__ import annotations
 
 import itertools
+import math
 import re
 
 from mlir import ir, passmanager
@@ -227,6 +228,8 @@ def specialize(fn: ir.Operation, values: dict[Dim, int]) -> None:
     fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get([a.type for a in entry.arguments], results))
     cleanup = passmanager.PassManager.parse("func.func(canonicalize,cse)")
     cleanup.run(fn)
+    while _static_reshapes(fn):  # torch-mlir's reshapes to computed shapes, now constants
+        cleanup.run(fn)
     # The results: a cast back to the dynamic type at the return goes.
     ret = list(entry.operations)[-1]
     for k, v in enumerate(list(ret.operands)):
@@ -249,6 +252,57 @@ def specialize(fn: ir.Operation, values: dict[Dim, int]) -> None:
     if left:
         raise UnsupportedError(f"@{name} stays dynamic at sizes {size_label(values)}: {left[0]}"
                                + (f" (and {len(left) - 1} more)" if len(left) > 1 else ""))
+
+
+def _static_reshapes(fn: ir.Operation) -> int:
+    """Rewrite each ``tensor.reshape`` to a constant shape (torch-mlir's
+    ``view`` with sizes computed from ``tensor.dim``, folded by the
+    specialization) of a static source as a ``collapse_shape`` to one
+    dimension and an ``expand_shape`` to the shape, whose static types the
+    canonicalizer then carries on (it folds no ``tensor.reshape``). Returns
+    how many it rewrote."""
+    from mlir.dialects import tensor
+
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "tensor.reshape":
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    fn.walk(visit)
+    done = 0
+    for op in found:
+        src, shape_v = op.operands
+        shape_op = shape_v.owner if not isinstance(shape_v.owner, ir.Block) else None
+        if shape_op is None or shape_op.name != "arith.constant":
+            continue
+        try:
+            shape = [int(x) for x in ir.DenseIntElementsAttr(shape_op.attributes["value"])]
+        except (ValueError, TypeError):
+            continue
+        src_owner = src.owner if not isinstance(src.owner, ir.Block) else None
+        if src_owner is not None and src_owner.name == "tensor.cast":
+            src = src_owner.operands[0]
+        st = ir.RankedTensorType(src.type)
+        old = ir.RankedTensorType(op.results[0].type)
+        if not st.has_static_shape or any(d < 0 for d in shape) or math.prod(shape) != math.prod(st.shape):
+            continue
+        n = math.prod(st.shape)
+        with ir.InsertionPoint(op), op.location:
+            flat = tensor.CollapseShapeOp(ir.RankedTensorType.get([n], st.element_type), src,
+                                          ir.ArrayAttr.get([ir.ArrayAttr.get(
+                                              [ir.IntegerAttr.get(ir.IntegerType.get_signless(64), i)
+                                               for i in range(st.rank)])])).result
+            out = tensor.ExpandShapeOp(ir.RankedTensorType.get(shape, old.element_type), flat,
+                                       ir.ArrayAttr.get([ir.ArrayAttr.get(
+                                           [ir.IntegerAttr.get(ir.IntegerType.get_signless(64), i)
+                                            for i in range(len(shape))])]), [], shape).result
+            back = tensor.CastOp(old, out).result
+        op.results[0].replace_all_uses_with(back)
+        op.erase()
+        done += 1
+    return done
 
 
 def size_label(values: dict[Dim, int]) -> str:

@@ -422,6 +422,13 @@ class _Generic:
             if b.name == "arith.constant":
                 local[b.results[0]] = _constant(b, {})
                 continue
+            if b.name == "tensor.extract":  # a gather: indices computed over the domain
+                src = outer.get(b.operands[0])
+                if src is None or np.ndim(src) == 0:
+                    raise NotInterpretable("tensor.extract in a generic's body from a tensor it has not")
+                idx = [local[v] if v in local else _outer_scalar(v, outer) for v in list(b.operands)[1:]]
+                local[b.results[0]] = _array(src, "tensor.extract")[tuple(np.broadcast_arrays(*idx))] if idx else src[()]
+                continue
             vals = []
             for v in b.operands:
                 if v in local:
@@ -765,6 +772,9 @@ def _tensor_op(op: ir.Operation, env: dict) -> None:
         idx = _slice_index(op)
         dest[idx] = np.reshape(_array(env[op.operands[0]], name), dest[idx].shape)
         env[res] = dest
+    elif name == "tensor.extract":
+        idx = tuple(int(env[v]) for v in list(op.operands)[1:])
+        env[res] = _array(env[op.operands[0]], name)[idx]
     elif name == "tensor.concat":
         dim = ir.IntegerAttr(op.attributes["dim"]).value
         env[res] = np.concatenate([_array(env[v], name) for v in op.operands], axis=dim)
@@ -838,6 +848,9 @@ def _step(op: ir.Operation, env: dict, funcs: dict, blobs: Mapping[str, str]) ->
         outs = _call(funcs, callee, [env[v] for v in op.operands], blobs)
         for r, v in zip(op.results, outs):
             env[r] = v
+    elif name_ == "cf.assert":
+        if not np.all(_array(env[op.operands[0]], name_)):
+            raise NotInterpretable(f"the assertion fails: {ir.StringAttr(op.attributes['msg']).value}")
     elif name_.startswith(("arith.", "math.")):
         env[op.results[0]] = _elementwise(op, [_array(env[v], name_) for v in op.operands])
     else:

@@ -76,13 +76,17 @@ with open(sys.argv[2], "w") as f:
 """
 
 
-def import_module(model: Any, example_inputs: Any, *, func_name: str = "main") -> str:
+def import_module(model: Any, example_inputs: Any, *, func_name: str = "main", dynamic_shapes: Any = None) -> str:
     """MLIR text (Linalg on tensors) of ``model`` called on ``example_inputs``.
 
     ``model``: a ``torch.nn.Module`` (put it in eval mode first if it has
     batch norms or dropout: the export traces what it computes now).
     ``example_inputs``: a tensor or a tuple of tensors; their shapes and
     dtypes become the static signature of ``@func_name``.
+    ``dynamic_shapes``: ``torch.export``'s, one entry per input (a dict
+    from dimension to ``torch.export.Dim``), for dimensions that stay
+    dynamic (``tensor<1x?x768xf32>``): a BERT layer's sequence length.
+    `tune --sizes` and `compile` give them sizes (`graph.dynamic`).
     Raises :class:`AnsorError` when torch or torch-mlir is missing, or when
     the export or the lowering fails (with torch-mlir's message).
     """
@@ -98,7 +102,8 @@ def import_module(model: Any, example_inputs: Any, *, func_name: str = "main") -
             with warnings.catch_warnings():
                 # torch.export warns about pytree internals that users cannot act on.
                 warnings.simplefilter("ignore", FutureWarning)
-                torch.export.save(torch.export.export(model, example_inputs, strict=False), traced)
+                exported = torch.export.export(model, example_inputs, dynamic_shapes=dynamic_shapes, strict=False)
+                torch.export.save(exported, traced)
         except Exception as err:  # torch.export raises many kinds
             raise AnsorError(f"torch.export could not trace {name}: {type(err).__name__}: {str(err).strip()[:2000]}") from err
         proc = subprocess.run([sys.executable, "-c", _CHILD, traced, out, func_name], capture_output=True, text=True)
@@ -119,6 +124,6 @@ def child_failure(stderr: str) -> str:
     return (f": {diag}" if diag else ":") + f"\n{tail}"
 
 
-def load_module(model: Any, example_inputs: Any, *, func_name: str = "main") -> Program:
+def load_module(model: Any, example_inputs: Any, *, func_name: str = "main", dynamic_shapes: Any = None) -> Program:
     """:func:`import_module`, parsed and verified into a context of ours."""
-    return load(text=import_module(model, example_inputs, func_name=func_name))
+    return load(text=import_module(model, example_inputs, func_name=func_name, dynamic_shapes=dynamic_shapes))
