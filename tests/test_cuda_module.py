@@ -288,3 +288,45 @@ def test_a_tuned_record_is_the_schedule_and_a_failing_one_falls_back(tmp_path):
     (task,) = plan["tasks"]
     assert task["knobs"] == mine and task["schedule"] == "tuned"
     assert task["error"].startswith("tuned cuda-tiled {'b_d0': 128, 'b_d1': 128"), task["error"]
+
+
+MIXED = """
+func.func @mm(%A: tensor<256x256xf16>, %B: tensor<256x256xf16>) -> tensor<256x256xf32> {
+  %cst = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<256x256xf32>
+  %C = linalg.fill ins(%cst : f32) outs(%e : tensor<256x256xf32>) -> tensor<256x256xf32>
+  %R = linalg.matmul ins(%A, %B : tensor<256x256xf16>, tensor<256x256xf16>) outs(%C : tensor<256x256xf32>) -> tensor<256x256xf32>
+  return %R : tensor<256x256xf32>
+}
+"""
+
+
+def test_f16_operands_accumulate_in_f32_on_tensor_cores(ptxas, tmp_path):
+    """A matmul of f16 operands into f32 compiles to `cuda-mma-smem` with
+    mma.sync's f32 accumulators (m16n8k16 .f32.f16.f16.f32), which ptxas
+    assembles without spills; an f16 or bf16 GEMM (accumulated in f32 and
+    rounded once by its task's epilogue) gets the contraction sketch with
+    its operands staged in shared memory, no longer the generic one."""
+    from mlir_ansor.cuda_compiler import build_bundle, bundle_ptx
+
+    src = tmp_path / "mixed.mlir"
+    src.write_text(MIXED)
+    plan = build_bundle(str(src), tmp_path / "mixed.cuda", target=SM90)
+    (task,) = plan["tasks"]
+    assert task["sketch"] == "cuda-mma-smem" and not task["error"], task
+    ptx = bundle_ptx(tmp_path / "mixed.cuda")
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
+    assert "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16" not in ptx
+    (fig,) = plan["kernels"][0]["ptxas"].values()
+    assert fig["spill_stores"] == fig["stack"] == 0 and fig["smem"] > 0
+    (tmp_path / "mixed.ptx").write_text(ptx)
+    proc = subprocess.run([ptxas, "-arch=sm_90", "-o", str(tmp_path / "m.cubin"), str(tmp_path / "mixed.ptx")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for dtype in ("f16", "bf16"):
+        src = tmp_path / f"{dtype}.mlir"
+        src.write_text(workloads.matmul(128, 128, 64, dtype))
+        plan = build_bundle(str(src), tmp_path / f"{dtype}.cuda", target=SM90)
+        (task,) = plan["tasks"]
+        assert task["name"].endswith("_f32_truncf") and task["sketch"] == "cuda-contraction", task
+        assert not task["error"] and plan["kernels"][0]["ptxas"]

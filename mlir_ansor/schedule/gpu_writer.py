@@ -11,6 +11,8 @@ write with it; `passes/nvvm.py` lowers what it produces.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from mlir_ansor.schedule.writer import ANY, PARAM, ScheduleWriter, Size
 
 __all__ = ["GpuScheduleWriter"]
@@ -35,12 +37,19 @@ class GpuScheduleWriter(ScheduleWriter):
         )
         return t, loop
 
-    def promote_inputs(self, op: str, inputs: list[int], num_operands: int, dtype: str) -> tuple[str, list[str]]:
+    def promote_inputs(self, op: str, inputs: list[int], num_operands: int,
+                       dtype: str | Sequence[str]) -> tuple[str, list[str]]:
         """Copy input operands `inputs` of `op` into fresh buffers (a no-fold
         `pad` rewritten to `linalg.copy` into `bufferization.alloc_tensor`).
-        Returns the op after padding and, per input, the handle of its copy."""
+        `dtype`: the operands' element type, or one per operand (a
+        mixed-precision contraction: f16 inputs, an f32 accumulator; the pad
+        value must have each operand's type). Returns the op after padding
+        and, per input, the handle of its copy."""
         padded, pad, copy = self._fresh("padded"), self._fresh("pad"), self._fresh("copy")
-        zeros = ", ".join([f"0.0 : {dtype}"] * num_operands)
+        dtypes = [dtype] * num_operands if isinstance(dtype, str) else list(dtype)
+        if len(dtypes) != num_operands:
+            raise ValueError(f"promote_inputs: {len(dtypes)} element types for {num_operands} operands")
+        zeros = ", ".join(f"{0 if t.startswith('i') else 0.0} : {t}" for t in dtypes)
         nofold = ", ".join("1" if i in inputs else "0" for i in range(num_operands))
         self.emit(
             f"{padded}, {pad}, {copy} = transform.structured.pad {op} {{padding_values = [{zeros}], "

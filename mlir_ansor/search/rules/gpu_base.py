@@ -47,6 +47,14 @@ def fuse_others(w: GpuScheduleWriter, ops: tuple[OpStructure, ...], root: OpStru
     return forall
 
 
+def operand_dtypes(op: OpStructure) -> tuple[str, ...]:
+    """Each operand's element type, inputs then outputs (a mixed-precision
+    contraction reads f16 or bf16 and accumulates in f32)."""
+    n = len(op.operand_dims)
+    ins = op.input_dtypes if len(op.input_dtypes) == op.num_inputs else (op.dtype,) * op.num_inputs
+    return tuple(ins) + (op.dtype,) * (n - op.num_inputs)
+
+
 def min_block_threads(ranges: tuple[int, ...], thread_dims: list[int], target: Target) -> int:
     """At least a warp per block, where the loops are that large."""
     n = 1

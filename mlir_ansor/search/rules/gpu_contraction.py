@@ -23,6 +23,7 @@ from mlir_ansor.search.rules.gpu_base import (
     fuse_others,
     is_cuda,
     min_block_threads,
+    operand_dtypes,
 )
 from mlir_ansor.search.sketch import OpStructure, Sketch
 from mlir_ansor.search.space import KnobSpec, divisors
@@ -136,7 +137,7 @@ class GpuContraction(Rule):
         # Copies are distributed over the last two dimensions of each tile,
         # with the thread counts of the compute level (same block shape).
         def promote_real(wr: GpuScheduleWriter) -> list[str]:
-            padded, copies = wr.promote_inputs(a_h, inputs, len(anchor.operand_dims), anchor.dtype)
+            padded, copies = wr.promote_inputs(a_h, inputs, len(anchor.operand_dims), operand_dtypes(anchor))
             for i, c in zip(inputs, copies):
                 rank = len(anchor.operand_dims[i])
                 counts: list[Size] = [0] * rank
@@ -173,8 +174,8 @@ class GpuContraction(Rule):
 
         tile_terms = {d: f"b_d{d}" for d in par}
         tile_terms[kr] = f"k_d{kr}"
-        nbytes = element_bytes(anchor.dtype)
-        smem_tiles = tuple((nbytes, _operand_tile_terms(anchor, i, tile_terms)) for i in inputs)
+        dtypes = operand_dtypes(anchor)
+        smem_tiles = tuple((element_bytes(dtypes[i]), _operand_tile_terms(anchor, i, tile_terms)) for i in inputs)
         return [
             GpuSketch(
                 self.name,

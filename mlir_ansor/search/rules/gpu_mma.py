@@ -27,6 +27,8 @@ class TensorCoreMatmul(Rule):
         a = ctx.anchor
         if not is_cuda(ctx) or a.name != "linalg.matmul" or a.dtype not in ("f16", "f32") or ctx.target.arch < 80:
             return RuleResult.SKIP
+        if any(t != a.dtype for t in a.input_dtypes):
+            return RuleResult.SKIP  # mixed precision (f16 into f32): rewrite_matmul_as_mma_sync takes one type; cuda-mma-smem
         m, n, k = a.loop_ranges
         if m % 16 or n % 8 or k % _k_piece(a.dtype):
             return RuleResult.SKIP

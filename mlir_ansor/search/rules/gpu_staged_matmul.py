@@ -35,6 +35,12 @@ from mlir_ansor.search.space import KnobSpec, divisors
 MATMUL_DIMS = ((0, 2), (2, 1), (0, 1))
 
 
+def _input_dtype(op: OpStructure) -> str:
+    """The element type of both operands ("" when they differ)."""
+    types = set(op.input_dtypes or (op.dtype,))
+    return types.pop() if len(types) == 1 else ""
+
+
 def is_plain_matmul(op: OpStructure) -> bool:
     """C(m, n) += A(m, k) * B(k, n), whatever the op is called."""
     return (
@@ -52,6 +58,8 @@ class StagedMatmul(Rule):
         a = ctx.anchor
         if not is_cuda(ctx) or not is_plain_matmul(a) or a.dtype not in ("f16", "f32"):
             return RuleResult.SKIP
+        if _input_dtype(a) != a.dtype and (_input_dtype(a), a.dtype) != ("f16", "f32"):
+            return RuleResult.SKIP  # operands and accumulator: both f16, both f32, or f16 into f32
         if any(o.op_id != a.op_id and o.name != "linalg.fill" for o in ctx.ops):
             return RuleResult.SKIP  # fused consumers: the contraction rule handles them
         return RuleResult.APPLY
@@ -66,11 +74,16 @@ class StagedMatmul(Rule):
 
     def _sketch(self, ctx: SketchContext, *, tensor_cores: bool) -> GpuSketch | None:
         anchor, ops, target = ctx.anchor, ctx.ops, ctx.target
-        if tensor_cores and (anchor.dtype != "f16" or target.arch < 80):
+        in_dtype = _input_dtype(anchor)
+        mixed = in_dtype != anchor.dtype  # f16 operands, an f32 accumulator
+        if tensor_cores and (in_dtype != "f16" or target.arch < 80):
             return None
+        if mixed and not tensor_cores:
+            return None  # FMAs on extended f16 vectors left vector.insert_strided_slice the NVVM lowering refuses
         m, n, k = anchor.loop_ranges
-        nbytes = element_bytes(anchor.dtype)
+        nbytes = element_bytes(in_dtype)
         vw = 16 // nbytes  # elements per 16-byte global load
+        out_vw = 16 // element_bytes(anchor.dtype)
         if tensor_cores:
             if m % 16 or n % 8 or k % 16 or n % vw:
                 return None
@@ -118,7 +131,7 @@ class StagedMatmul(Rule):
         forall = fuse_others(w, ops, anchor, forall)
         a_h = w.match_op_id(forall, anchor.op_id)
         a_h, _ = w.tile_for(a_h, [0, 0, h["k_d2"]])
-        padded, (copy_a, copy_b) = w.promote_inputs(a_h, [0, 1], 3, anchor.dtype)
+        padded, (copy_a, copy_b) = w.promote_inputs(a_h, [0, 1], 3, (in_dtype, in_dtype, anchor.dtype))
         w.distribute_linear(copy_a, [h["cp_a"], vw])
         w.distribute_linear(copy_b, [h["cp_b"], vw])
         w.to_workgroup_memory(forall)
@@ -126,7 +139,7 @@ class StagedMatmul(Rule):
         if tensor_cores:
             w.tile_forall_mapped(padded, [h["w_d0"], h["w_d1"]], ["#gpu.warp<y>", "#gpu.warp<x>"])
             for o in fills:
-                w.distribute_linear(w.match_op_id(forall, o.op_id), [h["cp_c"], vw])
+                w.distribute_linear(w.match_op_id(forall, o.op_id), [h["cp_c"], out_vw])
         else:
             # The fill gets the compute's thread tiles, so each thread zeroes
             # exactly its own accumulator tile (LLVM then forwards the zeros).
@@ -135,6 +148,11 @@ class StagedMatmul(Rule):
             for o in fills:
                 w.tile_forall_mapped(w.match_op_id(forall, o.op_id), [h["t_d0"], h["t_d1"]], mapping, num_threads=True)
         func = w.vectorize_children(w.match_func("%root"))
+        if mixed:
+            # the operands' extf folded into the contraction (f16 x f16 -> f32):
+            # the form mma.sync with f32 accumulators is made from (and FMAs
+            # on each element, extended as it is read)
+            w.apply_patterns(func, ["vector.fold_arith_extension"])
         w.cleanup(func)
         w.gpu_bufferize("%root")
 
@@ -142,7 +160,7 @@ class StagedMatmul(Rule):
             **target_limits(target),
             smem_tiles=((nbytes, (("b_d0",), ("k_d2",))), (nbytes, (("k_d2",), ("b_d1",)))),
             staged=True,
-            derived=tuple((name, r, c, vw) for name, r, c in copies),
+            derived=tuple((name, r, c, out_vw if name == "cp_c" else vw) for name, r, c in copies),
             min_threads=32,
         )
         if tensor_cores:
