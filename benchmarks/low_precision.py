@@ -47,6 +47,10 @@ Targets (issue #23), checked at every thread count:
 - GEMM bf16 and i8: >= 1.7x our f32 GEMM and >= 1.1x IREE;
 - conv bf16 and i8: >= 1.5x our f32 conv;
 - on a host without AVX-512 (AVX2 only), the int8 rows' f32 target is 1.3x;
+  ``--target cpu:znver3`` builds ours for an AVX2-only CPU (Zen 3: AVX2 and
+  FMA, no AVX-512) on an AVX-512 host, which runs that code too: the AVX2
+  rows' correctness and their ratio to our own f32, on this host's core
+  (the peers keep their own code for the host);
 - bf16 BERT: >= 1.2x PyTorch bf16 eager and >= 1.0x IREE.
 
 Usage:
@@ -309,9 +313,11 @@ def tune_ours(w: Workload, threads: int, args: argparse.Namespace, wd: str) -> O
     step = "import"
     try:
         from mlir_ansor import TuneConfig, compile, tune  # noqa: A004
+        from mlir_ansor.target import Target
 
         step = "tune"
         config = TuneConfig(trials=args.trials, threads=threads, seed=args.seed, strategy=args.search)
+        target = Target.parse(args.target)
         if args.flush_caches == "all" or (args.flush_caches == "models" and w.kind == "bert"):
             # A model's kernels find their weights in memory, not in cache.
             from mlir_ansor.measure.runner import TimingPolicy
@@ -319,10 +325,10 @@ def tune_ours(w: Workload, threads: int, args: argparse.Namespace, wd: str) -> O
             config = dataclasses.replace(config, timing=TimingPolicy(flush_caches=True))
         db = os.path.join(wd, f"{w.name}_{threads}.db")
         t0 = time.perf_counter()
-        res = tune(w.path, config=config, db=db)
+        res = tune(w.path, config=config, db=db, target=target)
         tune_s = time.perf_counter() - t0
         step = "compile"
-        cm = compile(w.path, db=db, threads=threads)
+        cm = compile(w.path, db=db, threads=threads, target=target)
         step = "run"
         out = cm(*w.arrays)
         outs = out if isinstance(out, (list, tuple)) else [out]
@@ -559,6 +565,8 @@ def print_report(rows: list[Row], host: dict, args: argparse.Namespace, iree_ver
           f"systems: {', '.join(args.only)}; {iree_version or 'IREE not run'}")
     print(f"host: {host['model']} (family {host.get('family', '?')}); "
           + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in host["has"].items()))
+    if "built_for" in host:
+        print(f"ours built for {host['built_for']} (run on this host){'; AVX2-only targets' if host['avx2_only'] else ''}")
     print(f"lscpu flags: {host['flags']}")
     print("ratios are of throughput (peer latency / ours; > 1: ours faster); GOP/s counts a multiply-add as 2")
     hdr = (f"{'workload':<36} {'thr':>3} {'ours ms':>8} {'GOP/s':>6} {'IREE ms':>8} {'GOP/s':>6} {'IREEdef':>8} "
@@ -610,6 +618,9 @@ def main() -> None:
                     help="tune with TimingPolicy.flush_caches: for the model rows (default), every row, or none")
     ap.add_argument("--json", metavar="FILE", help="write every figure as JSON")
     ap.add_argument("--work-dir", help="keep modules, inputs, databases and IREE's files here")
+    ap.add_argument("--target", default="cpu",
+                    help="what ours is built for: cpu (this host) or cpu:NAME, a CPU whose features this host has "
+                         "(cpu:znver3: AVX2 and FMA only; its targets are the AVX2-only host's)")
     args = ap.parse_args()
     names = [n for n in args.ops.split(",") if n]
     args.only = [s for s in args.only.split(",") if s]
@@ -624,6 +635,14 @@ def main() -> None:
     wd = args.work_dir or tempfile.mkdtemp(prefix="low-precision-")
     os.makedirs(os.path.join(wd, "iree"), exist_ok=True)
     host = host_info()
+    if args.target not in ("cpu", "host"):
+        from mlir_ansor.target import Target
+
+        built = Target.parse(args.target)
+        if not built.runs_on(Target.host()):
+            ap.error(f"--target {args.target}: this host lacks some of its features, so its code cannot run here")
+        host["built_for"] = args.target
+        host["avx2_only"] = built.has("avx2") and not built.has("avx512f")
     iree = None
     if "iree" in args.only:
         iree = Iree(args.iree_python, wd, ["best", "default"] if args.iree_default else ["best"], args.min_time)
