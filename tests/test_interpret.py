@@ -125,6 +125,17 @@ def test_int8_sums_are_exact_and_narrowing_wraps():
     np.testing.assert_array_equal(out, want)
 
 
+def test_quantized_matmul_with_zero_points_is_exact():
+    from test_low_precision import K, M, N, _quantized_batch
+
+    r = _rng()
+    a = r.integers(-128, 128, (2, M, K), dtype=np.int8)
+    b = r.integers(-128, 128, (2, K, N), dtype=np.int8)
+    (out,) = _eval(_quantized_batch(3, -5), a, b)
+    want = np.matmul(a.astype(np.int64) - 3, b.astype(np.int64) + 5)
+    np.testing.assert_array_equal(out, want)
+
+
 def test_bf16_inputs_are_widened_not_rounded():
     r = _rng()
     a = r.standard_normal((8, 32)).astype(BF16)

@@ -202,7 +202,9 @@ _FLOAT_UNARY = {
     "math.log2": np.log2, "math.log10": np.log10, "math.tanh": np.tanh, "math.sin": np.sin,
     "math.cos": np.cos, "math.tan": np.tan, "math.atan": np.arctan, "math.erf": _erf,
     "math.floor": np.floor, "math.ceil": np.ceil, "math.trunc": np.trunc, "math.roundeven": np.rint,
-    "math.round": _round_away, "math.rsqrt": lambda x: 1 / np.sqrt(x),
+    "math.round": _round_away, "math.rsqrt": lambda x: 1 / np.sqrt(x), "math.cbrt": np.cbrt,
+    "math.sinh": np.sinh, "math.cosh": np.cosh, "math.asin": np.arcsin, "math.acos": np.arccos,
+    "math.asinh": np.arcsinh, "math.acosh": np.arccosh, "math.atanh": np.arctanh, "math.erfc": lambda x: 1 - _erf(x),
 }
 _INT_BINARY = {
     "arith.addi": np.add, "arith.subi": np.subtract, "arith.muli": np.multiply,
@@ -224,6 +226,14 @@ def _elementwise(op: ir.Operation, args: list):
         return _FLOAT_BINARY[name](args[0], args[1]).astype(dt, copy=False)
     if name in _FLOAT_UNARY:
         return np.asarray(_FLOAT_UNARY[name](args[0])).astype(dt, copy=False)
+    if name in ("math.isnan", "math.isinf", "math.isfinite"):
+        return {"math.isnan": np.isnan, "math.isinf": np.isinf, "math.isfinite": np.isfinite}[name](args[0])
+    if name in ("math.fpowi", "math.ipowi"):
+        if dt.kind == "f":
+            return np.power(args[0], np.asarray(args[1], dtype=np.float64)).astype(dt)
+        return _wrap(np.power(np.asarray(args[0], dtype=np.int64), np.asarray(args[1], dtype=np.int64)), et)
+    if name == "math.absi":
+        return _wrap(np.abs(np.asarray(args[0], dtype=np.int64)), et)
     if name == "math.fma":
         return (args[0] * args[1] + args[2]).astype(dt, copy=False)
     if name in _INT_BINARY:
@@ -381,6 +391,11 @@ class _Generic:
         self.block = op.regions[0].blocks[0]
         self.args = list(self.block.arguments)
         self.ops = [o.operation for o in self.block.operations]
+
+    def scalar_inputs(self) -> list[int]:
+        """The inputs read as one value at every point (no loop dimension in their map)."""
+        return [k for k in range(self.n_in) if not self.dims_of(k) and not isinstance(self.values[k], _Empty)
+                and np.size(self.values[k]) == 1]
 
     def read_inputs(self) -> list[int]:
         """The inputs the body reads (a pooling's window operand is only a shape)."""
@@ -626,8 +641,9 @@ def _arg_reduce(g: _Generic, k: int, result: ir.Value, arg, env: dict) -> np.nda
 
 
 def _factor(g: _Generic, v: ir.Value) -> tuple[int, ir.Value] | None:
-    """(operand, value) where `v` is a per-element function of one input operand."""
-    deps = _depends(g.block, v, g.args)
+    """(operand, value) where `v` is a per-element function of one input
+    operand (and of scalar inputs: a quantized op's zero points)."""
+    deps = _depends(g.block, v, g.args) - set(g.scalar_inputs())
     if len(deps) != 1 or -1 in deps or next(iter(deps)) >= g.n_in:
         return None
     return next(iter(deps)), v
@@ -651,7 +667,9 @@ def _einsum_sum(g: _Generic, x: ir.Value, out_dims: list[int], env: dict) -> np.
     bound = 1.0
     for k, v in factors:  # type: ignore[misc]
         base = _array(g.values[k], "linalg.generic")
-        (val,) = g.evaluate([v], {g.args[k]: base}, env)
+        given = {g.args[k]: base, **{g.args[i]: _array(g.values[i], "a scalar input").reshape(())
+                                     for i in g.scalar_inputs()}}
+        (val,) = g.evaluate([v], given, env)
         val = np.asarray(val)
         if val.shape != base.shape:
             val = np.broadcast_to(val, base.shape)
