@@ -26,6 +26,8 @@ import math
 import numpy as np
 from mlir import ir
 
+from mlir_ansor.ir.program import resource_bytes
+
 __all__ = ["CMPF_PREDICATES", "NotEvaluable", "evaluate"]
 
 
@@ -90,11 +92,9 @@ def _constant(op: ir.Operation, blobs: dict[str, str]) -> np.ndarray:
         dt = _dtype(st.element_type)
         text = str(attr)
         if text.startswith("dense_resource<"):
-            name = text[len("dense_resource<"):].split(">")[0].strip('"')
-            hexdata = blobs.get(name)
-            if hexdata is None:
+            name, data = resource_bytes(text, blobs)
+            if data is None:
                 raise NotEvaluable(f"resource {name} not found")
-            data = bytes.fromhex(hexdata[8:])  # after the blob's 4-byte alignment
             if dt is np.bool_ or len(data) != math.prod(st.shape) * np.dtype(dt).itemsize:
                 raise NotEvaluable(f"resource {name} has an unexpected size")
             return np.frombuffer(data, dtype=dt).reshape(st.shape)

@@ -47,7 +47,8 @@ from mlir import ir
 from mlir.passmanager import PassManager
 
 from mlir_ansor.graph.fold_eval import CMPF_PREDICATES
-from mlir_ansor.ir.program import location_str
+from mlir_ansor.ir.program import location_str, resource_bytes
+from mlir_ansor.ir.rewrite import backward_slice
 
 __all__ = ["NotInterpretable", "interpret"]
 
@@ -148,11 +149,9 @@ def _constant(op: ir.Operation, blobs: Mapping[str, str]):
     dt = _compute_dtype(t)
     text = str(attr)
     if text.startswith("dense_resource<"):
-        name = text[len("dense_resource<"):].split(">")[0].strip('"')
-        hexdata = blobs.get(name)
-        if hexdata is None:
+        name, data = resource_bytes(text, blobs)
+        if data is None:
             raise NotInterpretable(f"resource {name} not found")
-        data = bytes.fromhex(hexdata[8:])  # after the blob's 4-byte alignment
         if et == "bf16":
             import ml_dtypes
 
@@ -422,7 +421,7 @@ class _Generic:
     def evaluate(self, wanted: list[ir.Value], args: dict, outer: dict, cut=None) -> list:
         """Values `wanted` of the body, block arguments given by `args`, ops
         evaluated in order (only those `wanted` depends on)."""
-        need = _backward(self.block, wanted)
+        need = backward_slice(self.block, wanted)
         local = dict(args)
         for b in self.ops:
             if b.name == "linalg.yield" or b not in need:
@@ -460,24 +459,6 @@ def _outer_scalar(v: ir.Value, outer: dict):
     if v in outer and np.ndim(outer[v]) == 0:
         return outer[v]
     raise NotInterpretable("a generic yields a value it has not")
-
-
-def _backward(block: ir.Block, roots: list[ir.Value]) -> set:
-    """The ops of `block` the values `roots` depend on."""
-    ops = {}
-    for o in block.operations:
-        for r in o.operation.results:
-            ops[r] = o.operation
-    need: set = set()
-    stack = list(roots)
-    while stack:
-        v = stack.pop()
-        o = ops.get(v)
-        if o is None or o in need:
-            continue
-        need.add(o)
-        stack.extend(o.operands)
-    return need
 
 
 def _depends(block: ir.Block, v: ir.Value, args: list[ir.Value]) -> set[int]:

@@ -22,7 +22,7 @@ from mlir import ir
 
 from mlir_ansor.errors import InputError
 
-__all__ = ["Program", "format_diagnostic", "load", "location_str", "resource_blobs"]
+__all__ = ["Program", "format_diagnostic", "load", "location_str", "resource_blobs", "resource_bytes"]
 
 
 @dataclass
@@ -226,3 +226,12 @@ def resource_blobs(mlir_text: str) -> dict[str, str]:
     if start < 0:
         return {}
     return {m.group(1).strip('"'): m.group(2) for m in _RESOURCE.finditer(mlir_text, start)}
+
+
+def resource_bytes(attr_text: str, blobs: dict[str, str]) -> tuple[str, bytes | None]:
+    """(name, raw bytes) of a printed ``dense_resource<NAME>`` attribute,
+    from `blobs` (:func:`resource_blobs`); the bytes are None where the
+    module's text has no such blob."""
+    name = attr_text[len("dense_resource<"):].split(">")[0].strip('"')
+    hexdata = blobs.get(name)
+    return name, None if hexdata is None else bytes.fromhex(hexdata[8:])  # after the blob's 4-byte alignment
