@@ -302,31 +302,46 @@ func.func @mm(%A: tensor<256x256xf16>, %B: tensor<256x256xf16>) -> tensor<256x25
 
 
 def test_f16_operands_accumulate_in_f32_on_tensor_cores(ptxas, tmp_path):
-    """A matmul of f16 operands into f32 compiles to `cuda-mma-smem` with
-    mma.sync's f32 accumulators (m16n8k16 .f32.f16.f16.f32), which ptxas
-    assembles without spills; an f16 or bf16 GEMM (accumulated in f32 and
-    rounded once by its task's epilogue) gets the contraction sketch with
-    its operands staged in shared memory, no longer the generic one."""
+    """A matmul of f16 operands into f32, and an f16 GEMM (which its task
+    accumulates in f32 and rounds once, in an epilogue), compile to
+    `cuda-mma-smem` with mma.sync's f32 accumulators (m16n8k16
+    .f32.f16.f16.f32), which ptxas assembles without spills. The f16 GEMM's
+    accumulator tile goes to shared memory once, after the K loop, and a
+    barrier separates those writes from the epilogue's reads (other warps'
+    tiles) before it rounds to f16 and stores. A bf16 GEMM (no bf16 mma
+    from this MLIR) gets the contraction sketch with its operands in shared
+    memory, no longer the generic one."""
     from mlir_ansor.cuda_compiler import build_bundle, bundle_ptx
 
-    src = tmp_path / "mixed.mlir"
-    src.write_text(MIXED)
-    plan = build_bundle(str(src), tmp_path / "mixed.cuda", target=SM90)
-    (task,) = plan["tasks"]
-    assert task["sketch"] == "cuda-mma-smem" and not task["error"], task
-    ptx = bundle_ptx(tmp_path / "mixed.cuda")
-    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
-    assert "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16" not in ptx
-    (fig,) = plan["kernels"][0]["ptxas"].values()
-    assert fig["spill_stores"] == fig["stack"] == 0 and fig["smem"] > 0
-    (tmp_path / "mixed.ptx").write_text(ptx)
-    proc = subprocess.run([ptxas, "-arch=sm_90", "-o", str(tmp_path / "m.cubin"), str(tmp_path / "mixed.ptx")],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    for dtype in ("f16", "bf16"):
-        src = tmp_path / f"{dtype}.mlir"
-        src.write_text(workloads.matmul(128, 128, 64, dtype))
-        plan = build_bundle(str(src), tmp_path / f"{dtype}.cuda", target=SM90)
+    for name, text in (("mixed", MIXED), ("f16", workloads.matmul(256, 256, 128, "f16"))):
+        src = tmp_path / f"{name}.mlir"
+        src.write_text(text)
+        plan = build_bundle(str(src), tmp_path / f"{name}.cuda", target=SM90)
         (task,) = plan["tasks"]
-        assert task["name"].endswith("_f32_truncf") and task["sketch"] == "cuda-contraction", task
-        assert not task["error"] and plan["kernels"][0]["ptxas"]
+        assert task["sketch"] == "cuda-mma-smem" and not task["error"], task
+        ptx = bundle_ptx(tmp_path / f"{name}.cuda")
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx
+        assert "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16" not in ptx
+        (fig,) = plan["kernels"][0]["ptxas"].values()
+        assert fig["spill_stores"] == fig["stack"] == 0 and fig["smem"] > 0
+        (tmp_path / f"{name}.ptx").write_text(ptx)
+        proc = subprocess.run([ptxas, "-arch=sm_90", "-o", str(tmp_path / "m.cubin"), str(tmp_path / f"{name}.ptx")],
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        if name == "f16":
+            v = task["knobs"]
+            assert fig["smem"] == 2 * (v["b_d0"] + v["b_d1"]) * v["k_d2"] + 4 * v["b_d0"] * v["b_d1"]
+            after_loop = ptx[ptx.rindex("bra"):]
+            ops = [line.split()[0] for line in after_loop.splitlines()[1:] if line.strip() and not line.startswith("$")]
+            first = {op: ops.index(op) for op in reversed(ops)}
+            store = next(i for i, op in enumerate(ops) if op.startswith("st.shared"))
+            barrier = next(i for i, op in enumerate(ops) if op.startswith("bar.sync") and i > store)
+            load = next(i for i, op in enumerate(ops) if op.startswith("ld.shared") and i > store)
+            assert store < barrier < load < first["cvt.rn.f16x2.f32"] < max(
+                i for i, op in enumerate(ops) if op.startswith("st.global")), ops
+    src = tmp_path / "bf16.mlir"
+    src.write_text(workloads.matmul(128, 128, 64, "bf16"))
+    plan = build_bundle(str(src), tmp_path / "bf16.cuda", target=SM90)
+    (task,) = plan["tasks"]
+    assert task["name"].endswith("_f32_truncf") and task["sketch"] == "cuda-contraction", task
+    assert not task["error"] and plan["kernels"][0]["ptxas"]

@@ -316,6 +316,7 @@ def keep_accumulators_in_registers(module: ir.Module, mma_shape: tuple[int, int,
         f"%h = transform.structured.hoist_redundant_vector_transfers %f : ({any_op}) -> {any_op}",
     ]
     _apply_script(module, _script(hoist))
+    barrier_after_hoisted_shared_writes(module)
     if mma_shape is not None:
         try:
             passmanager.PassManager.parse(
@@ -335,6 +336,34 @@ def keep_accumulators_in_registers(module: ir.Module, mma_shape: tuple[int, int,
         f"}} : {any_op}",
     ]
     _apply_script(module, _script(lower))
+
+
+def barrier_after_hoisted_shared_writes(module: ir.Module) -> int:
+    """Put a `gpu.barrier` after the writes that hoisting moved to just
+    after a loop inside a `gpu.launch` when they write workgroup memory;
+    returns how many barriers were added.
+
+    Why: a warp's accumulator tile written to shared memory once, after the
+    K loop (`keep_accumulators_in_registers`), is read by other threads
+    next (an epilogue distributed over the whole block, `cuda-mma-smem` on
+    an f16 GEMM); the barriers the thread mapping put after each forall are
+    inside the loop, so without this one those reads raced the writes."""
+    added = 0
+    for launch in _walk(module, "gpu.launch"):
+        for loop in _walk_op(launch, "scf.for"):
+            ops = [o.operation for o in loop.block.operations]
+            i = next(k for k, o in enumerate(ops) if o == loop) + 1
+            last = None
+            while i < len(ops) and ops[i].name == "vector.transfer_write":
+                if "workgroup" in str(ir.MemRefType(ops[i].operands[1].type).memory_space):
+                    last = ops[i]
+                i += 1
+            if last is None or (i < len(ops) and ops[i].name == "gpu.barrier"):
+                continue
+            with ir.InsertionPoint(ops[i]) if i < len(ops) else ir.InsertionPoint(loop.block), last.location:
+                gpu.BarrierOp()
+            added += 1
+    return added
 
 
 #: Byte alignment promised for every kernel buffer: the runner allocates

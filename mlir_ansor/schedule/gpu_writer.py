@@ -78,6 +78,15 @@ class GpuScheduleWriter(ScheduleWriter):
         _, loop = self.tile_forall_mapped(op, sizes, mapping)
         return loop
 
+    def empty_tensors_to_allocations(self, container: str) -> None:
+        """Turn every `tensor.empty` under `container` into a
+        `bufferization.alloc_tensor` (which :meth:`to_workgroup_memory` can
+        then place in shared memory)."""
+        empties, typed = self.match_ops(container, ["tensor.empty"]), self._fresh("empty")
+        self.emit(f'{typed} = transform.cast {empties} : {ANY} to !transform.op<"tensor.empty">')
+        self.emit(f"transform.bufferization.empty_tensor_to_alloc_tensor {typed} "
+                  f': (!transform.op<"tensor.empty">) -> !transform.op<"bufferization.alloc_tensor">')
+
     def to_workgroup_memory(self, container: str) -> None:
         """Put every `bufferization.alloc_tensor` under `container` in
         workgroup (shared) memory."""

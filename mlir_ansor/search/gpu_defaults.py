@@ -94,6 +94,11 @@ def score(sketch: GpuSketch, assignment: Assignment, ranges: tuple[int, ...], ta
         for (_, warp), shape in zip(sketch.warps, sketch.mma_shape):
             mmas *= v[warp] // shape
         penalty += abs(math.log2(max(1, mmas) / 8)) * 0.5  # a 32x32 warp tile of 16x8 pieces
+        area = 1
+        for block, _ in sketch.warps:
+            area *= v[block]
+        if area < 64 * 128:  # each operand element staged in shared memory is reused by 64-128 outputs
+            penalty += 0.5 * math.log2(64 * 128 / area)
     if sketch.smem_knob and v.get(sketch.smem_knob) == 1:
         penalty += 1.0  # operands read in place from global memory
     for name, value in v.items():

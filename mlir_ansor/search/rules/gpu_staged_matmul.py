@@ -41,6 +41,18 @@ def _input_dtype(op: OpStructure) -> str:
     return types.pop() if len(types) == 1 else ""
 
 
+def _is_epilogue(op: OpStructure, anchor: OpStructure) -> bool:
+    """An elementwise op over the matmul's (m, n) that reads only the
+    matmul's result (an f16 GEMM's rounding of its f32 accumulator)."""
+    return (
+        op.iterator_types == ("parallel", "parallel")
+        and op.loop_ranges == anchor.loop_ranges[:2]
+        and op.num_inputs == 1
+        and op.operand_dims == ((0, 1), (0, 1))
+        and op.dtype in ("f16", "f32")
+    )
+
+
 def is_plain_matmul(op: OpStructure) -> bool:
     """C(m, n) += A(m, k) * B(k, n), whatever the op is called."""
     return (
@@ -60,7 +72,8 @@ class StagedMatmul(Rule):
             return RuleResult.SKIP
         if _input_dtype(a) != a.dtype and (_input_dtype(a), a.dtype) != ("f16", "f32"):
             return RuleResult.SKIP  # operands and accumulator: both f16, both f32, or f16 into f32
-        if any(o.op_id != a.op_id and o.name != "linalg.fill" for o in ctx.ops):
+        others = [o for o in ctx.ops if o.op_id != a.op_id and o.name != "linalg.fill"]
+        if others and not (len(others) == 1 and _is_epilogue(others[0], a)):
             return RuleResult.SKIP  # fused consumers: the contraction rule handles them
         return RuleResult.APPLY
 
@@ -76,6 +89,9 @@ class StagedMatmul(Rule):
         anchor, ops, target = ctx.anchor, ctx.ops, ctx.target
         in_dtype = _input_dtype(anchor)
         mixed = in_dtype != anchor.dtype  # f16 operands, an f32 accumulator
+        epilogue = next((o for o in ops if o.op_id != anchor.op_id and o.name != "linalg.fill"), None)
+        if epilogue is not None and not tensor_cores:
+            return None
         if tensor_cores and (in_dtype != "f16" or target.arch < 80):
             return None
         if mixed and not tensor_cores:
@@ -117,18 +133,31 @@ class StagedMatmul(Rule):
         specs.append(KnobSpec("k_d2", k_opts, doc="reduction tile of K (one shared-memory stage)"))
         rows = tuple(x for x in divisors(max(m, k)) if x <= 256)
         copies = [("cp_a", "b_d0", "k_d2"), ("cp_b", "k_d2", "b_d1")]
-        what = {"cp_a": "the A tile copy", "cp_b": "the B tile copy", "cp_c": "the zero fill of C"}
+        what = {"cp_a": "the A tile copy", "cp_b": "the B tile copy", "cp_c": "the zero fill of C",
+                "cp_e": "the epilogue"}
         if tensor_cores:
             copies.append(("cp_c", "b_d0", "b_d1"))
+        ep_vw = 16 // element_bytes(epilogue.dtype) if epilogue is not None else 0
+        if epilogue is not None:
+            if n % ep_vw:
+                return None
+            copies.append(("cp_e", "b_d0", "b_d1"))
         for name, *_ in copies:
             specs.append(KnobSpec(name, rows, doc=f"rows per thread and piece of {what[name]} (derived)"))
 
         w = GpuScheduleWriter()
         h = {sp.name: w.knob(sp.name, sp.options) for sp in specs}
+        top = epilogue or anchor
         _, forall = w.tile_forall_mapped(
-            w.match_op_id("%root", anchor.op_id), [h["b_d0"], h["b_d1"]], ["#gpu.block<y>", "#gpu.block<x>"]
+            w.match_op_id("%root", top.op_id), [h["b_d0"], h["b_d1"]], ["#gpu.block<y>", "#gpu.block<x>"]
         )
-        forall = fuse_others(w, ops, anchor, forall)
+        forall = fuse_others(w, ops, top, forall)
+        if epilogue is not None:
+            # The block's accumulator tile (what the epilogue reads) in shared
+            # memory: the warps write their mma tiles to it once, after the K
+            # loop; all threads then apply the epilogue to it.
+            w.apply_patterns(w.match_func("%root"), ["tensor.fold_tensor_empty", "canonicalization"])
+            w.empty_tensors_to_allocations(forall)
         a_h = w.match_op_id(forall, anchor.op_id)
         a_h, _ = w.tile_for(a_h, [0, 0, h["k_d2"]])
         padded, (copy_a, copy_b) = w.promote_inputs(a_h, [0, 1], 3, (in_dtype, in_dtype, anchor.dtype))
@@ -139,7 +168,10 @@ class StagedMatmul(Rule):
         if tensor_cores:
             w.tile_forall_mapped(padded, [h["w_d0"], h["w_d1"]], ["#gpu.warp<y>", "#gpu.warp<x>"])
             for o in fills:
-                w.distribute_linear(w.match_op_id(forall, o.op_id), [h["cp_c"], out_vw])
+                if o.name == "linalg.fill":
+                    w.distribute_linear(w.match_op_id(forall, o.op_id), [h["cp_c"], out_vw])
+            if epilogue is not None:
+                w.distribute_linear(w.match_op_id(forall, epilogue.op_id), [h["cp_e"], ep_vw])
         else:
             # The fill gets the compute's thread tiles, so each thread zeroes
             # exactly its own accumulator tile (LLVM then forwards the zeros).
@@ -153,14 +185,19 @@ class StagedMatmul(Rule):
             # the form mma.sync with f32 accumulators is made from (and FMAs
             # on each element, extended as it is read)
             w.apply_patterns(func, ["vector.fold_arith_extension"])
+        if epilogue is not None:
+            # a one-row piece of the epilogue (vector<1x8xf32>) left a 2-D
+            # broadcast the NVVM lowering refuses
+            w.apply_patterns(func, ["vector.cast_away_vector_leading_one_dim"])
         w.cleanup(func)
         w.gpu_bufferize("%root")
 
         common = dict(
             **target_limits(target),
-            smem_tiles=((nbytes, (("b_d0",), ("k_d2",))), (nbytes, (("k_d2",), ("b_d1",)))),
+            smem_tiles=((nbytes, (("b_d0",), ("k_d2",))), (nbytes, (("k_d2",), ("b_d1",))))
+            + (((element_bytes(anchor.dtype), (("b_d0",), ("b_d1",))),) if epilogue is not None else ()),
             staged=True,
-            derived=tuple((name, r, c, out_vw if name == "cp_c" else vw) for name, r, c in copies),
+            derived=tuple((name, r, c, {"cp_c": out_vw, "cp_e": ep_vw}.get(name, vw)) for name, r, c in copies),
             min_threads=32,
         )
         if tensor_cores:
