@@ -5,6 +5,7 @@
 # Built here beforehand (needs MLIR + ptxas, no GPU; about 20 s, 435 KiB):
 #   .venv/bin/python benchmarks/gpu_build.py --out benchmarks/gpu_artifacts -n 8
 #   .venv/bin/python benchmarks/gpu_build.py --preset test --out tests/inputs/gpu -n 5
+#   .venv/bin/python benchmarks/cuda_module_build.py --out benchmarks/cuda_modules   # whole modules, 6 s, 200 KiB
 # The artifact set holds the staged kernels (cuda-mma-smem: ldmatrix +
 # mma.sync f16; cuda-tiled: register tiles, f32/f16), plus one candidate of
 # each older sketch (cuda-mma, cuda-contraction, cuda-default) as fallbacks:
@@ -18,8 +19,11 @@
 #    skip there), 2. every
 #    prebuilt candidate of GEMM 4096 f16/f32 and the ResNet conv checked
 #    element-wise against a float64 host reference (numpy) and timed with
-#    CUDA events, against torch (cuBLAS/cuDNN) timed in the same run.
-#    Budget: under 8 minutes (caps: 120 s + 330 s = 7.5 min; the bench stops
+#    CUDA events, against torch (cuBLAS/cuDNN) timed in the same run;
+#    3. the whole-module bundles (`mlir_ansor.measure.cuda_module`: GEMM 4096
+#    f32/f16, the ResNet conv+bias+ReLU, softmax, mini_net) checked against
+#    float64 numpy and timed, GEMMs against torch (cap: 90 s).
+#    Budget: under 9 minutes (caps: 120 s + 330 s + 90 s = 9 min; the bench stops
 #    starting candidates after 270 s).
 set -u
 cd "$(dirname "$0")/.."
@@ -30,3 +34,8 @@ echo "== GPU tests"
 timeout 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_gpu_measure.py -rs 2>&1 | tail -40
 echo "== candidates vs torch ($ART)"
 timeout 330 "$PY" benchmarks/gpu_bench.py "$ART" --budget-s 270 --json "${OUT:-/tmp}/gpu_bench.json"
+MODS=${MODS:-benchmarks/cuda_modules}
+if [ -f "$MODS/index.json" ]; then
+  echo "== whole modules ($MODS)"
+  timeout 90 "$PY" benchmarks/cuda_module_check.py "$MODS" --json "${OUT:-/tmp}/cuda_modules.json"
+fi
