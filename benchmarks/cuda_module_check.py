@@ -68,7 +68,8 @@ def check(folder: Path, entry: dict, repeat: int) -> dict:
             refs = [numpy_reference(entry["reference"])(*[x.astype(np.float64) for x in inputs])]
         plan = module.plan
         red = max((t.get("reduction_length", 1) for t in plan["tasks"]), default=1)
-        tol = max(tolerance(d, red, whole_module=True) for _, d in module.outputs)
+        rounded = sorted({k.get("rounds_to", "") for k in plan["kernels"]} - {""}) or [None]
+        tol = max(tolerance(d, red, rounds_to=n, whole_module=True) for _, d in module.outputs for n in rounded)
         err = max(relative_error(np.asarray(o, dtype=np.float64), np.asarray(r, dtype=np.float64))
                   for o, r in zip(outs, refs))
         lat = statistics.median(module.time(*inputs, repeat=repeat))

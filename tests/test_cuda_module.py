@@ -345,3 +345,42 @@ def test_f16_operands_accumulate_in_f32_on_tensor_cores(ptxas, tmp_path):
     (task,) = plan["tasks"]
     assert task["name"].endswith("_f32_truncf") and task["sketch"] == "cuda-contraction", task
     assert not task["error"] and plan["kernels"][0]["ptxas"]
+
+
+def test_tf32_kernels_are_checked_with_tf32_rounding(tmp_path):
+    """A kernel on tf32 tensor cores (`cuda-mma` on f32) says so in its
+    manifest ("rounds_to": "tf32", read from its PTX), and the runner checks
+    it with 4 tf32 epsilons added to the task's f32 tolerance: a product off
+    by 5e-4 (what tf32 operands give) passes there, and fails for an f32
+    FMA kernel, whose tolerance is the f32 accumulation's alone."""
+    from fake_cuda import FakeMatmulDevice
+
+    from mlir_ansor.ir.dtypes import EPSILON, tolerance
+    from mlir_ansor.measure import cuda_runner, jobs
+    from mlir_ansor.search.generate import generate_sketches
+    from mlir_ansor.search.space import make_assignment
+
+    assert cuda_runner.INPUT_ROUNDING_TOLERANCE["tf32"] == 4 * EPSILON["tf32"]
+    assert tolerance("f32", 64, rounds_to="tf32") == tolerance("f32", 64) + 4 * EPSILON["tf32"]
+
+    class Tf32Like(FakeMatmulDevice):
+        def launch(self, func, grid, block, smem, ptrs):
+            a, b, c = (self.mem[p] for p in self.order[:3])
+            c[...] = (a @ b) * (1 + 5e-4)
+
+    sketches = {s.name: s for s in generate_sketches(workloads.matmul(64, 64, 64), SM90)}
+    knobs = {"cuda-mma": {"b_d0": 32, "b_d1": 32, "w_d0": 16, "w_d1": 16, "k_d2": 16},
+             "cuda-tiled": {"b_d0": 32, "b_d1": 32, "t_d0": 8, "t_d1": 8, "k_d2": 16}}
+    rng = np.random.default_rng(0)
+    a, b = (rng.uniform(-1, 1, (64, 64)).astype(np.float32) for _ in range(2))
+    tol = tolerance("f32", 64)
+    for name, want in (("cuda-mma", "tf32"), ("cuda-tiled", "")):
+        sk = sketches[name]
+        path = str(tmp_path / f"{name}.bundle")
+        jobs.build_cuda_candidate(sk.payload, sk.concrete(sk.complete(make_assignment(knobs[name]))), 1, path,
+                                  target=SM90)
+        entry, image = cuda_runner.read_bundle(path)
+        assert entry["rounds_to"] == want
+        r = cuda_runner.run(Tf32Like(), entry, tmp_path, [a, b], [a.astype(np.float64) @ b], tol, image=image)
+        assert r.ok == (want == "tf32"), (name, r.error)
+        assert 4e-4 < r.max_rel_err < 6e-4

@@ -13,8 +13,11 @@ ELEMENT_BYTES: dict[str, int] = {
 }
 """Bytes per element, by the element type's MLIR spelling."""
 
-EPSILON: dict[str, float] = {"f64": 2.0**-52, "f32": 2.0**-23, "f16": 2.0**-10, "bf16": 2.0**-7}
-"""Machine epsilon (the gap above 1.0) of each floating-point type."""
+EPSILON: dict[str, float] = {"f64": 2.0**-52, "f32": 2.0**-23, "f16": 2.0**-10, "bf16": 2.0**-7, "tf32": 2.0**-10}
+"""Machine epsilon (the gap above 1.0) of each floating-point type. tf32 is
+what tensor cores read f32 operands as (10 bits of mantissa): a kernel whose
+PTX has a tf32 ``mma.sync`` rounds its f32 inputs to it
+(`passes.nvvm.input_rounding`), and is checked with ``rounds_to="tf32"``."""
 
 MODULE_TOLERANCE_FACTOR = 8
 """How much looser a whole compiled module is checked than its worst kernel

@@ -268,6 +268,13 @@ class RunResult:
                 "max_rel_err": self.max_rel_err, "error": self.error}
 
 
+#: 4 epsilons of each type a kernel may round its f32 inputs to (the
+#: manifest's "rounds_to", `passes.nvvm.input_rounding`): what `ir.dtypes.
+#: tolerance` adds for ``rounds_to``, kept here since this module imports
+#: nothing of the package (a test checks that the two agree).
+INPUT_ROUNDING_TOLERANCE = {"tf32": 4 * 2.0**-10}
+
+
 def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
     if not np.all(np.isfinite(out)):
         return float("inf")
@@ -296,7 +303,10 @@ def run(
     the whole launch sequence with CUDA events: `warmup` runs, then at least
     `min_repeat` and at most `max_repeat` runs, until `min_time_s` is spent.
     A checking run slower than `slow_s` is the only timing. `image`: the
-    cubin's bytes (else read from `folder` / ``entry["cubin"]``)."""
+    cubin's bytes (else read from `folder` / ``entry["cubin"]``). A kernel
+    that rounds its inputs (``entry["rounds_to"]``: tf32 tensor cores on
+    f32) is checked with that rounding's epsilons added to `tol`."""
+    tol = tol + INPUT_ROUNDING_TOLERANCE.get(entry.get("rounds_to", ""), 0.0)
     buffers = entry["buffers"]
     if image is None:
         image = (Path(folder) / entry["cubin"]).read_bytes()

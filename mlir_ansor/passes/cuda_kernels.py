@@ -34,6 +34,7 @@ from mlir_ansor.passes.nvvm import (
     GpuBuildError,
     assemble,
     extract_ptx,
+    input_rounding,
     launches,
     lower_scheduled_to_launches,
     nvvm_pipeline,
@@ -111,7 +112,8 @@ def build_module_kernel(payload: str, script: str | None, symbol: str, target: T
     it). Returns the manifest entry: launches (kernel argument i is host
     argument ``args[i]``: the task's inputs, then its outputs), ptxas's
     figures, features, the build time, and how many buffers went to local
-    memory. Raises `GpuBuildError` when MLIR or ptxas fail, or when ptxas's
+    memory, and the type it rounds its inputs to ("tf32" or "",
+    `nvvm.input_rounding`). Raises `GpuBuildError` when MLIR or ptxas fail, or when ptxas's
     figures break the target's limits (spills, registers, shared memory)."""
     from mlir_ansor.schedule.apply import apply_schedule
 
@@ -152,6 +154,7 @@ def build_module_kernel(payload: str, script: str | None, symbol: str, target: T
         "symbol": symbol,
         "cubin": f"{symbol}.cubin",
         "ptx": f"{symbol}.ptx",
+        "rounds_to": input_rounding(ptx),
         "launches": [asdict(k) for k in kernels],
         "ptxas": report,
         "features": ptxas_features(report, kernels, target, ptx),

@@ -91,12 +91,24 @@ class CudaBuild:
     def to_json(self) -> dict:
         return {
             "cubin": os.path.basename(self.cubin_path),
+            "rounds_to": input_rounding(self.ptx),
             "launches": [asdict(k) for k in self.launches],
             "buffers": self.buffers,
             "ptxas": self.ptxas,
             "features": self.features,
             "build_s": self.build_s,
         }
+
+
+_TF32_MMA = re.compile(r"\bmma\.sync\.\S*\.tf32\b")
+
+
+def input_rounding(ptx: str) -> str:
+    """The type a kernel rounds its f32 inputs to: "tf32" when its PTX has a
+    tensor-core mma on tf32 operands (`cuda-mma` on f32), else "". Its check
+    against an f32 reference then admits that rounding (`ir.dtypes.tolerance`
+    with ``rounds_to``; `measure.cuda_runner.run` reads it from the manifest)."""
+    return "tf32" if _TF32_MMA.search(ptx) else ""
 
 
 def ptx_features(target: Target) -> str:

@@ -765,7 +765,8 @@ def _cmd_run_cuda(args: argparse.Namespace) -> int:
     ref_outs = ref(*inputs)
     ref_outs = ref_outs if isinstance(ref_outs, tuple) else (ref_outs,)
     red = max((t.get("reduction_length", 1) for t in plan["tasks"]), default=1)
-    rounded = sorted({t.get("rounding_dtype", "") for t in plan["tasks"]} - {""}) or [None]
+    rounded = sorted(({t.get("rounding_dtype", "") for t in plan["tasks"]}
+                      | {k.get("rounds_to", "") for k in plan["kernels"]}) - {""}) or [None]
     dtypes = [d for _, d in module.outputs]
     tol = max(tolerance(d, red, rounds_to=n, whole_module=True) for d in dtypes for n in rounded) if dtypes else 0.0
     err = max((relative_error(o, r) for o, r in zip(outs, ref_outs)), default=0.0)
