@@ -418,10 +418,32 @@ def build_bundle(source, folder: str | os.PathLike, *, db: str | os.PathLike | N
     by_key = {p.task.workload_key: p for p in plans}
     # A dry run first: an op the plan cannot express fails before any kernel is built.
     host_plan(program, occs, {p.symbol: {"launches": []} for p in plans}, by_key, name, None)
-    folder = os.fspath(folder)
+    # Written beside `folder` and renamed into place at the end: a compile
+    # that fails leaves no half bundle (and an earlier bundle is replaced whole).
+    folder = os.path.abspath(os.fspath(folder))
+    work = f"{folder}.tmp{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    kernels_dir, weights_dir = os.path.join(work, "kernels"), os.path.join(work, "weights")
+    os.makedirs(kernels_dir)
+    os.makedirs(weights_dir)
+    try:
+        plan = _write_bundle(program, occs, plans, by_key, name, target, work)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    if os.path.isdir(folder):
+        shutil.rmtree(folder)
+    os.replace(work, folder)
+    log.info("compile: wrote %s (%d kernel(s), %d launch(es), %d buffer(s))", folder, len(plans),
+             len(plan["launches"]), len(plan["buffers"]))
+    return plan
+
+
+def _write_bundle(program: Program, occs: list[Occurrence], plans: list[CudaKernelPlan],
+                  by_key: dict[str, CudaKernelPlan], name: str, target: Target, folder: str) -> dict:
+    """Build the kernels into ``folder/kernels``, the weights into
+    ``folder/weights``, and write ``folder/plan.json``; returns the plan."""
     kernels_dir, weights_dir = os.path.join(folder, "kernels"), os.path.join(folder, "weights")
-    os.makedirs(kernels_dir, exist_ok=True)
-    os.makedirs(weights_dir, exist_ok=True)
     built = build_kernels(plans, target, kernels_dir)
     host = host_plan(program, occs, built, by_key, name, weights_dir)
     plan = {
@@ -436,8 +458,6 @@ def build_bundle(source, folder: str | os.PathLike, *, db: str | os.PathLike | N
     }
     with open(os.path.join(folder, PLAN_FILE), "w", encoding="utf-8") as f:
         json.dump(plan, f, indent=1)
-    log.info("compile: wrote %s (%d kernel(s), %d launch(es), %d buffer(s))", folder, len(plans),
-             len(host["launches"]), len(host["buffers"]))
     return plan
 
 

@@ -95,11 +95,10 @@ def _numpy_tasks(module, dev: FakeModuleDevice, fns: dict) -> None:
     function of `fns` (task name -> f(*inputs) -> result), reading and
     writing the buffers the launch's pointers name."""
     plan = module.plan
-    by_entry = {ln["entry"]: ln for ln in plan["launches"]}
 
     def on_launch(entry: str, ptrs: list[int]) -> None:
-        ln = by_entry[entry]
-        assert ptrs == [module.pointer(i) for i in ln["args"]]
+        ln = plan["launches"][(len(dev.launches) - 1) % len(plan["launches"])]  # launches run in plan order
+        assert entry == ln["entry"] and ptrs == [module.pointer(i) for i in ln["args"]]
         bufs = [plan["buffers"][i] for i in ln["task_args"]]
         arrays = [dev.array(module.pointer(b["id"]), b["shape"], np.float32) for b in bufs]
         n = ln["task_inputs"]
@@ -384,3 +383,118 @@ def test_tf32_kernels_are_checked_with_tf32_rounding(tmp_path):
         r = cuda_runner.run(Tf32Like(), entry, tmp_path, [a, b], [a.astype(np.float64) @ b], tol, image=image)
         assert r.ok == (want == "tf32"), (name, r.error)
         assert 4e-4 < r.max_rel_err < 6e-4
+
+
+def _mlp(seed: int = 0) -> str:
+    """Two identical layers (matmul + ReLU: one task, launched twice on
+    other buffers) with constant weights, a reshape of the result, and a
+    softmax over it (three more kernels)."""
+    rng = np.random.default_rng(seed)
+
+    def dense(shape) -> str:
+        return "dense<" + json.dumps(np.round(rng.uniform(-1, 1, shape), 3).tolist()) + f"> : tensor<{shape[0]}x{shape[1]}xf32>"
+
+    layer = """
+  %e{i} = tensor.empty() : tensor<16x32xf32>
+  %z{i} = linalg.fill ins(%zero : f32) outs(%e{i} : tensor<16x32xf32>) -> tensor<16x32xf32>
+  %m{i} = linalg.matmul ins(%h{j}, %w{i} : tensor<16x32xf32>, tensor<32x32xf32>) outs(%z{i} : tensor<16x32xf32>) -> tensor<16x32xf32>
+  %h{i} = linalg.generic {{indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}}
+      ins(%m{i} : tensor<16x32xf32>) outs(%e{i} : tensor<16x32xf32>) {{
+  ^bb0(%a: f32, %o: f32):
+    %r = arith.maximumf %a, %zero : f32
+    linalg.yield %r : f32
+  }} -> tensor<16x32xf32>"""
+    body = "".join(layer.format(i=i, j=i - 1) for i in (1, 2))
+    soft = workloads.softmax(8, 64).split("{", 1)[1].rsplit("}", 1)[0].replace("%X", "%flat").replace("%zero", "%szero")
+    return f"""#id = affine_map<(d0, d1) -> (d0, d1)>
+func.func @mlp(%h0: tensor<16x32xf32>) -> (tensor<8x64xf32>, tensor<16x32xf32>) {{
+  %zero = arith.constant 0.0 : f32
+  %w1 = arith.constant {dense((32, 32))}
+  %w2 = arith.constant {dense((32, 32))}{body}
+  %flat = tensor.collapse_shape %h2 [[0, 1]] : tensor<16x32xf32> into tensor<512xf32>
+  %flat8 = tensor.expand_shape %flat [[0, 1]] output_shape [8, 64] : tensor<512xf32> into tensor<8x64xf32>
+""".replace("%flat)", "%flat8)") + soft.replace("ins(%flat", "ins(%flat8").replace("return %o : tensor<8x64xf32>",
+                                                     "return %o, %h1 : tensor<8x64xf32>, tensor<16x32xf32>") + "}\n"
+
+
+def test_a_plan_runs_as_its_tasks_on_the_cpu_would(tmp_path):
+    """Every launch of a bundle computed by its task lowered for the CPU
+    (the task's own MLIR, untuned): the whole module's outputs then equal
+    the untuned CPU build's, which checks the plan's wiring (constants,
+    views, a task launched twice on other buffers, two outputs) whatever
+    the task computes."""
+    from mlir_ansor.compiler import compile_untuned
+    from mlir_ansor.cuda_compiler import compile_cuda
+    from mlir_ansor.graph.task import partition
+    from mlir_ansor.ir.program import load as load_text
+    from mlir_ansor.measure.cuda_runner import np_dtype
+    from mlir_ansor.measure.runner import random_inputs
+
+    text = _mlp()
+    src = tmp_path / "mlp.mlir"
+    src.write_text(text)
+    module = compile_cuda(str(src), target=SM90, folder=tmp_path / "mlp.cuda")
+    plan = module.plan
+    names = [ln["task"] for ln in plan["launches"]]
+    assert names[0] == names[1] and len(plan["kernels"]) == len(set(names)) == len(names) - 1
+    assert plan["launches"][0]["args"] != plan["launches"][1]["args"]  # one kernel, other buffers
+    assert [b["role"] for b in plan["buffers"]].count("view") == 2
+    tasks = {o.task.name: o.task for o in partition(load_text(text=text))}
+    cpu = {name: compile_untuned(load_text(text=tasks[name].mlir)) for name in set(names)}
+    dev = FakeModuleDevice()
+    module.backend = dev
+    module.open()
+
+    def on_launch(entry: str, ptrs: list[int]) -> None:
+        ln = plan["launches"][(len(dev.launches) - 1) % len(plan["launches"])]
+        assert entry == ln["entry"] and ptrs == [module.pointer(i) for i in ln["args"]]
+        bufs = [plan["buffers"][i] for i in ln["task_args"]]
+        arrays = [dev.array(module.pointer(b["id"]), b["shape"], np_dtype(b["dtype"])) for b in bufs]
+        n = ln["task_inputs"]
+        outs = cpu[ln["task"]](*[a.copy() for a in arrays[:n]])
+        for a, o in zip(arrays[n:], outs if isinstance(outs, tuple) else (outs,)):
+            a[...] = o
+
+    dev.on_launch = on_launch
+    inputs = random_inputs(module.inputs, 0)
+    got = module(*inputs)
+    want = compile_untuned(str(src))(*inputs)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
+    module.close()
+
+
+def test_an_argument_only_a_fill_writes_becomes_an_empty_tensor(tmp_path):
+    """A task whose fill writes a tensor.empty the user's function shares
+    with other ops gets it as an argument (BERT's layer norms); read-only,
+    it made bufferization copy it on the host ("host code has a scf.for").
+    The kernel now fills an empty tensor of its own and builds."""
+    from mlir_ansor.passes.cuda_kernels import build_module_kernel, prepare_payload_for_module
+    from mlir_ansor.search.generate import generate_sketches
+    from mlir_ansor.search.gpu_defaults import default_gpu_assignments
+
+    task = """#map = affine_map<(d0, d1, d2) -> (d0, d1, d2)>
+#map1 = affine_map<(d0, d1, d2) -> (d0, d1)>
+module {
+  func.func @kernel(%arg0: tensor<1x128x768xf32>, %arg1: tensor<1x128xf32>) -> tensor<1x128xf32> {
+    %cst = arith.constant 0.000000e+00 : f32
+    %0 = linalg.fill ins(%cst : f32) outs(%arg1 : tensor<1x128xf32>) -> tensor<1x128xf32>
+    %1 = linalg.generic {indexing_maps = [#map, #map1], iterator_types = ["parallel", "parallel", "reduction"]}
+        ins(%arg0 : tensor<1x128x768xf32>) outs(%0 : tensor<1x128xf32>) attrs = {ansor.anchor} {
+    ^bb0(%in: f32, %out: f32):
+      %2 = arith.addf %in, %out : f32
+      linalg.yield %2 : f32
+    } -> tensor<1x128xf32>
+    return %1 : tensor<1x128xf32>
+  }
+}
+"""
+    (sk,) = generate_sketches(task, SM90)
+    prepared = prepare_payload_for_module(sk.payload, "ansor_norm")
+    assert "func.func @ansor_norm(%arg0: tensor<1x128x768xf32> {bufferization.writable = false}" in prepared
+    assert "tensor.empty() : tensor<1x128xf32>" in prepared and "outs(%arg1" not in prepared
+    entry = build_module_kernel(sk.payload, sk.concrete(default_gpu_assignments(sk, SM90)[0]), "ansor_norm", SM90,
+                                str(tmp_path))
+    (launch,) = entry["launches"]
+    assert launch["entry"] == "ansor_norm_kernel" and launch["args"][-1] == 2  # writes the result, not argument 1
+    assert (tmp_path / "ansor_norm.cubin").read_bytes()[:4] == b"\x7fELF"

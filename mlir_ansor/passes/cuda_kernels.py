@@ -59,7 +59,8 @@ def _ops(root: ir.Operation, name: str) -> list[ir.Operation]:
 
 def prepare_payload_for_module(payload: str, symbol: str) -> str:
     """`payload` (a task module with ``@kernel``) with the function renamed
-    to `symbol` and every argument marked read-only."""
+    to `symbol`, every argument marked read-only, and an argument that only
+    a fill writes replaced by a `tensor.empty` (:func:`_fill_destinations_to_empty`)."""
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse(payload)
         for op in module.body.operations:
@@ -71,8 +72,35 @@ def prepare_payload_for_module(payload: str, symbol: str) -> str:
                 [ir.DictAttr.get({"bufferization.writable": ir.BoolAttr.get(False)}) for _ in range(n)]
             )
             ir.SymbolTable.set_symbol_name(op, symbol)
+            _fill_destinations_to_empty(op)
             return str(module)
     raise GpuBuildError("the task module has no @kernel")
+
+
+def _fill_destinations_to_empty(func: ir.Operation) -> int:
+    """Give each argument of `func` that is only ever the destination of a
+    `linalg.fill` (a `tensor.empty` the user's function shares between ops,
+    passed in rather than cloned) a `tensor.empty` of its own in place of
+    the argument; returns how many. The fill overwrites it all, so its
+    contents never mattered; read-only, the argument made bufferization copy
+    it into a new buffer on the host, which no kernel can hold."""
+    from mlir.dialects import tensor
+
+    block = func.regions[0].blocks[0]
+    first = block.operations[0]
+    replaced = 0
+    for arg in block.arguments:
+        uses = list(arg.uses)
+        if not uses or not isinstance(arg.type, ir.RankedTensorType):
+            continue
+        if not all(u.owner.name == "linalg.fill" and u.operand_number == len(u.owner.operands) - 1 for u in uses):
+            continue
+        t = ir.RankedTensorType(arg.type)
+        with ir.InsertionPoint(first), func.location:
+            empty = tensor.EmptyOp(list(t.shape), t.element_type)
+        arg.replace_all_uses_with(empty.result)
+        replaced += 1
+    return replaced
 
 
 def device_allocs_to_stack(module: ir.Module) -> int:
