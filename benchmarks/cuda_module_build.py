@@ -11,7 +11,8 @@ and the numpy reference of its workload (`examples.workloads.numpy_reference`,
 float64); a module without one (mini_net) carries its expected outputs,
 computed here by the untuned CPU build, in OUT/<name>.cuda/check.npz. Nothing
 large is written: inputs are drawn on the GPU host, so the whole set is a
-few hundred KiB (the device machine carries at most 64 MiB).
+few hundred KiB, and 28 MB with the BERT layer's weights (the device
+machine carries at most 64 MiB).
 """
 
 from __future__ import annotations
@@ -41,7 +42,19 @@ FULL = {
     "conv_resnet_3x3": (lambda: W.conv_bias_relu(1, 58, 58, 64, 64, 3), "conv_bias_relu"),
     "softmax_1024": (lambda: W.softmax(1024, 1024), "softmax"),
     "mini_net": (lambda: (ROOT / "tests" / "inputs" / "mini_net.mlir").read_text(), ""),
+    "bert_layer": (lambda: _bert_layer(), ""),
 }
+
+
+def _bert_layer() -> str:
+    """The BERT-base layer of `examples.models` (sequence 128; 28 MB of
+    weights, which the bundle carries as .npy files), imported through
+    torch-mlir."""
+    from mlir_ansor.examples.models import MODELS
+    from mlir_ansor.importers.pytorch import import_module
+
+    model, inputs = MODELS["bert_layer"](0)
+    return import_module(model, inputs)
 TEST = {k: FULL[k] for k in ("gemm_f32_1024", "softmax_1024", "mini_net")}
 
 
