@@ -6,7 +6,9 @@ Public API:
   extract_tasks(source)   split its functions into tuning tasks
   tune(source, ...)       search schedules; returns a TuneResult
   compile(source, ...)    the whole module with the best schedules: a
-                          callable, a shared library, the scheduled MLIR
+                          callable, a shared library, the scheduled MLIR;
+                          for a CUDA target a CudaModule (kernels and a host
+                          plan, run through cuda-python without MLIR)
   TuneConfig, Target      what steers the search, and for which machine
   torch_backend(...)      a torch.compile backend (also registered as "mlir_ansor")
 
@@ -38,6 +40,7 @@ from mlir_ansor.version import __version__
 
 _API = {
     "CompiledModule": "mlir_ansor.compiler",
+    "CudaModule": "mlir_ansor.measure.cuda_module",
     "compile": "mlir_ansor.compiler",
     "AnsorError": "mlir_ansor.errors",
     "DatabaseError": "mlir_ansor.errors",
@@ -54,6 +57,7 @@ _API = {
 __all__ = [
     "AnsorError",
     "CompiledModule",
+    "CudaModule",
     "DatabaseError",
     "InputError",
     "Target",
@@ -72,6 +76,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from mlir_ansor.compiler import CompiledModule, compile  # noqa: A004
     from mlir_ansor.errors import AnsorError, DatabaseError, InputError, UnsupportedError
     from mlir_ansor.graph.task import extract_tasks
+    from mlir_ansor.measure.cuda_module import CudaModule
     from mlir_ansor.target import Target
     from mlir_ansor.tools.torch_backend import torch_backend
     from mlir_ansor.tuner import TuneConfig, TuneResult, tune
