@@ -30,6 +30,11 @@ def test_a_family_is_the_task_without_its_sizes():
     assert family_key(a.mlir) == family_key(b.mlir)
     assert family_key(a.mlir) != family_key(a.mlir.replace("arith.maximumf", "arith.minimumf"))
     assert family_key(a.mlir) != family_key(a.mlir.replace("xf32>", "xf64>"))
+    # every dimension, not only the first: a sequence length is BERT's second
+    add = "func.func @k(%a: tensor<1x{s}x768xf32>) -> tensor<1x{s}x768xf32> {{ return %a : tensor<1x{s}x768xf32> }}"
+    assert family_key(add.format(s=100)) == family_key(add.format(s=128))
+    assert family_key(add.format(s=100)) != family_key(add.format(s=100).replace("768xf32", "768xi32"))
+    assert family_key("tensor<4xindex>") == family_key("tensor<8xindex>") != family_key("tensor<8xi64>")
 
 
 def test_knobs_are_carried_to_the_options_of_other_extents():

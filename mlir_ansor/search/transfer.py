@@ -36,7 +36,6 @@ from mlir_ansor.search.strategy.evolutionary import repair
 log = logging.getLogger(__name__)
 
 _SHAPED = re.compile(r"\b(tensor|memref|vector)<([^<>]*)>")
-_DIM = re.compile(r"(?<![\w.])(\d+|\?)x")
 
 __all__ = ["Transfer", "faithful", "family_key", "size_distance", "transfer_knobs", "transferred"]
 
@@ -48,8 +47,18 @@ def family_key(task_mlir: str) -> str:
     """What a task is without its sizes: a digest of its text with every
     dimension of its shaped types written ``?``. Two tasks with the same
     key differ only in their static extents."""
-    text = _SHAPED.sub(lambda m: f"{m.group(1)}<{_DIM.sub('?x', m.group(2))}>", task_mlir)
+    text = _SHAPED.sub(lambda m: f"{m.group(1)}<{_unsized(m.group(2))}>", task_mlir)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _unsized(body: str) -> str:
+    """A shaped type's body (``1x128x768xf32``) with every dimension ``?``
+    (``?x?x?xf32``); the element type (even ``index``) is kept."""
+    parts = body.split("x")
+    for i, p in enumerate(parts[:-1]):
+        if not (p.isdigit() or p == "?"):
+            return "x".join(["?"] * i + parts[i:])
+    return "x".join(["?"] * (len(parts) - 1) + parts[-1:])
 
 
 def transfer_knobs(sketch: Sketch, knobs: Sequence[tuple[str, int]]) -> Assignment | None:
