@@ -36,7 +36,6 @@ import json
 import logging
 import math
 import os
-import re
 import shutil
 import tempfile
 import weakref
@@ -48,7 +47,7 @@ from mlir import ir
 from mlir_ansor.errors import AnsorError, UnsupportedError
 from mlir_ansor.graph.task import Occurrence, Task, partition
 from mlir_ansor.importers import load
-from mlir_ansor.ir.program import Program, location_str
+from mlir_ansor.ir.program import Program, location_str, resource_blobs, resource_bytes
 from mlir_ansor.measure.cuda_module import FORMAT, PLAN_FILE, VERSION, CudaModule
 from mlir_ansor.measure.cuda_runner import np_dtype
 from mlir_ansor.measure.pool import WorkerPool
@@ -225,27 +224,15 @@ def _spec(t: ir.Type) -> tuple[list[int], str]:
     return [int(d) for d in st.shape], str(st.element_type)
 
 
-_RESOURCE = re.compile(r'^\s*("[^"]*"|[^\s:]+): "0x([0-9A-Fa-f]*)",?\s*$', re.M)
-
-
-def _resource_blobs(mlir_text: str) -> dict[str, str]:
-    """name -> hex data of the ``dialect_resources`` section of a module's text."""
-    start = mlir_text.rfind("{-#")
-    if start < 0:
-        return {}
-    return {m.group(1).strip('"'): m.group(2) for m in _RESOURCE.finditer(mlir_text, start)}
-
-
 def _constant_array(op: ir.Operation, shape: list[int], dtype: str, blobs: dict[str, str]) -> np.ndarray:
     """The value of a tensor `arith.constant` as an array of its type."""
     dt = np_dtype(dtype)
     attr = op.attributes["value"]
     text = str(attr)
     if text.startswith("dense_resource<"):
-        hexdata = blobs.get(text[len("dense_resource<"):].split(">")[0].strip('"'))
-        if hexdata is None:
+        _, data = resource_bytes(text, blobs)
+        if data is None:
             raise UnsupportedError(f"{location_str(op)}: the constant's resource blob is missing")
-        data = bytes.fromhex(hexdata[8:])  # after the blob's 4-byte alignment
         return np.frombuffer(data, dtype=dt).reshape(shape).copy()
     dense = ir.DenseElementsAttr(attr)
     if text.startswith('dense<"0x'):
@@ -331,7 +318,7 @@ def host_plan(program: Program, occs: list[Occurrence], built: dict[str, dict], 
         if fn is None or not fn.regions[0].blocks:
             raise AnsorError(f"no function @{entry} to compile")
         block = fn.regions[0].blocks[0]
-        pb = _PlanBuilder(_resource_blobs(str(program.module)), weights_dir)
+        pb = _PlanBuilder(resource_blobs(str(program.module)), weights_dir)
         for i, arg in enumerate(block.arguments):
             if not isinstance(arg.type, ir.RankedTensorType):
                 raise UnsupportedError(f"@{entry}: argument {i} is a {arg.type}; a CUDA module takes tensors "
@@ -385,7 +372,7 @@ def _fold(program: Program) -> None:
     def run(fold: ir.Module, name: str) -> tuple[np.ndarray, ...]:
         nonlocal blobs
         if blobs is None:
-            blobs = _resource_blobs(str(program.module))
+            blobs = resource_blobs(str(program.module))
         try:
             return evaluate(fold, name, blobs)
         except NotEvaluable as e:
