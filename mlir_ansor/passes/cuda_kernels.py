@@ -39,22 +39,11 @@ from mlir_ansor.passes.nvvm import (
     lower_scheduled_to_launches,
     nvvm_pipeline,
     ptxas_features,
+    walk_op,
 )
 from mlir_ansor.target import Target
 
 __all__ = ["build_module_kernel", "device_allocs_to_stack", "merge_ptx", "prepare_payload_for_module"]
-
-
-def _ops(root: ir.Operation, name: str) -> list[ir.Operation]:
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == name:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    root.walk(visit)
-    return found
 
 
 def prepare_payload_for_module(payload: str, symbol: str) -> str:
@@ -111,7 +100,7 @@ def device_allocs_to_stack(module: ir.Module) -> int:
     from mlir.dialects import memref
 
     moved = 0
-    for alloc in _ops(module.operation, "memref.alloc"):
+    for alloc in walk_op(module.operation, "memref.alloc"):
         mtype = ir.MemRefType(alloc.results[0].type)
         if mtype.memory_space is not None or not mtype.has_static_shape or len(alloc.operands):
             continue
@@ -150,7 +139,7 @@ def build_module_kernel(payload: str, script: str | None, symbol: str, target: T
     with ir.Context(), ir.Location.unknown():
         module = apply_schedule(text, script)
         lower_scheduled_to_launches(module, target)
-        host = [f for f in _ops(module.operation, "func.func")]
+        host = [f for f in walk_op(module.operation, "func.func")]
         if len(host) != 1:
             raise GpuBuildError(f"expected one host function, found {len(host)}")
         kernels = launches(module, host[0])

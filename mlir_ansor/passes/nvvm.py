@@ -129,7 +129,8 @@ def nvvm_pipeline(target: Target) -> str:
 # --------------------------------------------------------------------------
 
 
-def _walk_op(root: ir.Operation, name: str) -> list[ir.Operation]:
+def walk_op(root: ir.Operation, name: str) -> list[ir.Operation]:
+    """Every op named `name` inside `root` (`root` included), in walk order."""
     found: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
@@ -142,7 +143,7 @@ def _walk_op(root: ir.Operation, name: str) -> list[ir.Operation]:
 
 
 def _walk(module: ir.Module, name: str) -> list[ir.Operation]:
-    return _walk_op(module.operation, name)
+    return walk_op(module.operation, name)
 
 
 def erase_self_copies(module: ir.Module) -> int:
@@ -226,7 +227,7 @@ def hoist_workgroup_allocs(module: ir.Module) -> int:
         allocs = [
             op
             for inner in launch.regions[0].blocks[0].operations
-            for op in _walk_op(inner.operation, "memref.alloc")
+            for op in walk_op(inner.operation, "memref.alloc")
             if "workgroup" in str(ir.MemRefType(op.results[0].type).memory_space)
         ]
         if not allocs:
@@ -362,7 +363,7 @@ def barrier_after_hoisted_shared_writes(module: ir.Module) -> int:
     inside the loop, so without this one those reads raced the writes."""
     added = 0
     for launch in _walk(module, "gpu.launch"):
-        for loop in _walk_op(launch, "scf.for"):
+        for loop in walk_op(launch, "scf.for"):
             ops = [o.operation for o in loop.block.operations]
             i = next(k for k, o in enumerate(ops) if o == loop) + 1
             last = None
