@@ -310,3 +310,19 @@ def test_torch_models_match_torch(torch, which):
     (out,) = _eval(text, x.numpy())
     assert out.shape == want.shape
     assert _rel(out, want) < 2e-6
+
+
+def test_a_fault_of_the_evaluator_falls_back_to_the_untuned_build(tmp_path, capsys, monkeypatch):
+    import mlir_ansor.graph.interpret as interp
+
+    def broken(*args, **kwargs):
+        raise IndexError("an evaluator bug")
+
+    monkeypatch.setattr(interp, "interpret", broken)
+    common = ["run", str(INPUTS / "mini_net.mlir"), "--db", str(tmp_path / "none.db"), "--no-cache", "--json",
+              "--repeat", "1"]
+    assert main(common) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["reference"] == "untuned build" and res["ok"]
+    assert main(common + ["--reference", "numpy"]) != 0
+    assert "IndexError: an evaluator bug" in capsys.readouterr().err

@@ -670,6 +670,14 @@ def _numpy_reference(source: str, entry: str, inputs, required: bool):
                 raise AnsorError(f"--reference numpy: @{entry} cannot be evaluated with numpy: {e}") from None
             log.info("run: numpy cannot evaluate @%s (%s); the reference is the untuned build", entry, e)
             return None
+        except MemoryError:
+            raise
+        except Exception as e:  # a fault of the evaluator must not cost the user their check
+            if required:
+                raise AnsorError(f"--reference numpy: evaluating @{entry} failed: {type(e).__name__}: {e}") from None
+            log.warning("run: the numpy evaluation of @%s failed (%s: %s); the reference is the untuned build",
+                        entry, type(e).__name__, e)
+            return None
     log.info("run: the numpy reference took %.2f s", time.perf_counter() - start)
     return outs
 
