@@ -44,9 +44,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 from mlir import ir
-from mlir.passmanager import PassManager
 
 from mlir_ansor.graph.fold_eval import CMPF_PREDICATES
+from mlir_ansor.graph.task import generalized_copy
 from mlir_ansor.ir.program import location_str, resource_bytes
 from mlir_ansor.ir.rewrite import backward_slice
 
@@ -56,8 +56,6 @@ __all__ = ["NotInterpretable", "interpret"]
 class NotInterpretable(Exception):
     """The function holds something this evaluator does not compute."""
 
-
-_GENERALIZE = "builtin.module(func.func(linalg-generalize-named-ops))"
 
 _CHUNK_ELEMENTS = 1 << 24
 """Largest domain (elements) a general reduction's body is evaluated over at
@@ -358,7 +356,6 @@ class _Generic:
     """One ``linalg.generic``: its domain, its operands' maps, its body."""
 
     def __init__(self, op: ir.Operation, env: dict) -> None:
-        self.op = op
         self.iters = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
         self.rank = len(self.iters)
         maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
@@ -390,6 +387,15 @@ class _Generic:
         self.block = op.regions[0].blocks[0]
         self.args = list(self.block.arguments)
         self.ops = [o.operation for o in self.block.operations]
+        self.defining = {r: o for o in self.ops for r in o.results}
+        """The body's op that defines each of its values."""
+
+    def depends(self, v: ir.Value) -> set[int]:
+        """Indexes of the block arguments `v` depends on; -1 for ``linalg.index``."""
+        pos = {a: i for i, a in enumerate(self.args)}
+        needed = backward_slice(self.block, [v])
+        found = {pos[a] for a in self.args if a in needed}
+        return found | ({-1} if any(o.name == "linalg.index" for o in self.ops if o in needed) else set())
 
     def scalar_inputs(self) -> list[int]:
         """The inputs read as one value at every point (no loop dimension in their map)."""
@@ -416,7 +422,7 @@ class _Generic:
         shape = [1] * self.rank
         for i, d in enumerate(dims):
             shape[d] = v.shape[i]
-        return v.reshape(shape) if v.ndim else v.reshape(shape)
+        return v.reshape(shape)
 
     def evaluate(self, wanted: list[ir.Value], args: dict, outer: dict, cut=None) -> list:
         """Values `wanted` of the body, block arguments given by `args`, ops
@@ -440,51 +446,20 @@ class _Generic:
                 src = outer.get(b.operands[0])
                 if src is None or np.ndim(src) == 0:
                     raise NotInterpretable("tensor.extract in a generic's body from a tensor it has not")
-                idx = [local[v] if v in local else _outer_scalar(v, outer) for v in list(b.operands)[1:]]
+                idx = [_value(v, local, outer) for v in list(b.operands)[1:]]
                 local[b.results[0]] = _array(src, "tensor.extract")[tuple(np.broadcast_arrays(*idx))] if idx else src[()]
                 continue
-            vals = []
-            for v in b.operands:
-                if v in local:
-                    vals.append(local[v])
-                elif v in outer and np.ndim(outer[v]) == 0:
-                    vals.append(outer[v])
-                else:
-                    raise NotInterpretable(f"{b.name} in a generic's body reads a value it has not")
-            local[b.results[0]] = _elementwise(b, vals)
-        return [local[v] if v in local else _outer_scalar(v, outer) for v in wanted]
+            local[b.results[0]] = _elementwise(b, [_value(v, local, outer) for v in b.operands])
+        return [_value(v, local, outer) for v in wanted]
 
 
-def _outer_scalar(v: ir.Value, outer: dict):
+def _value(v: ir.Value, local: dict, outer: dict):
+    """A value a body reads: its own (`local`), or a scalar from outside it."""
+    if v in local:
+        return local[v]
     if v in outer and np.ndim(outer[v]) == 0:
         return outer[v]
-    raise NotInterpretable("a generic yields a value it has not")
-
-
-def _depends(block: ir.Block, v: ir.Value, args: list[ir.Value]) -> set[int]:
-    """Indexes (in `args`) of the block arguments `v` depends on; -1 for ``linalg.index``."""
-    found: set[int] = set()
-    ops = {}
-    for o in block.operations:
-        for r in o.operation.results:
-            ops[r] = o.operation
-    pos = {a: i for i, a in enumerate(args)}
-    stack, seen = [v], set()
-    while stack:
-        x = stack.pop()
-        if x in seen:
-            continue
-        seen.add(x)
-        if x in pos:
-            found.add(pos[x])
-            continue
-        o = ops.get(x)
-        if o is None:
-            continue
-        if o.name == "linalg.index":
-            found.add(-1)
-        stack.extend(o.operands)
-    return found
+    raise NotInterpretable("a generic's body reads a value from outside it that is no scalar")
 
 
 def _generic(op: ir.Operation, env: dict) -> None:
@@ -501,7 +476,7 @@ def _generic(op: ir.Operation, env: dict) -> None:
             if sorted(dims) != list(range(g.rank)):
                 raise NotInterpretable("a parallel generic whose output map is no permutation")
             y = np.broadcast_to(np.asarray(y, dtype=_compute_dtype(r.type)), g.extents)
-            results.append(np.ascontiguousarray(np.transpose(y, dims)).reshape(ir.RankedTensorType(r.type).shape))
+            results.append(np.ascontiguousarray(np.transpose(y, dims)))
     else:
         for j, (r, y) in enumerate(zip(op.results, yields)):
             arg = _arg_reduction(g, j, y)
@@ -515,7 +490,7 @@ def _reduce(g: _Generic, j: int, result: ir.Value, y: ir.Value, env: dict) -> np
     out_arg = g.args[g.n_in + j]
     comb, x = _combiner(g, y, out_arg)
     outs = set(range(g.n_in, g.n_in + g.n_out))
-    if _depends(g.block, x, g.args) & outs:
+    if g.depends(x) & outs:
         raise NotInterpretable("a reduction whose value depends on its outputs other than by one combiner")
     dims = g.out_dims[j]
     dt = _compute_dtype(result.type)
@@ -542,7 +517,7 @@ def _combiner(g: _Generic, y: ir.Value, out_arg: ir.Value):
     """(ufunc, x) where the yield `y` is ``out_arg <op> x``: an associative
     op, or ``select(cmp(u, v), u, v)`` with {u, v} = {out_arg, x} (a max or a
     min as torch-mlir writes max pooling)."""
-    ops = {r: o for o in g.ops for r in o.results}
+    ops = g.defining
     op = ops.get(y)
     if op is not None and op.name in _COMBINERS:
         a, b = op.operands
@@ -571,7 +546,7 @@ def _arg_reduction(g: _Generic, k: int, y: ir.Value):
     """(x, compare predicate, output j, index value) where output `k` yields
     ``select(cmpf(x, out_j), index, out_k)``: the position of output j's
     max or min (torch-mlir's argmax); None for any other yield."""
-    ops = {r: o for o in g.ops for r in o.results}
+    ops = g.defining
     sel = ops.get(y)
     if sel is None or sel.name != "arith.select" or sel.operands[2] != g.args[g.n_in + k]:
         return None
@@ -624,7 +599,7 @@ def _arg_reduce(g: _Generic, k: int, result: ir.Value, arg, env: dict) -> np.nda
 def _factor(g: _Generic, v: ir.Value) -> tuple[int, ir.Value] | None:
     """(operand, value) where `v` is a per-element function of one input
     operand (and of scalar inputs: a quantized op's zero points)."""
-    deps = _depends(g.block, v, g.args) - set(g.scalar_inputs())
+    deps = g.depends(v) - set(g.scalar_inputs())
     if len(deps) != 1 or -1 in deps or next(iter(deps)) >= g.n_in:
         return None
     return next(iter(deps)), v
@@ -634,7 +609,7 @@ def _einsum_sum(g: _Generic, x: ir.Value, out_dims: list[int], env: dict) -> np.
     """sum over the reduction dims of ``p * q`` where each factor is a
     per-element function of one input: one einsum (im2col + BLAS for a
     convolution, through ``tensordot``). None where `x` is no such product."""
-    mul = next((o for o in g.ops if x in list(o.results)), None)
+    mul = g.defining.get(x)
     if mul is None or mul.name not in ("arith.mulf", "arith.muli"):
         return None
     factors = [_factor(g, v) for v in mul.operands]
@@ -791,11 +766,7 @@ def interpret(
     Results are float32 for bf16, f16 and f32 results (not rounded to the
     narrow types), float64 for f64, and the integer results in their own
     width. Raises :class:`NotInterpretable` naming what it cannot compute."""
-    copy = module.operation.clone()
-    try:
-        PassManager.parse(_GENERALIZE, module.context).run(copy.operation)
-    except ir.MLIRError as e:  # pragma: no cover - a verified module generalizes
-        raise NotInterpretable(f"linalg-generalize-named-ops failed: {e}") from None
+    copy = generalized_copy(module)
     funcs = {
         ir.StringAttr(o.operation.attributes["sym_name"]).value: o.operation
         for o in copy.regions[0].blocks[0].operations if o.operation.name == "func.func"

@@ -49,6 +49,7 @@ __all__ = [
     "Task",
     "TensorSpec",
     "constant_linalg_ops",
+    "generalized_copy",
     "extract_tasks",
     "linalg_flops",
     "partition",
@@ -301,7 +302,7 @@ def _generic_info(original: ir.Operation, generic: ir.Operation) -> _OpInfo:
     return _OpInfo(original, maps, iterators, n_ins, n_outs, body, ranges, on_memref)
 
 
-def _generalized_copy(module: ir.Module):
+def generalized_copy(module: ir.Module):
     """A generalized copy of `module` (a ``builtin.module`` op: ``.body``,
     ``.operation``). A clone, not printed and parsed again: attributes are
     shared, not copied, so ResNet-50's 100 MB of weights cost nothing here
@@ -328,7 +329,7 @@ def linalg_flops(module: ir.Module) -> int:
             return ir.WalkResult.SKIP
         return ir.WalkResult.ADVANCE
 
-    _generalized_copy(module).operation.walk(visit)
+    generalized_copy(module).operation.walk(visit)
     return total
 
 
@@ -1087,7 +1088,7 @@ def _extract(program: Program, func: str | None, prepack: Decide | None = None) 
         funcs = [f for f in funcs if _func_name(f) == func]
         if not funcs:
             raise UnsupportedError(f"no function @{func} in {program.source}")
-    generalized = _generalized_copy(program.module)
+    generalized = generalized_copy(program.module)
     gen_funcs = {
         _func_name(o.operation): o.operation
         for o in generalized.body.operations
