@@ -62,7 +62,7 @@ from mlir_ansor.graph.constants import fold_constants
 from mlir_ansor.graph.task import Occurrence, Task, partition
 from mlir_ansor.importers import load
 from mlir_ansor.ir.dtypes import ELEMENT_BYTES
-from mlir_ansor.ir.program import Program, resource_blobs
+from mlir_ansor.ir.program import Program, resource_blobs, resource_bytes
 from mlir_ansor.measure.pool import WorkerPool
 from mlir_ansor.measure.runner import (
     ALIGNMENT,
@@ -506,9 +506,7 @@ def _externalize_weights(module: ir.Module, mlir_text: str, workdir: str) -> tup
         if text.startswith("dense_resource<"):
             if blobs is None:
                 blobs = resource_blobs(mlir_text)
-            hexdata = blobs.get(text[len("dense_resource<") :].split(">")[0].strip('"'))
-            if hexdata is not None:
-                data = bytes.fromhex(hexdata[8:])  # after the blob's 4-byte alignment
+            _, data = resource_bytes(text, blobs)
         else:
             try:
                 dense = ir.DenseElementsAttr(attr)
