@@ -254,6 +254,12 @@ def specialize(fn: ir.Operation, values: dict[Dim, int]) -> None:
                                + (f" (and {len(left) - 1} more)" if len(left) > 1 else ""))
 
 
+def _one_group(rank: int) -> ir.ArrayAttr:
+    """The reassociation of every dimension into one: ``[[0, ..., rank - 1]]``."""
+    i64 = ir.IntegerType.get_signless(64)
+    return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, i) for i in range(rank)])])
+
+
 def _static_reshapes(fn: ir.Operation) -> int:
     """Rewrite each ``tensor.reshape`` to a constant shape (torch-mlir's
     ``view`` with sizes computed from ``tensor.dim``, folded by the
@@ -288,16 +294,11 @@ def _static_reshapes(fn: ir.Operation) -> int:
         old = ir.RankedTensorType(op.results[0].type)
         if not st.has_static_shape or any(d < 0 for d in shape) or math.prod(shape) != math.prod(st.shape):
             continue
-        n = math.prod(st.shape)
         with ir.InsertionPoint(op), op.location:
-            flat = tensor.CollapseShapeOp(ir.RankedTensorType.get([n], st.element_type), src,
-                                          ir.ArrayAttr.get([ir.ArrayAttr.get(
-                                              [ir.IntegerAttr.get(ir.IntegerType.get_signless(64), i)
-                                               for i in range(st.rank)])])).result
+            flat_type = ir.RankedTensorType.get([math.prod(st.shape)], st.element_type)
+            flat = tensor.CollapseShapeOp(flat_type, src, _one_group(st.rank)).result
             out = tensor.ExpandShapeOp(ir.RankedTensorType.get(shape, old.element_type), flat,
-                                       ir.ArrayAttr.get([ir.ArrayAttr.get(
-                                           [ir.IntegerAttr.get(ir.IntegerType.get_signless(64), i)
-                                            for i in range(len(shape))])]), [], shape).result
+                                       _one_group(len(shape)), [], shape).result
             back = tensor.CastOp(old, out).result
         op.results[0].replace_all_uses_with(back)
         op.erase()

@@ -579,7 +579,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
             inputs = random_inputs(ins_spec, args.seed)
             run, outs = cm.bind(*inputs)
             run()
-            ref_outs = None
             if ref is None:  # auto without a cached untuned build, or numpy
                 ref_outs = _numpy_reference(source, cm.entry, inputs, required=args.reference == "numpy")
                 if ref_outs is None:
