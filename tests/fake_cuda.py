@@ -23,7 +23,23 @@ import time
 import numpy as np
 
 
-class FakeMatmulDevice:
+class _FakeTimer:
+    """A device's timing calls: every launch takes 0.1 ms."""
+
+    def event(self):
+        return object()
+
+    def record(self, ev):
+        pass
+
+    def elapsed_s(self, start, end):
+        return 1e-4
+
+    def synchronize(self):
+        pass
+
+
+class FakeMatmulDevice(_FakeTimer):
     name = "fake"
     device_name = "Fake GPU"
 
@@ -62,18 +78,6 @@ class FakeMatmulDevice:
     def launch(self, func, grid, block, smem, ptrs):
         a, b, c = (self.mem[p] for p in self.order[:3])  # host-argument order: A, B, C
         c[...] = a @ b + (1.0 if self.wrong else 0.0)
-
-    def event(self):
-        return object()
-
-    def record(self, ev):
-        pass
-
-    def elapsed_s(self, start, end):
-        return 1e-4
-
-    def synchronize(self):
-        pass
 
 
 def wrong_device() -> FakeMatmulDevice:
@@ -126,7 +130,7 @@ def wrong_run_on_fake_gpu(*args):
     return jobs.run_cuda_candidate(*args)
 
 
-class FakeModuleDevice:
+class FakeModuleDevice(_FakeTimer):
     """A stand-in device for whole modules (`measure.cuda_module.CudaModule`):
     buffers are byte arrays at distinct, never reused addresses; it records
     every upload (pointer, bytes) and every launch (entry, grid, block,
@@ -183,14 +187,3 @@ class FakeModuleDevice:
         if self.on_launch is not None:
             self.on_launch(func, [int(p) for p in ptrs])
 
-    def event(self):
-        return object()
-
-    def record(self, ev):
-        pass
-
-    def elapsed_s(self, start, end):
-        return 1e-4
-
-    def synchronize(self):
-        pass
