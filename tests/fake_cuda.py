@@ -186,4 +186,3 @@ class FakeModuleDevice(_FakeTimer):
         self.launches.append((func, tuple(grid), tuple(block), tuple(int(p) for p in ptrs)))
         if self.on_launch is not None:
             self.on_launch(func, [int(p) for p in ptrs])
-
