@@ -74,6 +74,25 @@ def torch():
     return module
 
 
+def small_torch_model(torch, which: str):
+    """(f32 module in eval mode, input): a small BERT layer (hidden 64, 2
+    heads, FFN 128, sequence 16) or a ResNet bottleneck (32 -> 8 -> 32
+    channels, 8x8) whose batch norms have seeded, non-trivial statistics."""
+    from mlir_ansor.examples.models import BertLayer, Bottleneck
+
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    if which == "bert":
+        model, x = BertLayer(hidden=64, heads=2, ffn=128), torch.randn(1, 16, 64, generator=gen)
+    else:
+        model, x = Bottleneck(32, 8, 1), torch.randn(1, 32, 8, 8, generator=gen)
+        for bn in (model.bn1, model.bn2, model.bn3):
+            with torch.no_grad():
+                bn.running_mean.copy_(0.1 * torch.randn(bn.running_mean.shape, generator=gen))
+                bn.running_var.copy_(1.0 + 0.1 * torch.rand(bn.running_var.shape, generator=gen))
+    return model.eval(), x
+
+
 def mlir_opt() -> str:
     import mlir
 

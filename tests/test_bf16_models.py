@@ -12,7 +12,7 @@ import re
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import filecheck
+from conftest import filecheck, small_torch_model
 from mlir import ir
 
 import mlir_ansor
@@ -285,21 +285,10 @@ def test_widened_reference_of_resource_weights():
 
 def _bf16_model(torch, which: str):
     """(bf16 module, bf16 input, torch's bf16 eager output as f32, MLIR text):
-    a small BERT layer (hidden 64, 2 heads, FFN 128, sequence 16) or a
-    ResNet bottleneck (32 -> 8 -> 32 channels, 8x8)."""
-    from mlir_ansor.examples.models import BertLayer, Bottleneck
+    `conftest.small_torch_model` in bf16."""
     from mlir_ansor.importers.pytorch import import_module
 
-    torch.manual_seed(0)
-    gen = torch.Generator().manual_seed(1)
-    if which == "bert":
-        model, x = BertLayer(hidden=64, heads=2, ffn=128), torch.randn(1, 16, 64, generator=gen)
-    else:
-        model, x = Bottleneck(32, 8, 1), torch.randn(1, 32, 8, 8, generator=gen)
-        for bn in (model.bn1, model.bn2, model.bn3):
-            with torch.no_grad():
-                bn.running_mean.copy_(0.1 * torch.randn(bn.running_mean.shape, generator=gen))
-                bn.running_var.copy_(1.0 + 0.1 * torch.rand(bn.running_var.shape, generator=gen))
+    model, x = small_torch_model(torch, which)
     model = model.to(torch.bfloat16).eval()
     xb = x.to(torch.bfloat16)
     with torch.no_grad():

@@ -9,7 +9,7 @@ import json
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import INPUTS
+from conftest import INPUTS, small_torch_model
 
 from mlir_ansor.examples import workloads as W
 from mlir_ansor.graph.interpret import NotInterpretable, interpret
@@ -293,16 +293,9 @@ def test_run_falls_back_to_the_untuned_build(tmp_path, capsys):
 def test_torch_models_match_torch(torch, which):
     """torch-mlir's f32 modules (weights as dense_resource blobs, erf, softmax,
     layer norm, batch norm, padding) against torch's own output."""
-    from mlir_ansor.examples.models import BertLayer, Bottleneck
     from mlir_ansor.importers.pytorch import import_module
 
-    torch.manual_seed(0)
-    gen = torch.Generator().manual_seed(1)
-    if which == "bert":
-        model, x = BertLayer(hidden=64, heads=2, ffn=128), torch.randn(1, 16, 64, generator=gen)
-    else:
-        model, x = Bottleneck(32, 8, 1), torch.randn(1, 32, 8, 8, generator=gen)
-    model = model.eval()
+    model, x = small_torch_model(torch, which)
     with torch.no_grad():
         want = model(x).numpy()
     text = import_module(model, (x,))
