@@ -264,8 +264,9 @@ def test_a_tuned_record_is_the_schedule_and_a_failing_one_falls_back(tmp_path):
     (occ,) = partition(load_text(text=text))
     sk = next(s for s in generate_sketches(occ.task.mlir, SM90) if s.name == "cuda-tiled")
     default = dict(default_gpu_assignments(sk, SM90)[0])
+    # synchronous copies: some of the cp.async candidates near the top spill
     mine = next(dict(a) for a in default_gpu_assignments(sk, SM90, count=40)[1:]
-                if dict(a)["b_d0"] != default["b_d0"] or dict(a)["b_d1"] != default["b_d1"])
+                if (dict(a)["b_d0"] != default["b_d0"] or dict(a)["b_d1"] != default["b_d1"]) and dict(a)["stages"] == 1)
     db = tmp_path / "t.db"
     with Database(str(db)) as d:
         d.commit_record(Record(occ.task.workload_key, SM90.key, sk.hash, tuple(mine.items()), (2e-5,), "none",
@@ -329,7 +330,9 @@ def test_f16_operands_accumulate_in_f32_on_tensor_cores(ptxas, tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         if name == "f16":
             v = task["knobs"]
-            assert fig["smem"] == 2 * (v["b_d0"] + v["b_d1"]) * v["k_d2"] + 4 * v["b_d0"] * v["b_d1"]
+            # A and B tiles once per cp.async stage; the accumulator tile once
+            assert fig["smem"] == 2 * (v["b_d0"] + v["b_d1"]) * v["k_d2"] * v["stages"] + 4 * v["b_d0"] * v["b_d1"]
+            assert v["stages"] == 3 and "cp.async.wait_group" in ptx
             after_loop = ptx[ptx.rindex("bra"):]
             ops = [line.split()[0] for line in after_loop.splitlines()[1:] if line.strip() and not line.startswith("$")]
             first = {op: ops.index(op) for op in reversed(ops)}
@@ -369,7 +372,7 @@ def test_tf32_kernels_are_checked_with_tf32_rounding(tmp_path):
 
     sketches = {s.name: s for s in generate_sketches(workloads.matmul(64, 64, 64), SM90)}
     knobs = {"cuda-mma": {"b_d0": 32, "b_d1": 32, "w_d0": 16, "w_d1": 16, "k_d2": 16},
-             "cuda-tiled": {"b_d0": 32, "b_d1": 32, "t_d0": 8, "t_d1": 8, "k_d2": 16}}
+             "cuda-tiled": {"b_d0": 32, "b_d1": 32, "t_d0": 8, "t_d1": 8, "k_d2": 16, "stages": 1}}
     rng = np.random.default_rng(0)
     a, b = (rng.uniform(-1, 1, (64, 64)).astype(np.float32) for _ in range(2))
     tol = tolerance("f32", 64)

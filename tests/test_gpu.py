@@ -398,9 +398,9 @@ def test_staged_matmul_accumulates_in_registers(dtype, mlir_side, ptxas, tmp_pat
 
     target = Target.cuda()
     sketches = {s.name: s for s in generate_sketches(workloads.matmul(256, 256, 256, dtype), target)}
-    cases = [("cuda-tiled", {"b_d0": 64, "b_d1": 64, "t_d0": 8, "t_d1": 16, "k_d2": 16})]
+    cases = [("cuda-tiled", {"b_d0": 64, "b_d1": 64, "t_d0": 8, "t_d1": 16, "k_d2": 16, "stages": 1})]
     if dtype == "f16":
-        cases.append(("cuda-mma-smem", {"b_d0": 64, "b_d1": 64, "w_d0": 32, "w_d1": 32, "k_d2": 32}))
+        cases.append(("cuda-mma-smem", {"b_d0": 64, "b_d1": 64, "w_d0": 32, "w_d1": 32, "k_d2": 32, "stages": 1}))
     elem = 4 if dtype == "f32" else 2
     for name, knobs in cases:
         sk = sketches[name]

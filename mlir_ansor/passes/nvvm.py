@@ -17,6 +17,9 @@ Roadmap (:func:`build_cuda` runs the whole chain on one candidate):
      subviews, hoists each thread's (or warp's) output-tile read/write out of
      the K loop, so the accumulator is loop-carried in registers, and lowers
      the vectors (FMAs, or ``ldmatrix`` + ``mma.sync`` for warp tiles);
+  3c. `async_copies.pipeline_shared_copies` (a sketch whose ``stages`` knob
+     is 2 or more): the K loop's copies to shared memory become ``cp.async``,
+     multi-buffered and software-pipelined;
   4. outlining (kernel buffers marked 16-byte aligned and `noalias`,
      :func:`annotate_kernel_pointers`, for 128-bit global loads), then :func:`launches` reads every ``gpu.launch_func`` (kernel
      name, grid, block, which host argument each kernel argument is); host
@@ -48,6 +51,7 @@ from pathlib import Path
 from mlir import ir, passmanager
 from mlir.dialects import gpu
 
+from mlir_ansor.passes.async_copies import pipeline_shared_copies
 from mlir_ansor.target import Target
 
 _DTYPES = {"f32": "f32", "f16": "f16", "f64": "f64", "bf16": "bf16", "i32": "i32", "i64": "i64", "i8": "i8"}
@@ -661,6 +665,7 @@ def lower_scheduled_to_launches(module: ir.Module, target: Target) -> None:
         map_to_gpu(module, target)
         hoist_workgroup_allocs(module)
         keep_accumulators_in_registers(module, MMA_SHAPE if warps else None)
+        pipeline_shared_copies(module)
         passmanager.PassManager.parse(
             "builtin.module(func.func(convert-linalg-to-loops,lower-affine,canonicalize,cse),"
             "gpu-launch-sink-index-computations,gpu-kernel-outlining,canonicalize,cse)"

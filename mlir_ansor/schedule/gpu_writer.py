@@ -115,6 +115,15 @@ class GpuScheduleWriter(ScheduleWriter):
         self.emit(f"}} : {ANY}")
         return h
 
+    def annotate_stages(self, root: str, stages: str) -> None:
+        """Record the ``stages`` knob (a param handle) on the function under
+        `root` as ``ansor.copy_stages``: `passes.async_copies` then turns the
+        K loop's copies to shared memory into that many stages of
+        ``cp.async`` (1: the synchronous copies, unchanged)."""
+        from mlir_ansor.passes.async_copies import STAGES_ATTR
+
+        self.emit(f'transform.annotate {self.match_func(root)} "{STAGES_ATTR}" = {stages} : {ANY}, {PARAM}')
+
     def mma_sync(self, root: str) -> None:
         mm = self.match_ops(root, ["linalg.matmul"])
         self.emit(f"transform.nvgpu.rewrite_matmul_as_mma_sync {mm} : ({ANY}) -> ()")

@@ -14,7 +14,9 @@ rules of thumb of CUDA tuning:
   * contractions: a register tile of 16-64 outputs per thread (each operand
     element loaded is reused that often; one output per thread is the naive
     kernel this module exists to avoid), operand tiles in shared memory, a
-    reduction tile of 16-32;
+    reduction tile of 16-32; on sm_80+ the staged sketches' copies in
+    ``cp.async`` stages: three for tensor-core tiles, two for FMA tiles
+    (the copies of the next steps in flight while one computes);
   * other ops: 1-4 outputs per thread (elementwise and row reductions have
     no reuse to gain from more);
   * enough blocks to fill the GPU (two per SM, where the task has about
@@ -99,6 +101,11 @@ def score(sketch: GpuSketch, assignment: Assignment, ranges: tuple[int, ...], ta
             area *= v[block]
         if area < 64 * 128:  # each operand element staged in shared memory is reused by 64-128 outputs
             penalty += 0.5 * math.log2(64 * 128 / area)
+    if sketch.stages_knob and target.arch >= 80:
+        # cp.async stages: three for tensor-core tiles (an mma consumes a
+        # K step faster than global memory delivers it), two for FMA tiles
+        want_stages = 3 if sketch.warps else 2
+        penalty += 0.5 * abs(sketch.stages(assignment) - want_stages)
     if sketch.smem_knob and v.get(sketch.smem_knob) == 1:
         penalty += 1.0  # operands read in place from global memory
     for name, value in v.items():

@@ -78,6 +78,15 @@ class GpuSketch(Sketch):
       list of (knob or fixed extent) terms: extent = sum(term) - (n - 1).
     smem_knob: the alternatives knob that selects promotion (value 0).
     staged: the tiles of `smem_tiles` are always in shared memory.
+    stages_knob: the knob of how many shared-memory stages the operand
+      copies get ("": one); the tiles of `smem_tiles` at the indices
+      `multibuffered` count that many times.
+    pipelined_copies: derived copy knobs whose copies are pipelined with
+      ``cp.async`` when the stages knob is above 1: each must give every
+      thread of the block exactly one piece per step (a predicated copy
+      leaves an ``scf.if`` in the K loop, which the nvgpu pipeliner refuses).
+    stage_loop: (step knob, extent) of the pipelined loop: it needs at
+      least as many steps as there are stages.
     min_register_dim: least extent of the register tile along each axis
       (vectorized sketches: a unit dimension leaves an n-D broadcast that
       the NVVM lowering cannot convert).
@@ -103,6 +112,10 @@ class GpuSketch(Sketch):
     staged: bool = False
     min_register_dim: int = 1
     mma_shape: tuple[int, int] = (16, 8)
+    stages_knob: str = ""
+    multibuffered: tuple[int, ...] = ()
+    pipelined_copies: tuple[str, ...] = ()
+    stage_loop: tuple[str, int] = ("", 0)
 
     def sample(self, rng: random.Random) -> Assignment:
         """A random assignment within the target's limits (:func:`sample`)."""
@@ -144,14 +157,19 @@ class GpuSketch(Sketch):
         v = dict(assignment)
         if not self.staged and (not self.smem_knob or v.get(self.smem_knob) != 0):
             return 0
+        stages = v.get(self.stages_knob, 1) if self.stages_knob else 1
         total = 0
-        for nbytes, dims in self.smem_tiles:
-            size = nbytes
+        for i, (nbytes, dims) in enumerate(self.smem_tiles):
+            size = nbytes * (stages if i in self.multibuffered else 1)
             for terms in dims:
                 ext = sum(int(t) if t.isdigit() else v[t] for t in terms) - (len(terms) - 1)
                 size *= max(1, ext)
             total += size
         return total
+
+    def stages(self, assignment: Assignment) -> int:
+        """How many shared-memory stages the operand copies get (1: synchronous)."""
+        return dict(assignment).get(self.stages_knob, 1) if self.stages_knob else 1
 
     def violation(self, assignment: Assignment) -> str | None:
         """Why `assignment` breaks a hardware limit of the target (None: it does not)."""
@@ -183,6 +201,20 @@ class GpuSketch(Sketch):
                 return f"{knob}: the block's {threads} threads cannot cover the copied tile"
             if v.get(knob) != want:
                 return f"{knob} = {v.get(knob)}, but the tile and thread counts make it {want}"
+        stages = self.stages(assignment)
+        step, extent = self.stage_loop
+        if stages > 1 and step and extent // max(1, v[step]) < stages:
+            return f"{stages} stages > {extent // max(1, v[step])} steps of the K loop"
+        if stages > 1:
+            for knob, rows_t, cols_t, width in self.derived:
+                if knob not in self.pipelined_copies:
+                    continue
+                rows = int(rows_t) if rows_t.isdigit() else v[rows_t]
+                cols = int(cols_t) if cols_t.isdigit() else v[cols_t]
+                pieces = rows // max(1, v[knob]) * max(1, cols // width)
+                if pieces != threads:
+                    return (f"{stages} stages: the copy of {knob} has {pieces} pieces for {threads} threads "
+                            "(cp.async pipelining needs one per thread)")
         return None
 
 

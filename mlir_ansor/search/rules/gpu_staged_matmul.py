@@ -19,6 +19,13 @@ Two sketches:
 The operand tiles are vectorized here; `passes/nvvm.py` hoists the output
 tile's read and write out of the K loop once the thread foralls are mapped,
 which is what keeps the accumulator in registers.
+
+Both sketches have a ``stages`` knob: 1 copies synchronously (load, store
+to shared, barrier); S = 2 or 3 keeps S copies of the A/B tiles in shared
+memory and copies with ``cp.async`` S - 1 K steps ahead of the compute
+(`passes/async_copies.py`, after the thread mapping). The shared-memory
+bound counts S x the tiles (`GpuSketch.smem_bytes`), and S > 1 needs the
+copies to give every thread of the block a piece (`GpuSketch.violation`).
 """
 
 from __future__ import annotations
@@ -30,6 +37,11 @@ from mlir_ansor.search.rules.base import Rule, RuleResult, SketchContext
 from mlir_ansor.search.rules.gpu_base import THREAD_COUNTS, fuse_others, is_cuda
 from mlir_ansor.search.sketch import OpStructure, Sketch
 from mlir_ansor.search.space import KnobSpec, divisors
+
+STAGES = (1, 2, 3)
+"""Options of the ``stages`` knob (how many K steps of A/B tiles live in
+shared memory at once; 4 and more rarely fit 48 KB of static shared memory
+with tiles worth having)."""
 
 #: The layout of a plain matmul: A(m, k), B(k, n), C(m, n) over loops (m, n, k).
 MATMUL_DIMS = ((0, 2), (2, 1), (0, 1))
@@ -131,6 +143,9 @@ class StagedMatmul(Rule):
                 KnobSpec("t_d1", THREAD_COUNTS, divides="b_d1", doc="threads along N (#gpu.thread<x>)"),
             ]
         specs.append(KnobSpec("k_d2", k_opts, doc="reduction tile of K (one shared-memory stage)"))
+        stages = STAGES if target.arch >= 80 else (1,)  # cp.async is sm_80+
+        specs.append(KnobSpec("stages", stages, doc="shared-memory stages of the A/B tiles: 1 copies synchronously; "
+                              "S > 1 copies with cp.async, S - 1 K steps ahead (passes/async_copies.py)"))
         rows = tuple(x for x in divisors(max(m, k)) if x <= 256)
         copies = [("cp_a", "b_d0", "k_d2"), ("cp_b", "k_d2", "b_d1")]
         what = {"cp_a": "the A tile copy", "cp_b": "the B tile copy", "cp_c": "the zero fill of C",
@@ -190,13 +205,17 @@ class StagedMatmul(Rule):
             # broadcast the NVVM lowering refuses
             w.apply_patterns(func, ["vector.cast_away_vector_leading_one_dim"])
         w.cleanup(func)
-        w.gpu_bufferize("%root")
+        w.annotate_stages(w.gpu_bufferize("%root"), h["stages"])
 
         common = dict(
             **target_limits(target),
             smem_tiles=((nbytes, (("b_d0",), ("k_d2",))), (nbytes, (("k_d2",), ("b_d1",))))
             + (((element_bytes(anchor.dtype), (("b_d0",), ("b_d1",))),) if epilogue is not None else ()),
             staged=True,
+            stages_knob="stages",
+            multibuffered=(0, 1),
+            pipelined_copies=("cp_a", "cp_b"),
+            stage_loop=("k_d2", k),
             derived=tuple((name, r, c, {"cp_c": out_vw, "cp_e": ep_vw}.get(name, vw)) for name, r, c in copies),
             min_threads=32,
         )
