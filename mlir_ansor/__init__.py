@@ -9,6 +9,10 @@ Public API:
                           callable, a shared library, the scheduled MLIR;
                           for a CUDA target a CudaModule (kernels and a host
                           plan, run through cuda-python without MLIR)
+  build_library(source, sizes=...)
+                          a function with dynamic dimensions as one library
+                          that dispatches among size-specialised schedules
+                          in MLIR at run time: a DynamicLibrary
   TuneConfig, Target      what steers the search, and for which machine
   torch_backend(...)      a torch.compile backend (also registered as "mlir_ansor")
 
@@ -28,6 +32,7 @@ what it may import; `tests/test_layering.py` checks it):
   search/                   space, sketch rules, strategies, cost models, features, task scheduler
   cuda_compiler             whole modules for NVIDIA GPUs: kernels and a host plan (a bundle)
   tuner, compile            the tuning loop and the compiler: the API
+  dispatch                  one library for dynamic shapes: specializations behind a dispatch
   tools/, examples/         command line and its back-ends; example workloads and models
 """
 
@@ -41,6 +46,8 @@ from mlir_ansor.version import __version__
 _API = {
     "CompiledModule": "mlir_ansor.compiler",
     "CudaModule": "mlir_ansor.measure.cuda_module",
+    "DynamicLibrary": "mlir_ansor.dispatch",
+    "build_library": "mlir_ansor.dispatch",
     "compile": "mlir_ansor.compiler",
     "AnsorError": "mlir_ansor.errors",
     "DatabaseError": "mlir_ansor.errors",
@@ -59,12 +66,14 @@ __all__ = [
     "CompiledModule",
     "CudaModule",
     "DatabaseError",
+    "DynamicLibrary",
     "InputError",
     "Target",
     "TuneConfig",
     "TuneResult",
     "UnsupportedError",
     "__version__",
+    "build_library",
     "compile",
     "extract_tasks",
     "load",
@@ -74,6 +83,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from mlir_ansor.compiler import CompiledModule, compile  # noqa: A004
+    from mlir_ansor.dispatch import DynamicLibrary, build_library
     from mlir_ansor.errors import AnsorError, DatabaseError, InputError, UnsupportedError
     from mlir_ansor.graph.task import extract_tasks
     from mlir_ansor.measure.cuda_module import CudaModule

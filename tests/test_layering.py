@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("search",),
     ("cuda_compiler",),
     ("tuner", "compiler"),
+    ("dispatch",),
     ("tools", "examples"),
     ("__init__",),
 ]

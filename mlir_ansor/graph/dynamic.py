@@ -28,7 +28,7 @@ from mlir import ir, passmanager
 
 from mlir_ansor.errors import InputError, UnsupportedError
 
-__all__ = ["Dim", "dynamic_dims", "dynamic_function", "expand", "paddable", "parse_sizes", "size_label", "specializations",
+__all__ = ["Dim", "dynamic_dims", "dynamic_function", "expand", "extents", "paddable", "parse_sizes", "size_label", "specializations",
            "specialize", "symbols", "symbols_with_padding"]
 
 Dim = tuple[int, int]
@@ -191,6 +191,28 @@ def symbols_with_padding(module: ir.Module, func: str | None = None) -> tuple[li
     padding = [not other_ops and all(find((args[i], d)) not in bad for i, d in g) for g in groups.values()]
     del holder  # (only now: the arguments live in it)
     return list(groups.values()), padding
+
+
+def extents(groups: list[list[Dim]], shapes: list[tuple[int, ...]], name: str) -> dict[Dim, int]:
+    """The size of every dynamic dimension of arguments of `shapes`, checked
+    against the symbols `groups` (:func:`symbols`): each dimension must
+    exist, those of one symbol must have the same size, and every size must
+    be at least 1. Raises :class:`InputError` naming the dimensions (`name`:
+    the function's, for the message)."""
+    values: dict[Dim, int] = {}
+    for group in groups:
+        seen = {}
+        for i, d in group:
+            if d >= len(shapes[i]):
+                raise InputError(f"@{name}: argument {i} has rank {len(shapes[i])}, expected more than {d}")
+            seen[(i, d)] = int(shapes[i][d])
+        if len(set(seen.values())) > 1:
+            raise InputError(f"@{name}: dimensions {size_label(seen)} are one dimension of the function "
+                             "and must have the same size")
+        if any(v < 1 for v in seen.values()):
+            raise InputError(f"@{name}: dimensions {size_label(seen)} are empty: every size must be at least 1")
+        values.update(seen)
+    return values
 
 
 def _static(t: ir.Type, shape: list[int]) -> ir.Type:

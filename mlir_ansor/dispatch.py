@@ -1,0 +1,715 @@
+"""One library for a function with dynamic dimensions: schedules specialised
+to a few sizes, chosen among at run time by a dispatch written in MLIR.
+
+Roadmap: :func:`build_library` is the entry point; :class:`DynamicLibrary`
+is what it returns (call it on numpy arrays, save it, load it again).
+
+The module it compiles, for an entry ``@gemm`` whose argument 0's rows are
+dynamic, specialised at 16 and 64 rows:
+
+- ``@gemm__0_0_16``, ``@gemm__0_0_64``: the static specializations
+  (`graph.dynamic.specializations`), scheduled like any static module
+  (`compiler.schedule_module`: the database's records of that size, else
+  those of its nearest tuned size, `search.transfer`, else the default
+  schedules), their results turned into trailing memref arguments;
+- ``@gemm__generic``: the function itself, bufferized on its dynamic
+  shapes and lowered without a schedule (loops, valid for every extent);
+- ``@gemm__case(%s0: index) -> index``: the row of the dispatch table
+  (:class:`Case`) the extents fall in, -1 for none: exact sizes first,
+  then the ranges that run padded, smallest first;
+- ``@gemm(%A: memref<?x64xf32>, %B: memref<64x64xf32>, %C: memref<?x64xf32>)``:
+  reads the extents (``memref.dim``), checks that tied dimensions agree
+  (``cf.assert``: a C caller gets an abort, the Python wrapper checks
+  before the call and raises), and ``scf.index_switch``es on the case: an
+  exact size casts its arguments to the static types and calls its
+  specialization; a padded one copies the inputs into zero-padded buffers,
+  calls the specialization of the larger size and copies the rows back;
+  the default calls ``@gemm__generic``.
+
+The padded ranges follow `compiler.DynamicModule`'s rule: a symbol the
+function keeps apart (`graph.dynamic.paddable`: no reduction, window or
+slice over it) runs at a specialised size at most :data:`PAD_WORK` times
+its own, so the schedules tuned for whole register tiles still apply.
+
+The caller allocates the outputs from the symbols' values: each output
+dimension is static or equal to one symbol (found by specializing at
+distinct probe sizes); a function whose output extents are other functions
+of the sizes is refused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+from mlir import ir, passmanager
+
+from mlir_ansor import compiler
+from mlir_ansor.errors import AnsorError, InputError, UnsupportedError
+from mlir_ansor.graph.dynamic import (
+    Dim,
+    dynamic_function,
+    extents,
+    specializations,
+    symbols_with_padding,
+)
+from mlir_ansor.ir.program import Program
+from mlir_ansor.measure.runner import (
+    ALIGNMENT,
+    aligned_copy,
+    aligned_empty,
+    data_pointer,
+    descriptor,
+    np_dtype,
+)
+from mlir_ansor.passes.lowering import BUFFERIZE
+from mlir_ansor.target import Target
+
+__all__ = ["PAD_WORK", "Case", "DynamicLibrary", "build_library", "dynamic_entry", "plan_cases", "tuned_sizes"]
+
+log = logging.getLogger("mlir_ansor")
+
+PAD_WORK = compiler.DynamicModule.PAD_WORK
+"""The most a padded size may exceed the size it stands for, per symbol, as a ratio."""
+
+_OUT_PARAMS = "buffer-results-to-out-params{hoist-static-allocs=true modify-public-functions=true}"
+_PROBES = (1009, 1013, 1019, 1021, 1031, 1033, 1039, 1049)
+"""Sizes given to the symbols to see which of them each output extent is."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row of the dispatch table: the extents it takes (per symbol,
+    ``low[k] <= value <= sizes[k]``) and the specialization that runs them
+    (at `sizes`; "padded": on inputs padded to those sizes)."""
+
+    kind: str
+    """"exact" or "padded"."""
+    function: str
+    sizes: tuple[int, ...]
+    low: tuple[int, ...]
+
+    def takes(self, values: tuple[int, ...]) -> bool:
+        return all(lo <= v <= s for lo, v, s in zip(self.low, values, self.sizes))
+
+    def label(self, groups: list[list[Dim]]) -> str:
+        parts = []
+        for (i, d), lo, s in zip((g[0] for g in groups), self.low, self.sizes):
+            parts.append(f"{i}.{d}={s}" if lo == s else f"{i}.{d}={lo}..{s}")
+        return ", ".join(parts) + (" exact" if self.kind == "exact" else " padded")
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "function": self.function, "sizes": list(self.sizes), "low": list(self.low)}
+
+
+def plan_cases(groups: list[list[Dim]], padding: list[bool], specialised: list[tuple[str, dict[Dim, int]]],
+               pad_work: float = PAD_WORK) -> list[Case]:
+    """The dispatch table: each specialised size exactly, then (where a
+    symbol is paddable) the smaller extents that run at it padded, at most
+    `pad_work` times less, by increasing work (the first row that takes an
+    extent runs it)."""
+    exact, padded = [], []
+    for name, values in specialised:
+        sizes = tuple(values[g[0]] for g in groups)
+        exact.append(Case("exact", name, sizes, sizes))
+        low = tuple(math.ceil(s / pad_work - 1e-9) if ok else s for s, ok in zip(sizes, padding))
+        if low != sizes:
+            padded.append(Case("padded", name, sizes, low))
+    padded.sort(key=lambda c: (math.prod(c.sizes), c.sizes))
+    return exact + padded
+
+
+# --------------------------------------------------------------------------
+# Which sizes the records hold.
+
+
+def tuned_sizes(text: str, entry: str | None, db: str | os.PathLike | None, target: Target,
+                limit: int = 64) -> dict[Dim, tuple[int, ...]]:
+    """The sizes the records database `db` holds records for (this
+    target): those at which some task of the function's specialization is
+    a task of the database. Candidates are the extents of the database's
+    tasks of the same families (`search.transfer.family_key`) as the
+    function's tasks; each is checked by specializing at it. Returns
+    ``{first dimension of each symbol: sizes}``, empty when there are none
+    (or more than `limit` combinations to check)."""
+    import itertools
+    import re
+
+    from mlir_ansor.graph.task import extract_tasks
+    from mlir_ansor.ir.program import load as load_text
+    from mlir_ansor.records import Database
+    from mlir_ansor.search.rules.dot_product import weight_packing
+    from mlir_ansor.search.transfer import family_key
+
+    if db is None or not os.path.exists(db) or os.path.getsize(db) == 0:
+        return {}
+    groups = _groups(text, entry)
+    prepack = weight_packing(target)
+
+    def tasks_at(values: tuple[int, ...]):
+        sized, _ = specializations(text, {g[0]: (v,) for g, v in zip(groups, values)}, func=entry, keep_name=True)
+        return extract_tasks(load_text(text=sized), func=entry, prepack=prepack)
+
+    probe = tuple(_PROBES[k % len(_PROBES)] for k in range(len(groups)))
+    families = {family_key(t.mlir) for t in tasks_at(probe)}
+    with Database(db, readonly=True) as d:
+        tuned = {w["workload_key"]: w for w in d.workloads()
+                 if family_key(w["task_mlir"]) in families and d.count(w["workload_key"], target.key)}
+    if not tuned:
+        return {}
+    numbers = sorted({int(n) for w in tuned.values() for n in re.findall(r"(\d+)x", w["task_mlir"]) if int(n) > 0})
+    combos = list(itertools.product(numbers, repeat=len(groups)))
+    if len(combos) > limit:
+        log.info("compile: %d candidate sizes in the records: too many to check; none taken", len(combos))
+        return {}
+    found: list[tuple[int, ...]] = []
+    for values in combos:
+        try:
+            if any(t.workload_key in tuned for t in tasks_at(values)):
+                found.append(values)
+        except AnsorError:
+            continue
+    return {g[0]: tuple(sorted({v[k] for v in found})) for k, g in enumerate(groups)} if found else {}
+
+
+def dynamic_entry(source, func: str | None = None) -> str | None:
+    """The name of the function of `source` (a path, or anything
+    `importers.load` takes) with dynamic dimensions in its arguments
+    (`func`, when given), or None when it has none."""
+    from mlir_ansor.graph.dynamic import dynamic_dims
+    from mlir_ansor.importers import load
+
+    program = load(source.module if isinstance(source, Program) else source)
+    with program.context:
+        for op in program.module.body.operations:
+            fn = op.operation
+            if fn.name != "func.func" or not fn.regions[0].blocks:
+                continue
+            name = ir.StringAttr(fn.attributes["sym_name"]).value
+            if (func is None or name == func) and dynamic_dims(fn):
+                return name
+    return None
+
+
+def _groups(text: str, entry: str | None) -> list[list[Dim]]:
+    with ir.Context():
+        return symbols_with_padding(ir.Module.parse(text), entry)[0]
+
+
+# --------------------------------------------------------------------------
+# Building the module.
+
+
+def _output_dims(text: str, entry: str, groups: list[list[Dim]]) -> list[tuple[int, ...]]:
+    """Each output's extents: a static one as it is, a dynamic one as
+    ``-1 - k`` for symbol k (the symbol it equals at the probe sizes)."""
+    probe = [_PROBES[k % len(_PROBES)] for k in range(len(groups))]
+    sized, _ = specializations(text, {g[0]: (v,) for g, v in zip(groups, probe)}, func=entry, keep_name=True)
+    with ir.Context():
+        dyn = ir.Module.parse(text)
+        fn = dynamic_function(dyn, entry)
+        declared = list(ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value).results)
+        module = ir.Module.parse(sized)
+        static = next(op.operation for op in module.body.operations if op.operation.name == "func.func"
+                      and ir.StringAttr(op.operation.attributes["sym_name"]).value == entry)
+        got = list(ir.FunctionType(ir.TypeAttr(static.attributes["function_type"]).value).results)
+        out = []
+        for r, (t, s) in enumerate(zip(declared, got)):
+            if not isinstance(t, (ir.RankedTensorType, ir.MemRefType)):
+                raise UnsupportedError(f"@{entry}: result {r} is a {t}, not a tensor")
+            st, ss = ir.ShapedType(t), ir.ShapedType(s)
+            dims = []
+            for d in range(st.rank):
+                if not st.is_dynamic_dim(d):
+                    dims.append(st.get_dim_size(d))
+                elif ss.get_dim_size(d) in probe:
+                    dims.append(-1 - probe.index(ss.get_dim_size(d)))
+                else:
+                    raise UnsupportedError(f"@{entry}: result {r}'s dimension {d} is no dimension of the arguments "
+                                           "(one library needs outputs whose sizes the arguments give)")
+            out.append(tuple(dims))
+    return out
+
+
+def _generic_function(text: str, entry: str, name: str) -> str:
+    """The dynamic function alone, renamed `name`, bufferized on its dynamic
+    shapes, its results turned into trailing arguments: a module's text."""
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+        fn = dynamic_function(module, entry)
+        for op in list(module.body.operations):
+            if op.operation != fn:
+                op.operation.erase()
+        fn.attributes["sym_name"] = ir.StringAttr.get(name)
+        passmanager.PassManager.parse(f"builtin.module({BUFFERIZE},{_OUT_PARAMS},canonicalize,cse)").run(module.operation)
+        return str(module)
+
+
+def _memref(t: ir.Type) -> ir.MemRefType:
+    return ir.MemRefType(t)
+
+
+def _shape_text(shape: list) -> str:
+    return "x".join("?" if isinstance(d, str) else str(d) for d in shape)
+
+
+def _strides(shape: list[int]) -> list[int]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return out[::-1]
+
+
+def _zero(element: ir.Type) -> str:
+    e = str(element)
+    if e == "i1":
+        return "false"
+    return f"0 : {e}" if e.startswith(("i", "ui", "si")) or e == "index" else f"0.0 : {e}"
+
+
+class _Writer:
+    """Text of the dispatcher: fresh SSA names, index constants."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.n = 0
+        self.consts: dict[int, str] = {}
+
+    def fresh(self, stem: str) -> str:
+        self.n += 1
+        return f"%{stem}{self.n}"
+
+    def index(self, v: int) -> str:
+        if v not in self.consts:
+            self.consts[v] = f"%c{v}" if v >= 0 else f"%cm{-v}"
+        return self.consts[v]
+
+    def emit(self, line: str, depth: int = 1) -> None:
+        self.lines.append("  " * depth + line)
+
+    def constants(self) -> list[str]:
+        return [f"    {name} = arith.constant {v} : index" for v, name in sorted(self.consts.items())]
+
+
+def _case_function(name: str, cases: list[Case], groups: list[list[Dim]]) -> str:
+    """The text of ``@<entry>__case``: the first row of `cases` that takes
+    the symbols' values, -1 for none (an ``arith.select`` chain, built from
+    the last row up); the table is also written on it, as the
+    ``ansor.dispatch`` attribute, for a reader."""
+    n_symbols = len(groups)
+    w = _Writer()
+    args = ", ".join(f"%s{k}: index" for k in range(n_symbols))
+    result = w.index(-1)
+    for j in reversed(range(len(cases))):
+        c = cases[j]
+        conds = []
+        for k, (lo, s) in enumerate(zip(c.low, c.sizes)):
+            if lo == s:
+                v = w.fresh("eq")
+                w.emit(f"{v} = arith.cmpi eq, %s{k}, {w.index(s)} : index", 2)
+                conds.append(v)
+            else:
+                a, b = w.fresh("ge"), w.fresh("le")
+                w.emit(f"{a} = arith.cmpi sge, %s{k}, {w.index(lo)} : index", 2)
+                w.emit(f"{b} = arith.cmpi sle, %s{k}, {w.index(s)} : index", 2)
+                conds += [a, b]
+        ok = conds[0]
+        for c2 in conds[1:]:
+            v = w.fresh("and")
+            w.emit(f"{v} = arith.andi {ok}, {c2} : i1", 2)
+            ok = v
+        r = w.fresh("case")
+        w.emit(f"{r} = arith.select {ok}, {w.index(j)}, {result} : index", 2)
+        result = r
+    table = ", ".join(json.dumps(f"{j}: {c.label(groups)}") for j, c in enumerate(cases))
+    head = f"  func.func @{name}({args}) -> index attributes {{ansor.dispatch = [{table}]}} {{"
+    return "\n".join([head, *w.constants(), *w.lines,
+                      f"    return {result} : index", "  }"])
+
+
+def _dispatcher(entry: str, case_fn: str, generic: str, arg_types: list[ir.Type], n_in: int,
+                groups: list[list[Dim]], out_dims: list[tuple[int, ...]], cases: list[Case],
+                spec_types: dict[str, list[ir.Type]]) -> str:
+    """The text of the entry function (see the module docstring)."""
+    w = _Writer()
+    args = [f"%arg{i}" for i in range(len(arg_types))]
+    types = [str(t) for t in arg_types]
+    # Each argument dimension that is a symbol, and the output ones.
+    of_symbol: dict[tuple[int, int], int] = {}
+    for k, g in enumerate(groups):
+        for i, d in g:
+            of_symbol[(i, d)] = k
+    for r, dims in enumerate(out_dims):
+        for d, v in enumerate(dims):
+            if v < 0:
+                of_symbol[(n_in + r, d)] = -1 - v
+    sym = [f"%s{k}" for k in range(len(groups))]
+    for k, g in enumerate(groups):
+        i, d = g[0]
+        w.emit(f"{sym[k]} = memref.dim {args[i]}, {w.index(d)} : {types[i]}")
+    for (i, d), k in of_symbol.items():
+        if (i, d) == groups[k][0]:
+            continue
+        v, eq = w.fresh("d"), w.fresh("tied")
+        w.emit(f"{v} = memref.dim {args[i]}, {w.index(d)} : {types[i]}")
+        w.emit(f"{eq} = arith.cmpi eq, {v}, {sym[k]} : index")
+        what = f"argument {i}" if i < n_in else f"output {i - n_in}"
+        i0, d0 = groups[k][0]
+        w.emit(f'cf.assert {eq}, "@{entry}: {what}\'s dimension {d} must equal argument {i0}\'s dimension {d0}"')
+    case = w.fresh("case")
+    w.emit(f"{case} = func.call @{case_fn}({', '.join(sym)}) : ({', '.join(['index'] * len(sym))}) -> index")
+    w.emit(f"scf.index_switch {case}")
+    for j, c in enumerate(cases):
+        w.emit(f"case {j} {{")
+        padded = {k for k, (lo, s) in enumerate(zip(c.low, c.sizes)) if lo != s}
+        operands, copy_back = [], []
+        for i, (a, t, st) in enumerate(zip(args, arg_types, spec_types[c.function])):
+            mt, ms = _memref(t), _memref(st)
+            if str(t) == str(st):
+                operands.append(a)
+                continue
+            dims = [of_symbol.get((i, d)) for d in range(mt.rank)]
+            if not any(k in padded for k in dims if k is not None):
+                v = w.fresh("x")
+                w.emit(f"{v} = memref.cast {a} : {t} to {st}", 2)
+                operands.append(v)
+                continue
+            full = list(ms.shape)
+            strides = _strides(full)
+            elt = str(ms.element_type)
+            buf = w.fresh("pad")
+            w.emit(f"{buf} = memref.alloc() {{alignment = {ALIGNMENT} : i64}} : {st}", 2)
+            # the extents of the argument itself: its symbols' values
+            live = [sym[k] if k is not None else str(full[d]) for d, k in enumerate(dims)]
+            live_shape = ["?" if k is not None else full[d] for d, k in enumerate(dims)]
+            view_t = f"memref<{_shape_text(live_shape)}x{elt}, strided<{strides}>>"
+            view = w.fresh("rows")
+            w.emit(f"{view} = memref.subview {buf}[{', '.join(['0'] * len(full))}] [{', '.join(live)}] "
+                   f"[{', '.join(['1'] * len(full))}] : {st} to {view_t}", 2)
+            if not any(k in padded for k in dims[1:] if k is not None):
+                # Padded only in the outermost dimension: the rows are one
+                # block, and an identity layout makes the copies memcpy.
+                flat, flat_t = w.fresh("block"), f"memref<{_shape_text(live_shape)}x{elt}>"
+                w.emit(f"{flat} = memref.cast {view} : {view_t} to {flat_t}", 2)
+                view, view_t = flat, flat_t
+            if i < n_in:
+                for d, k in enumerate(dims):
+                    if k not in padded:
+                        continue
+                    n, tail = w.fresh("n"), w.fresh("tail")
+                    w.emit(f"{n} = arith.subi {w.index(full[d])}, {sym[k]} : index", 2)
+                    offsets = [sym[k] if e == d else "0" for e in range(len(full))]
+                    sizes = [n if e == d else str(full[e]) for e in range(len(full))]
+                    tail_shape = ["?" if e == d else full[e] for e in range(len(full))]
+                    tail_t = f"memref<{_shape_text(tail_shape)}x{elt}, strided<{strides}, offset: ?>>"
+                    w.emit(f"{tail} = memref.subview {buf}[{', '.join(offsets)}] [{', '.join(sizes)}] "
+                           f"[{', '.join(['1'] * len(full))}] : {st} to {tail_t}", 2)
+                    zero = w.fresh("zero")
+                    w.emit(f"{zero} = arith.constant {_zero(ms.element_type)}", 2)
+                    w.emit(f"linalg.fill ins({zero} : {elt}) outs({tail} : {tail_t})", 2)
+                w.emit(f"memref.copy {a}, {view} : {t} to {view_t}", 2)
+            else:
+                copy_back.append((view, view_t, a, t))
+            operands.append(buf)
+        spec = ", ".join(str(x) for x in spec_types[c.function])
+        w.emit(f"func.call @{c.function}({', '.join(operands)}) : ({spec}) -> ()", 2)
+        for view, view_t, a, t in copy_back:
+            w.emit(f"memref.copy {view}, {a} : {view_t} to {t}", 2)
+        w.emit("scf.yield", 2)
+        w.emit("}")
+    w.emit("default {")
+    w.emit(f"func.call @{generic}({', '.join(args)}) : ({', '.join(types)}) -> ()", 2)
+    w.emit("scf.yield", 2)
+    w.emit("}")
+    head = f"  func.func @{entry}({', '.join(f'{a}: {t}' for a, t in zip(args, types))}) {{"
+    body = ["  " + line for line in w.lines]
+    return "\n".join([head, *w.constants(), *body, "    return", "  }"])
+
+
+@dataclass
+class _Built:
+    mlir: str
+    functions: list[str]
+    inputs: list[tuple[tuple[int, ...], str]]
+    outputs: list[tuple[tuple[int, ...], str]]
+    groups: list[list[Dim]]
+    cases: list[Case]
+    kernels: list
+
+
+def _build_module(program: Program, entry: str | None, sizes: dict[Dim, tuple[int, ...]], *, db, threads: int,
+                  target: Target, default: str, pad: bool, pad_work: float) -> tuple[str, _Built]:
+    """The entry's name and the module of the module docstring (on
+    memrefs, before LLVM), with what the library's caller needs to know."""
+    with program.context:
+        text = str(program.module)
+        fn = dynamic_function(program.module, entry)
+        name = ir.StringAttr(fn.attributes["sym_name"]).value
+        if any(isinstance(a.type, ir.MemRefType) for a in fn.regions[0].blocks[0].arguments):
+            raise UnsupportedError(f"@{name}: one library with a dispatch takes functions on tensors "
+                                   "(this one has memref arguments)")
+        groups, padding = symbols_with_padding(program.module, name)
+        ftype = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
+        inputs = [(tuple(-1 if ir.ShapedType(t).is_dynamic_dim(d) else ir.ShapedType(t).get_dim_size(d)
+                         for d in range(ir.ShapedType(t).rank)), str(ir.ShapedType(t).element_type))
+                  for t in ftype.inputs]
+        n_in = len(inputs)
+    out_dims = _output_dims(text, name, groups)
+    with program.context:
+        results = list(ftype.results)
+        outputs = [(dims, str(ir.ShapedType(t).element_type)) for dims, t in zip(out_dims, results)]
+    generic = f"{name}__generic"
+    case_fn = f"{name}__case"
+    if sizes:
+        sized, made = specializations(text, sizes, func=name)
+        scheduled = compiler.schedule_module(_load_text(sized), db=db, threads=threads, target=target, default=default)
+        spec_text, kernels = scheduled.mlir, scheduled.kernels
+    else:
+        made, spec_text, kernels = [], "module {}", []
+    cases = plan_cases(groups, padding if pad else [False] * len(groups), made, pad_work)
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(spec_text)
+        passmanager.PassManager.parse(f"builtin.module({_OUT_PARAMS})").run(module.operation)
+        _move_in(module, _generic_function(text, name, generic))
+        funcs = {ir.StringAttr(op.operation.attributes["sym_name"]).value: op.operation
+                 for op in module.body.operations if op.operation.name == "func.func"}
+        arg_types = list(ir.FunctionType(ir.TypeAttr(funcs[generic].attributes["function_type"]).value).inputs)
+        spec_types = {c.function: list(ir.FunctionType(ir.TypeAttr(funcs[c.function].attributes["function_type"]).value).inputs)
+                      for c in cases}
+        callees = [generic] + sorted({c.function for c in cases})
+        decls = [f"  func.func private @{f}({', '.join(str(t) for t in (arg_types if f == generic else spec_types[f]))})"
+                 for f in callees]
+        text_out = "module {\n" + "\n".join(decls) + "\n" + _case_function(case_fn, cases, groups) + "\n" + _dispatcher(
+            name, case_fn, generic, arg_types, n_in, groups, out_dims, cases, spec_types) + "\n}\n"
+        try:
+            _move_in(module, text_out)
+            module.operation.verify()
+        except ir.MLIRError as e:
+            raise AnsorError(f"@{name}: the dispatching module does not verify: {e}") from None
+        mlir = str(module)
+    functions = [name, case_fn, generic] + [n for n, _ in made]
+    return name, _Built(mlir, functions, inputs, outputs, groups, cases, kernels)
+
+
+def _load_text(text: str) -> Program:
+    from mlir_ansor.ir.program import load as load_text
+
+    return load_text(text=text, name="<specializations>")
+
+
+def _move_in(module: ir.Module, text: str) -> None:
+    """Parse `text` in `module`'s context and move its top-level ops to the
+    end of `module`, except the declarations of functions `module` defines
+    (they let `text` parse on its own)."""
+    other = ir.Module.parse(text)
+    defined = {ir.StringAttr(op.operation.attributes["sym_name"]).value for op in module.body.operations
+               if op.operation.name == "func.func"}
+    for op in list(other.body.operations):
+        op = op.operation
+        if op.name == "func.func" and not op.regions[0].blocks and \
+                ir.StringAttr(op.attributes["sym_name"]).value in defined:
+            continue
+        ir.InsertionPoint(module.body).insert(op.detach_from_parent())
+
+
+# --------------------------------------------------------------------------
+# The library.
+
+
+@dataclass
+class DynamicLibrary:
+    """A compiled library whose entry function takes any extents of its
+    dynamic dimensions and dispatches among specialised schedules in MLIR
+    (see the module docstring). Call it on numpy arrays; the outputs are
+    allocated from the symbols' values.
+
+    `save` writes the library and a side file ``<path>.json`` (entry,
+    symbols, input and output types, the dispatch table); `load` reads
+    them back. Not reentrant (the specializations' drivers keep their
+    intermediates in static buffers)."""
+
+    library_path: str
+    entry: str
+    symbols: list[list[Dim]]
+    """The dynamic dimensions of the arguments, one list per symbol (`graph.dynamic.symbols`)."""
+    inputs: list[tuple[tuple[int, ...], str]]
+    """Each argument's shape (-1: dynamic) and element type."""
+    outputs: list[tuple[tuple[int, ...], str]]
+    """Each output's shape (``-1 - k``: symbol k's value) and element type."""
+    cases: list[Case]
+    mlir: str = ""
+    """The module compiled (on memrefs, before LLVM): specializations, generic function, dispatcher."""
+    kernels: list = field(default_factory=list)
+    """The specializations' `compiler.KernelPlan`s (empty for a loaded library)."""
+    threads: int = 1
+    _lib: object = field(default=None, repr=False)
+
+    def _library(self):
+        if self._lib is None:
+            lib = ctypes.CDLL(self.library_path)
+            fn = getattr(lib, f"_mlir_ciface_{self.entry}")
+            fn.restype = None
+            case = getattr(lib, f"{self.entry}__case")
+            case.restype = ctypes.c_int64
+            case.argtypes = [ctypes.c_int64] * len(self.symbols)
+            self._lib = (lib, fn, case)
+        return self._lib
+
+    def _values(self, arrays) -> dict[Dim, int]:
+        if len(arrays) != len(self.inputs):
+            raise InputError(f"@{self.entry} takes {len(self.inputs)} argument(s), got {len(arrays)}")
+        shapes = [tuple(np.shape(a)) for a in arrays]
+        for i, (shape, (want, _)) in enumerate(zip(shapes, self.inputs)):
+            if len(shape) != len(want) or any(w >= 0 and s != w for s, w in zip(shape, want)):
+                shown = "x".join("?" if w < 0 else str(w) for w in want)
+                raise InputError(f"@{self.entry}: argument {i} has shape {shape}, expected {shown}")
+        return extents(self.symbols, shapes, self.entry)
+
+    def dispatch_at(self, values: dict[Dim, int] | tuple[int, ...]) -> dict:
+        """Which path runs the symbols' `values` (one per symbol, in order,
+        or by dimension), as the library's own ``@<entry>__case`` decides:
+        ``{"path": "exact" | "padded" | "generic", "function": ...,
+        "sizes": {dimension: size it runs at}}``."""
+        if isinstance(values, dict):
+            values = tuple(values[g[0]] for g in self.symbols)
+        row = int(self._library()[2](*values))
+        firsts = [g[0] for g in self.symbols]
+        if row < 0:
+            return {"path": "generic", "function": f"{self.entry}__generic", "sizes": dict(zip(firsts, values))}
+        c = self.cases[row]
+        return {"path": c.kind, "function": c.function, "sizes": dict(zip(firsts, c.sizes))}
+
+    def dispatch(self, *arrays: np.ndarray) -> dict:
+        """:meth:`dispatch_at` the sizes of `arrays` (checked as a call checks them)."""
+        values = self._values(arrays)
+        return self.dispatch_at(tuple(values[g[0]] for g in self.symbols))
+
+    def __call__(self, *arrays: np.ndarray):
+        values = self._values(arrays)
+        sym = [values[g[0]] for g in self.symbols]
+        ins = []
+        for a, (_, dtype) in zip(arrays, self.inputs):
+            dt = np_dtype(dtype)
+            if type(a) is not np.ndarray:
+                a = np.asarray(a)
+            if a.dtype != dt or not a.flags.c_contiguous or data_pointer(a) % ALIGNMENT:
+                a = aligned_copy(a, dt)
+            ins.append(a)
+        outs = [aligned_empty(tuple(d if d >= 0 else sym[-1 - d] for d in dims), np_dtype(dtype))
+                for dims, dtype in self.outputs]
+        descs = [descriptor(x) for x in ins + outs]
+        self._library()[1](*[ctypes.byref(d) for d in descs])
+        if not outs:
+            return None
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def to_json(self) -> dict:
+        return {
+            "entry": self.entry,
+            "symbols": [[list(d) for d in g] for g in self.symbols],
+            "inputs": [{"shape": list(s), "dtype": t} for s, t in self.inputs],
+            "outputs": [{"shape": list(s), "dtype": t} for s, t in self.outputs],
+            "cases": [c.to_json() for c in self.cases],
+            "dispatch": [c.label(self.symbols) for c in self.cases] + ["else generic"],
+            "threads": self.threads,
+        }
+
+    def save(self, path: str | os.PathLike) -> str:
+        """Copy the library to `path` and write its side file ``<path>.json``; returns the side file's path."""
+        path = os.fspath(path)
+        shutil.copyfile(self.library_path, path)
+        side = path + ".json"
+        with open(side, "w", encoding="utf-8") as f:
+            json.dump(self.to_json(), f)
+            f.write("\n")
+        return side
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> DynamicLibrary:
+        """A library :meth:`save` wrote (its side file beside it)."""
+        path = os.fspath(path)
+        try:
+            with open(path + ".json", encoding="utf-8") as f:
+                meta = json.load(f)
+        except OSError as e:
+            raise InputError(f"{path}.json: cannot read the library's side file: {e.strerror or e}") from None
+        if not os.path.isfile(path):
+            raise InputError(f"{path}: no such library")
+        return cls(
+            library_path=os.path.abspath(path),
+            entry=meta["entry"],
+            symbols=[[tuple(d) for d in g] for g in meta["symbols"]],
+            inputs=[(tuple(x["shape"]), x["dtype"]) for x in meta["inputs"]],
+            outputs=[(tuple(x["shape"]), x["dtype"]) for x in meta["outputs"]],
+            cases=[Case(c["kind"], c["function"], tuple(c["sizes"]), tuple(c["low"])) for c in meta["cases"]],
+            threads=meta.get("threads", 1),
+        )
+
+    def close(self) -> None:
+        self._lib = None
+
+
+def build_library(
+    source,
+    *,
+    sizes: dict[Dim, tuple[int, ...]] | None = None,
+    db: str | os.PathLike | None = None,
+    threads: int = 1,
+    target: Target | None = None,
+    default: str = "sketch",
+    entry: str | None = None,
+    pad: bool = True,
+    pad_work: float = PAD_WORK,
+    opt_level: int = 3,
+    cache_dir: str | os.PathLike | bool | None = None,
+) -> DynamicLibrary:
+    """Compile a function with dynamic dimensions into one library that
+    dispatches among static specializations at run time (the module
+    docstring says what it holds).
+
+    `source`: as `compiler.compile`'s. `sizes`: the sizes to specialise,
+    ``{(arg, dim): (v1, v2, ...)}`` as `graph.dynamic.parse_sizes` gives
+    them (every combination is one specialization); None: the sizes
+    `db` holds records for (:func:`tuned_sizes`); none there, or ``{}``:
+    only the generic path. `pad`: run extents up to `pad_work` times
+    smaller than a specialised size at that size, padded, where the
+    function allows it. The other arguments are `compiler.compile`'s."""
+    from mlir_ansor.importers import load
+    from mlir_ansor.passes.compile_cache import cache_for
+
+    target = target or Target.host()
+    if target.kind != "cpu":
+        raise UnsupportedError("one library with a dispatch is built for CPU targets only")
+    program = load(source.module if isinstance(source, Program) else source)
+    with program.context:
+        text = str(program.module)
+    if sizes is None:
+        sizes = tuned_sizes(text, entry, db, target)
+        log.info("compile: specialised sizes from the records: %s",
+                 "; ".join(f"{i}.{d}={','.join(map(str, v))}" for (i, d), v in sizes.items()) or "none")
+    name, built = _build_module(program, entry, sizes, db=db, threads=threads, target=target, default=default,
+                                pad=pad, pad_work=pad_work)
+    workdir = tempfile.mkdtemp(prefix="mlir-ansor-dispatch-")
+    so_path = os.path.join(workdir, "module.so")
+    try:
+        # `compiler`'s lowering and linking of a scheduled module (the same
+        # units, workers and object cache a static compile uses).
+        compiler._lower_and_link(built.mlir, dict.fromkeys(built.functions), threads, so_path, opt_level,
+                                 cache_for(cache_dir, db))
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    lib = DynamicLibrary(so_path, name, built.groups, built.inputs, built.outputs, built.cases, built.mlir,
+                         built.kernels, threads)
+    weakref.finalize(lib, shutil.rmtree, workdir, True)
+    log.info("compile: @%s dispatches %s", name, "; ".join(c.label(built.groups) for c in built.cases) or "nothing")
+    return lib
