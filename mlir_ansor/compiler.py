@@ -52,6 +52,7 @@ import shutil
 import tempfile
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -150,8 +151,8 @@ class CompiledModule:
     """
 
     library_path: str
-    mlir: str
-    """The scheduled module: kernels after their schedules, and the drivers, on memrefs."""
+    mlir_text: str | Callable[[], str]
+    """What gives :attr:`mlir`: the text, or what prints it on first use."""
     functions: dict[str, tuple[list[tuple[tuple[int, ...], str]], list[tuple[tuple[int, ...], str]], list[int]]]
     """name -> (input specs, output specs, indices of written memref inputs)."""
     entry: str
@@ -162,6 +163,15 @@ class CompiledModule:
     ``module_hit``, ``obj_hit``, ``obj_miss``, ``fold_hit``...); empty without a cache."""
     _lib: dict = field(default_factory=dict, repr=False)
     _plans: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def mlir(self) -> str:
+        """The scheduled module: kernels after their schedules, and the
+        drivers, on memrefs (printed when first asked for: a ResNet-50's is
+        200 MB)."""
+        if callable(self.mlir_text):
+            self.mlir_text = self.mlir_text()
+        return self.mlir_text
 
     def function(self, name: str):
         """A callable for another function of the module."""
@@ -465,17 +475,78 @@ _EXTERNAL_TYPES = ("f32", "f64", "bf16", "f16", "i64", "i32", "i16", "i8")
 _ASM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.$]*")
 
 
-def _dense_bytes(dense: ir.DenseElementsAttr, text: str) -> bytes | None:
-    """The raw little-endian elements of a non-splat dense attribute (`text`
-    its printed form): through numpy's buffer where numpy has the type, else
-    from the hex form MLIR prints large attributes in (bf16, which numpy
-    lacks); None when neither gives them."""
+def _dense_bytes(dense: ir.DenseElementsAttr) -> bytes | None:
+    """The raw little-endian elements of a non-splat dense attribute:
+    through numpy's buffer where numpy has the type, else from the hex form
+    MLIR prints large attributes in (bf16, which numpy lacks); None when
+    neither gives them."""
     array = np.array(dense)
     if array.dtype != object:
         return np.ascontiguousarray(array).tobytes()
+    text = str(dense)
     if text.startswith('dense<"0x'):
         return bytes.fromhex(text[len('dense<"0x') :].split('"', 1)[0])
     return None
+
+
+def _global_data(op: ir.Operation, blobs) -> bytes | None:
+    """The raw bytes of a large constant ``memref.global`` (`op`) that
+    LLVM should not see (:func:`_externalize_weights`), or None: a small,
+    splat or non-constant global, a type kept in LLVM, a symbol the
+    assembler cannot name. `blobs`: a callable giving the module's
+    ``dense_resource`` blobs (`ir.program.resource_blobs`), or None to leave
+    such globals alone."""
+    if op.name != "memref.global" or "constant" not in op.attributes or "initial_value" not in op.attributes:
+        return None
+    mtype = ir.MemRefType(ir.TypeAttr(op.attributes["type"]).value)
+    width = ELEMENT_BYTES.get(str(mtype.element_type)) if str(mtype.element_type) in _EXTERNAL_TYPES else None
+    if width is None or math.prod(mtype.shape) * width < _EXTERNAL_MIN_BYTES:
+        return None
+    if not _ASM_NAME.fullmatch(ir.StringAttr(op.attributes["sym_name"]).value):
+        return None
+    attr = op.attributes["initial_value"]
+    data: bytes | None = None
+    if isinstance(attr, ir.DenseElementsAttr):  # op.attributes gives the concrete class
+        data = None if attr.is_splat else _dense_bytes(attr)
+    elif blobs is not None:
+        text = str(attr)
+        if text.startswith("dense_resource<"):
+            _, data = resource_bytes(text, blobs())
+    if data is None or len(data) != math.prod(mtype.shape) * width:
+        return None
+    return data
+
+
+def _move_out_weights(module: ir.Module, workdir: str, blobs=None, prefix: str = "w") -> list[tuple]:
+    """Write the data of every large constant global of `module` to a file
+    in `workdir` and make the global an external declaration. Returns
+    (symbol, file, bytes, the global, its initializer, its visibility or
+    None) of each; the last three put it back (:func:`_restore_weights`).
+    `blobs`: as :func:`_global_data`'s."""
+    moved = []
+    for opview in module.body.operations:
+        op = opview.operation
+        data = _global_data(op, blobs)
+        if data is None:
+            continue
+        path = os.path.join(workdir, f"{prefix}{len(moved)}.bin")
+        with open(path, "wb") as f:
+            f.write(data)
+        visibility = op.attributes["sym_visibility"] if "sym_visibility" in op.attributes else None
+        moved.append((ir.StringAttr(op.attributes["sym_name"]).value, path, len(data), op,
+                      op.attributes["initial_value"], visibility))
+        del op.attributes["initial_value"]
+        if "sym_visibility" in op.attributes:
+            del op.attributes["sym_visibility"]
+    return moved
+
+
+def _restore_weights(moved) -> None:
+    """Undo :func:`_move_out_weights`."""
+    for _, _, _, op, attr, visibility in moved:
+        op.attributes["initial_value"] = attr
+        if visibility is not None:
+            op.attributes["sym_visibility"] = visibility
 
 
 def _externalize_weights(module: ir.Module, mlir_text: str, workdir: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -485,69 +556,46 @@ def _externalize_weights(module: ir.Module, mlir_text: str, workdir: str) -> tup
     weights took most of a 3-minute build; the same module with splat weights
     builds in a tenth of the time). Each such global becomes an external
     declaration; its bytes go to a file that an assembler ``.incbin``
-    directive places in ``.rodata``. Returns (shared libraries that resolve
-    the symbols while the ExecutionEngine generates code, the assembly
-    source that defines them, hidden, in the library: :func:`_lower_and_link`
-    assembles it while the units are code-generated).
+    directive places in ``.rodata`` (:func:`_weights_objects`, whose
+    results this returns).
     """
-    blobs: dict[str, str] | None = None
-    entries: list[tuple[str, str, int]] = []
-    for opview in module.body.operations:
-        op = opview.operation
-        if op.name != "memref.global" or "constant" not in op.attributes or "initial_value" not in op.attributes:
-            continue
-        mtype = ir.MemRefType(ir.TypeAttr(op.attributes["type"]).value)
-        width = ELEMENT_BYTES.get(str(mtype.element_type)) if str(mtype.element_type) in _EXTERNAL_TYPES else None
-        if width is None or math.prod(mtype.shape) * width < _EXTERNAL_MIN_BYTES:
-            continue
-        attr = op.attributes["initial_value"]
-        text = str(attr)
-        data: bytes | None = None
-        if text.startswith("dense_resource<"):
-            if blobs is None:
-                blobs = resource_blobs(mlir_text)
-            _, data = resource_bytes(text, blobs)
-        else:
-            try:
-                dense = ir.DenseElementsAttr(attr)
-            except (ValueError, TypeError):
-                dense = None
-            if dense is not None and not dense.is_splat:
-                data = _dense_bytes(dense, text)
-        if data is None or len(data) != math.prod(mtype.shape) * width:
-            continue
-        name = ir.StringAttr(op.attributes["sym_name"]).value
-        if not _ASM_NAME.fullmatch(name):
-            continue
-        path = os.path.join(workdir, f"w{len(entries)}.bin")
-        with open(path, "wb") as f:
-            f.write(data)
-        entries.append((name, path, len(data)))
-        del op.attributes["initial_value"]
-        if "sym_visibility" in op.attributes:
-            del op.attributes["sym_visibility"]
+    blobs: list[dict[str, str]] = []
+
+    def lazy_blobs() -> dict[str, str]:
+        if not blobs:
+            blobs.append(resource_blobs(mlir_text))
+        return blobs[0]
+
+    return _weights_objects([m[:3] for m in _move_out_weights(module, workdir, lazy_blobs)], workdir)
+
+
+def _weights_objects(entries, workdir: str, name: str = "weights") -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """For globals made external with their data in files ((symbol, file,
+    bytes) each): (shared libraries that resolve the symbols while the
+    ExecutionEngine generates code, the assembly source that defines them,
+    hidden, in the library: :func:`_lower_and_link` assembles it while the
+    units are code-generated); empty without entries."""
     if not entries:
         return (), ()
-
     lines = []
-    for name, path, size in entries:
+    for sym, path, size in entries:
         lines += [
             ".section .rodata",
-            f".globl {name}",
-            f".hidden {name}",
-            f".type {name}, @object",
+            f".globl {sym}",
+            f".hidden {sym}",
+            f".type {sym}, @object",
             ".p2align 6",
-            f"{name}:",
+            f"{sym}:",
             f'.incbin "{path}"',
-            f".size {name}, {size}",
+            f".size {sym}, {size}",
         ]
-    src = os.path.join(workdir, "weights.s")
+    src = os.path.join(workdir, f"{name}.s")
     with open(src, "w") as f:
         f.write("\n".join(lines) + "\n")
     # While the ExecutionEngine generates code, the weights only need an
     # address: a stub of the names, not a second copy of the data.
     try:
-        stub = symbol_stub([name for name, _, _ in entries], os.path.join(workdir, "weights-jit.so"))
+        stub = symbol_stub([sym for sym, _, _ in entries], os.path.join(workdir, f"{name}-jit.so"))
     except RuntimeError as e:
         raise AnsorError(str(e)) from None
     return (stub,), (src,)
@@ -595,9 +643,12 @@ def emit_unit(text: str, obj_path: str, opt_level: int, jit_libs: tuple[str, ...
 
 
 def _lower_and_link(module_text: str, signatures: dict, threads: int, so_path: str, opt_level: int,
-                    cache: CompileCache | None, outline: bool = False) -> None:
+                    cache: CompileCache | None, outline: bool = False, weights: tuple = ()) -> None:
     """Lower `module_text` in a worker, code-generate its units in parallel
-    workers (the cached ones come from `cache`) and link them at `so_path`."""
+    workers (the cached ones come from `cache`) and link them at `so_path`.
+    `weights`: (symbol, file, bytes) of the globals `module_text` declares
+    without their data (:func:`schedule_module`'s ``_weights_dir``); they
+    are assembled while the worker lowers."""
     import subprocess
 
     from mlir_ansor.passes.artifacts import link_shared_library
@@ -605,8 +656,17 @@ def _lower_and_link(module_text: str, signatures: dict, threads: int, so_path: s
     pool = _pool()
     workdir = tempfile.mkdtemp(prefix="units-", dir=os.path.dirname(so_path) or None)
     assembling: list[tuple[str, str, subprocess.Popen]] = []
+
+    def assemble(sources) -> None:
+        for src in sources:
+            obj = os.path.splitext(src)[0] + ".o"
+            proc = subprocess.Popen(["cc", "-c", "-o", obj, src], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            assembling.append((src, obj, proc))
+
     try:
         start = time.perf_counter()
+        jit_given, sources = _weights_objects(weights, workdir, "weights-given")
+        assemble(sources)
         mlir_path = os.path.join(workdir, "scheduled.mlir")
         with open(mlir_path, "w", encoding="utf-8") as f:
             f.write(module_text)
@@ -627,14 +687,11 @@ def _lower_and_link(module_text: str, signatures: dict, threads: int, so_path: s
                 with open(objs[i], "wb") as f:
                     f.write(data)
         # The weights' assembly (100 MB of .incbin for ResNet-50) while the units compile.
-        for src in lowered["link_inputs"]:
-            obj = os.path.splitext(src)[0] + ".o"
-            proc = subprocess.Popen(["cc", "-c", "-o", obj, src], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            assembling.append((src, obj, proc))
+        assemble(lowered["link_inputs"])
         start = time.perf_counter()
         if missing:
             needs = sorted({n for i in missing for n in units[i][3]})
-            jit = tuple(lowered["jit_libs"])
+            jit = jit_given + tuple(lowered["jit_libs"])
             if needs:
                 jit += (symbol_stub(needs, os.path.join(workdir, "stub.so")),)
             results = pool.map(emit_unit, [(units[i][1], objs[i], opt_level, jit) for i in missing], timeout_s=1800)
@@ -869,21 +926,28 @@ def _pool() -> WorkerPool:
 
 
 def _finish(module_text: str, signatures: dict, entry: str, threads: int, plans: list[KernelPlan], opt_level: int,
-            cache: CompileCache | None = None, outline: bool = False) -> CompiledModule:
+            cache: CompileCache | None = None, outline: bool = False, *, weights: tuple = (),
+            workdir: str | None = None, full_text: Callable[[], str] | None = None) -> CompiledModule:
     """Lower, code-generate and link `module_text`. `outline`: a module
     without kernels (the untuned reference, a fold function) has its
     functions cut into pieces first (`passes.outline`), so that it
-    code-generates in parallel units and LLVM never sees one huge function."""
-    workdir = _workdir()
+    code-generates in parallel units and LLVM never sees one huge function.
+    `weights`: the globals `module_text` holds as external declarations
+    (:func:`lower_and_split`); `workdir`: the folder they are in, which the
+    library goes to (else a new one); `full_text`: what gives the module
+    with its weights back (the compiled module's ``mlir``)."""
+    workdir = workdir or _workdir()
     so_path = os.path.join(workdir, "module.so")
     start = time.perf_counter()
     try:
-        _lower_and_link(module_text, signatures, threads, so_path, opt_level, cache, outline)
+        _lower_and_link(module_text, signatures, threads, so_path, opt_level, cache, outline, weights)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
+    for _, path, _ in weights:  # in the library now
+        os.unlink(path)
     log.info("compile: lowered and linked @%s's module in %.1f s", entry, time.perf_counter() - start)
-    cm = CompiledModule(so_path, module_text, signatures, entry, plans, threads)
+    cm = CompiledModule(so_path, full_text or module_text, signatures, entry, plans, threads)
     weakref.finalize(cm, shutil.rmtree, workdir, True)
     return cm
 
@@ -930,7 +994,11 @@ def compile(  # noqa: A001 - the public name the design asks for
     cache = cache_for(cache_dir, db)
     mkey = _module_key(source, db, threads, target, default, entry, opt_level, source_key) if cache else None
     if mkey is not None:
-        cm = _cached_module(cache, mkey[0])
+        def again() -> str:
+            return schedule_module(source, db=db, threads=threads, target=target, default=default, entry=entry,
+                                   cache=cache).mlir
+
+        cm = _cached_module(cache, mkey[0], again)
         if cm is not None:
             cm.cache_stats = dict(cache.stats)
             return cm
@@ -941,10 +1009,18 @@ def compile(  # noqa: A001 - the public name the design asks for
                              opt_level=opt_level, cache_dir=cache_dir)
     warnings = _Warnings()
     log.addHandler(warnings)
+    workdir = _workdir()
     try:
+        # The weights go to files here rather than through the scheduled
+        # module's text (ResNet-50's: 200 MB printed, written, read and
+        # parsed again by the lowering worker: 2 s of a 19 s compile).
         s = schedule_module(program, db=db, threads=threads, target=target, default=default, entry=entry, cache=cache,
-                            _owned=True)
-        cm = _finish(s.mlir, s.signatures, s.entry, threads, s.kernels, opt_level, cache)
+                            _owned=True, _weights_dir=workdir)
+        cm = _finish(s.mlir, s.signatures, s.entry, threads, s.kernels, opt_level, cache, weights=s.weights,
+                     workdir=workdir, full_text=s.full_mlir)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
     finally:
         log.removeHandler(warnings)
     if mkey is not None:
@@ -1223,15 +1299,22 @@ def _rules_fingerprint() -> str:
                     for name, rule in zip(registry.rules(), registry.sketch_rules()))
 
 
-def _cached_module(cache: CompileCache, key: str) -> CompiledModule | None:
-    """The whole compile stored under `key`, in a fresh folder; None on a miss."""
+def _no_mlir() -> str:
+    raise AnsorError("this compiled module came from the compile cache by its key, which keeps no scheduled MLIR; "
+                     "compile the source with the cache off (cache_dir=False, --no-cache) to get it")
+
+
+def _cached_module(cache: CompileCache, key: str, mlir: Callable[[], str] = _no_mlir) -> CompiledModule | None:
+    """The whole compile stored under `key`, in a fresh folder; None on a
+    miss. Its scheduled MLIR is the entry's where it keeps one (an untuned
+    build), else what `mlir` makes when asked for."""
     import pickle
 
     meta = cache.get("module", key, ".meta", count=False)
     lib = cache.get("module", key, ".so", count=False) if meta is not None else None
     text = cache.get("module", key, ".mlir", count=False) if lib is not None else None
     try:
-        signatures, entry, plans, threads, warnings = pickle.loads(meta) if text is not None else (None,) * 5
+        signatures, entry, plans, threads, warnings = pickle.loads(meta) if lib is not None else (None,) * 5
     except Exception:  # noqa: BLE001 - any damage is a miss
         signatures = None
     cache.count("module", signatures is not None)
@@ -1244,21 +1327,25 @@ def _cached_module(cache: CompileCache, key: str) -> CompiledModule | None:
     log.info("compile: the whole module comes from the compile cache (%s)", cache.root)
     for message in warnings:
         log.warning("%s", message)
-    cm = CompiledModule(so_path, text.decode(), signatures, entry, plans, threads)
+    cm = CompiledModule(so_path, text.decode() if text is not None else mlir, signatures, entry, plans, threads)
     weakref.finalize(cm, shutil.rmtree, workdir, True)
     return cm
 
 
 def _store_module(cache: CompileCache, keys: tuple[str, str], cm: CompiledModule, warnings: list[str]) -> None:
     """Store a whole compile under ``keys[0]``, and drop the entry its slot
-    (``keys[1]``) held before (a ResNet-50's takes 300 MB)."""
+    (``keys[1]``) held before (a ResNet-50's library takes 100 MB). The
+    scheduled MLIR is kept only where the compile printed it already (200
+    MB more; a tuned compile's is printed again from the source when asked
+    for, see :func:`compile`)."""
     import pickle
 
     key, slot = keys
     previous = cache.get("module", slot, ".slot", count=False)
     with open(cm.library_path, "rb") as f:
         cache.put("module", key, ".so", f.read())
-    cache.put("module", key, ".mlir", cm.mlir.encode())
+    if isinstance(cm.mlir_text, str):
+        cache.put("module", key, ".mlir", cm.mlir_text.encode())
     cache.put("module", key, ".meta", pickle.dumps((cm.functions, cm.entry, cm.kernels, cm.threads, warnings)))
     cache.put("module", slot, ".slot", key.encode())
     if previous is not None and previous.decode(errors="replace") != key:
@@ -1275,6 +1362,12 @@ class ScheduledModule:
     signatures: dict
     entry: str
     kernels: list[KernelPlan]
+    weights: tuple[tuple[str, str, int], ...] = ()
+    """(symbol, file, bytes) of the constant globals `mlir` declares
+    without their data, which is in the files (``_weights_dir``); empty
+    otherwise."""
+    full_mlir: Callable[[], str] | None = None
+    """With `weights`: prints the module with its weights back in."""
 
 
 def schedule_module(
@@ -1287,6 +1380,7 @@ def schedule_module(
     entry: str | None = None,
     cache: CompileCache | None = None,
     _owned: bool = False,
+    _weights_dir: str | None = None,
 ) -> ScheduledModule:
     """The whole module with the best schedule of every task applied, not
     lowered (what ``ansor-apply-best`` splices into a pass pipeline); the
@@ -1350,12 +1444,19 @@ def schedule_module(
             module.operation.verify()
         except ir.MLIRError as e:
             raise AnsorError(f"the scheduled module does not verify: {e}") from None
+        moved = _move_out_weights(module, _weights_dir) if _weights_dir is not None else []
         text = str(module)
         signatures = {k: v for k, v in _signatures(module).items() if k in user_funcs}
     entry_name = _pick_entry(signatures, occs, entry)
+    full_mlir = None
+    if moved:
+        def full_mlir() -> str:
+            with program.context:
+                _restore_weights(moved)
+                return str(module)
     # The signatures above are the bufferized ones; the C ABI is the same
     # (memrefs in, results as trailing out-parameters).
-    return ScheduledModule(text, signatures, entry_name, plans)
+    return ScheduledModule(text, signatures, entry_name, plans, tuple(m[:3] for m in moved), full_mlir)
 
 
 def _link_kernels(module: ir.Module, kernels: dict[str, ir.Module]) -> None:

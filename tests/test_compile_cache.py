@@ -7,6 +7,8 @@ pieces it rests on: the split of a lowered module into units
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -338,3 +340,44 @@ def test_untuned_reference_is_cached(module, tmp_path, capsys):
         assert main(args + extra) == 0
         refs.append(json.loads(capsys.readouterr().out)["reference"])
     assert refs == ["untuned build", "untuned build (from the compile cache)"]
+
+
+def test_large_weights_skip_the_text_and_the_scheduled_mlir_comes_back(tmp_path):
+    """A weight of 64 KiB or more leaves the scheduled module before it is
+    printed for the lowering worker (its bytes go to the library through a
+    file, not 2x their size of text), and the compiled module's ``mlir``
+    still holds it; on a cache hit, whose entry keeps no MLIR, ``mlir`` is
+    scheduled again from the source."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((160, 128)).astype(np.float32)  # 80 KiB, transposed at compile time
+    path = tmp_path / "big.mlir"
+    path.write_text(f"""
+func.func @f(%x: tensor<8x160xf32>) -> tensor<8x128xf32> {{
+  %w = arith.constant dense<"0x{w.T.copy().tobytes().hex().upper()}"> : tensor<128x160xf32>
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<160x128xf32>
+  %wt = linalg.transpose ins(%w : tensor<128x160xf32>) outs(%e : tensor<160x128xf32>) permutation = [1, 0]
+  %o = tensor.empty() : tensor<8x128xf32>
+  %z = linalg.fill ins(%zero : f32) outs(%o : tensor<8x128xf32>) -> tensor<8x128xf32>
+  %m = linalg.matmul ins(%x, %wt : tensor<8x160xf32>, tensor<160x128xf32>) outs(%z : tensor<8x128xf32>) -> tensor<8x128xf32>
+  return %m : tensor<8x128xf32>
+}}
+""")
+    from mlir_ansor.compiler import schedule_module
+
+    s = schedule_module(str(path), _weights_dir=str(tmp_path))
+    assert len(s.weights) == 1 and s.weights[0][2] == w.nbytes
+    assert len(s.mlir) < w.nbytes and re.search(r"memref.global constant @\S+ : memref<160x128xf32>\s", s.mlir)
+    with open(s.weights[0][1], "rb") as f:
+        assert np.frombuffer(f.read(), np.float32).reshape(w.shape).tobytes() == w.tobytes()
+
+    cache = tmp_path / "cache"
+    cm = mlir_ansor.compile(str(path), cache_dir=cache)
+    x = rng.standard_normal((8, 160)).astype(np.float32)
+    np.testing.assert_allclose(cm(x), x @ w, rtol=1e-5, atol=1e-5)
+    assert len(cm.mlir) > 2 * w.nbytes and 'memref.global "private" constant' in cm.mlir
+    assert sorted(p.suffix for p in (cache / "module").iterdir()) == [".meta", ".slot", ".so"]
+    again = mlir_ansor.compile(str(path), cache_dir=cache)
+    assert again.cache_stats == {"module_hit": 1}
+    np.testing.assert_array_equal(again(x), cm(x))
+    assert again.mlir == cm.mlir
