@@ -87,8 +87,8 @@ def test_tune_at_sizes_then_run_and_compile_one(tmp_path, capsys):
         assert main(["run", str(src), "--sizes", f"0.0={size}", "--db", db, "--repeat", "2", "--json"]) == 0
         out = json.loads(capsys.readouterr().out)
         assert out["ok"] and out["function"] == "gemm"
-    so = tmp_path / "g9.so"
-    assert main(["compile", str(src), "--sizes", "0.0=9", "--db", db, "-o", str(so)]) == 0
+    so = tmp_path / "g9.so"  # --static: the one size's own library (without it: a dispatch, test_dispatch.py)
+    assert main(["compile", str(src), "--sizes", "0.0=9", "--static", "--db", db, "-o", str(so)]) == 0
     assert so.exists()
     # The specialized file is kept beside the database's cache, named by its text.
     assert list((tmp_path / "g.db.cache" / "sized").glob("gemm-*.mlir"))

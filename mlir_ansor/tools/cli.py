@@ -152,9 +152,13 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--db", default="tuning.db", help="records database (a missing file: default schedules)")
     c.add_argument("--threads", type=_positive(int), default=1, help="threads the kernels use")
     c.add_argument("--untuned", action="store_true", help="naive lowering for every task (ignore --db)")
-    c.add_argument("--sizes", action="append", default=[], metavar="ARG.DIM=V",
-                   help="compile a function with dynamic dimensions at these sizes (one per dimension)")
-    c.add_argument("--func", default=None, help="with --sizes: the function with dynamic dimensions")
+    c.add_argument("--sizes", action="append", default=[], metavar="ARG.DIM=V1,V2,...",
+                   help="a function with dynamic dimensions: the sizes to specialise in its one library, which "
+                        "dispatches among them at run time (default: the sizes the database has records for); "
+                        "with --static, the one size to build")
+    c.add_argument("--static", action="store_true",
+                   help="with --sizes: build the function's static specialization at one size, no dispatch")
+    c.add_argument("--func", default=None, help="the function with dynamic dimensions")
     c.add_argument("-o", "--output", default=None,
                    help="OUT.mlir (scheduled MLIR) or OUT.so (shared library); default: MLIR on stdout. With "
                         "--target cuda: OUT.ptx (every kernel's PTX in one file; default: on stdout), or a bundle "
@@ -511,7 +515,13 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
     _load_plugins(args)
     target = Target.parse(args.target)
-    source = _sized(args, args.input or _example_path(), one=True)
+    source = args.input or _example_path()
+    if target.kind == "cpu" and not args.static and _may_be_dynamic(source):
+        from mlir_ansor.dispatch import dynamic_entry
+
+        if dynamic_entry(source, args.func) is not None:
+            return _compile_dispatch(args, target, source)
+    source = _sized(args, source, one=True)
     out = args.output
     if target.kind == "cuda":
         return _compile_cuda(args, target, source, out)
@@ -536,6 +546,50 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     else:  # .mlir (the suffix was checked before compiling)
         _write_text(out, cm.mlir)
         print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _may_be_dynamic(source: str) -> bool:
+    """Whether an MLIR file's text has a shaped type with a dynamic
+    dimension (a quick look before parsing it; stdin is not read twice)."""
+    import re
+
+    if source == "-" or not source.endswith(".mlir") or not os.path.isfile(source):
+        return False
+    with open(source, encoding="utf-8", errors="replace") as f:
+        return re.search(r"\b(tensor|memref)<[^<>]*\?", f.read()) is not None
+
+
+def _compile_dispatch(args: argparse.Namespace, target, source: str) -> int:
+    """`compile` of a function with dynamic dimensions: one library that
+    dispatches among its specialised sizes (`dispatch.build_library`);
+    ``-o X.so`` also writes ``X.so.json``, what `DynamicLibrary.load` reads."""
+    from mlir_ansor.dispatch import build_library
+    from mlir_ansor.graph.dynamic import parse_sizes
+
+    out = args.output
+    if out is not None:
+        if not out.endswith((".so", ".mlir")):
+            raise AnsorError(f"-o {out}: expected a file name ending in .mlir or .so")
+        _check_output(out)
+    db = None if args.untuned else args.db
+    cache_dir = False if args.no_cache else (args.cache_dir or (None if db is not None else args.db + ".cache"))
+    lib = build_library(source, sizes=parse_sizes(args.sizes) if args.sizes else None, db=db, threads=args.threads,
+                        target=target, default="naive" if args.untuned else "sketch", entry=args.func,
+                        cache_dir=cache_dir)
+    table = "; ".join(lib.to_json()["dispatch"])
+    if out is None:
+        sys.stdout.write(lib.mlir)
+    elif out.endswith(".so"):
+        try:
+            side = lib.save(out)
+        except OSError as e:
+            raise InputError(f"-o {out}: cannot write: {e.strerror or e}") from None
+        print(f"wrote {out} and {side} (C entry point _mlir_ciface_{lib.entry}: memref descriptors with their "
+              f"sizes, inputs then outputs; dispatch: {table})", file=sys.stderr)
+    else:
+        _write_text(out, lib.mlir)
+        print(f"wrote {out} (dispatch: {table})", file=sys.stderr)
     return 0
 
 

@@ -1,0 +1,153 @@
+"""One library for a function with dynamic dimensions (`mlir_ansor.dispatch`):
+specializations behind a dispatch in MLIR, exact, padded and generic paths,
+the saved library loaded again, and `compile` on the command line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import INPUTS
+
+import mlir_ansor
+from mlir_ansor.dispatch import Case, DynamicLibrary, build_library, plan_cases, tuned_sizes
+from mlir_ansor.errors import InputError
+from mlir_ansor.target import Target
+from mlir_ansor.tools.cli import main
+
+# Dynamic M times a static 64x64.
+GEMM = """
+func.func @gemm(%A: tensor<?x64xf32>, %B: tensor<64x64xf32>) -> tensor<?x64xf32> {
+  %c0 = arith.constant 0 : index
+  %cst = arith.constant 0.0 : f32
+  %m = tensor.dim %A, %c0 : tensor<?x64xf32>
+  %e = tensor.empty(%m) : tensor<?x64xf32>
+  %z = linalg.fill ins(%cst : f32) outs(%e : tensor<?x64xf32>) -> tensor<?x64xf32>
+  %r = linalg.matmul ins(%A, %B : tensor<?x64xf32>, tensor<64x64xf32>) outs(%z : tensor<?x64xf32>) -> tensor<?x64xf32>
+  return %r : tensor<?x64xf32>
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def library():
+    lib = build_library(mlir_ansor.load(text=GEMM), sizes={(0, 0): (16, 64)}, cache_dir=False)
+    yield lib
+    lib.close()
+
+
+def _inputs(m: int, seed: int = 0):
+    rng = np.random.default_rng(seed + m)
+    return rng.standard_normal((m, 64)).astype(np.float32), rng.standard_normal((64, 64)).astype(np.float32)
+
+
+def test_the_table_has_exact_sizes_first_then_padded_ranges():
+    made = [("f__0_0_16", {(0, 0): 16}), ("f__0_0_64", {(0, 0): 64})]
+    cases = plan_cases([[(0, 0)]], [True], made, pad_work=1.15)
+    assert cases == [Case("exact", "f__0_0_16", (16,), (16,)), Case("exact", "f__0_0_64", (64,), (64,)),
+                     Case("padded", "f__0_0_16", (16,), (14,)), Case("padded", "f__0_0_64", (64,), (56,))]
+    # 56 * 1.15 >= 64 > 55 * 1.15
+    assert cases[3].takes((56,)) and not cases[3].takes((55,)) and not cases[3].takes((65,))
+    assert plan_cases([[(0, 0)]], [False], made) == cases[:2]  # not paddable: exact sizes only
+
+
+@pytest.mark.parametrize("m, path, runs_at", [
+    (16, "exact", 16), (64, "exact", 64),     # specialised
+    (60, "padded", 64), (14, "padded", 16),   # within 15% below one
+    (1, "generic", 1), (7, "generic", 7), (37, "generic", 37), (101, "generic", 101),  # none near
+])
+def test_each_size_runs_its_path_and_matches_numpy(library, m, path, runs_at):
+    a, b = _inputs(m)
+    out = library(a, b)
+    assert out.shape == (m, 64)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+    chosen = library.dispatch(a, b)
+    assert chosen["path"] == path and chosen["sizes"] == {(0, 0): runs_at}
+    assert chosen["function"] == ("gemm__generic" if path == "generic" else f"gemm__0_0_{runs_at}")
+
+
+def test_the_dispatch_is_mlir_in_the_module(library):
+    text = library.mlir
+    entry = text[text.index("func.func @gemm(") :]
+    assert entry.startswith("func.func @gemm(%arg0: memref<?x64xf32>, %arg1: memref<64x64xf32>, %arg2: memref<?x64xf32>)")
+    assert "memref.dim %arg0" in entry and "scf.index_switch" in entry and "call @gemm__case" in entry
+    assert "func.call @gemm__0_0_16(" in entry and "func.call @gemm__generic(" in entry
+    assert "cf.assert" in entry  # the output's rows are the input's
+    assert 'ansor.dispatch = ["0: 0.0=16 exact", "1: 0.0=64 exact", "2: 0.0=14..16 padded", "3: 0.0=56..64 padded"]' in text
+    # the generic path is the function itself, on dynamic shapes
+    assert "func.func @gemm__generic(%arg0: memref<?x64xf32>" in text
+    assert library.to_json()["dispatch"][-1] == "else generic"
+
+
+def test_inputs_the_function_does_not_take_are_errors(library):
+    a, b = _inputs(8)
+    with pytest.raises(InputError, match=r"argument 1 has shape \(32, 64\), expected 64x64"):
+        library(a, b[:32])
+    with pytest.raises(InputError, match="takes 2 argument"):
+        library(a)
+    with pytest.raises(InputError, match="at least 1"):
+        library(a[:0], b)
+
+
+def test_tied_dimensions_that_differ_are_an_error():
+    """The rows of A and of C (the matmul's d0) are one symbol: A with 5
+    rows and C with 6 is refused before the call, which would abort on the
+    library's own cf.assert."""
+    lib = build_library(str(INPUTS / "dynamic.mlir"), sizes={(0, 0): (8,)}, cache_dir=False)
+    rng = np.random.default_rng(3)
+    b = rng.standard_normal((64, 32)).astype(np.float32)
+    with pytest.raises(InputError, match=r"dimensions 0\.0=5, 2\.0=6 are one dimension"):
+        lib(np.zeros((5, 64), np.float32), b, np.zeros((6, 32), np.float32))
+    for m, path in ((8, "exact"), (7, "padded"), (3, "generic")):
+        a = rng.standard_normal((m, 64)).astype(np.float32)
+        c = rng.standard_normal((m, 32)).astype(np.float32)
+        np.testing.assert_allclose(lib(a, b, c), c + a @ b, rtol=1e-4, atol=1e-4)
+        assert lib.dispatch(a, b, c)["path"] == path
+    lib.close()
+
+
+def test_a_saved_library_loads_and_runs(library, tmp_path):
+    path = tmp_path / "gemm.so"
+    side = library.save(path)
+    assert json.loads(open(side).read())["entry"] == "gemm"
+    again = DynamicLibrary.load(path)
+    for m, path_kind in ((60, "padded"), (37, "generic"), (16, "exact")):
+        a, b = _inputs(m, seed=1)
+        np.testing.assert_allclose(again(a, b), a @ b, rtol=1e-4, atol=1e-4)
+        assert again.dispatch(a, b)["path"] == path_kind
+    assert again.dispatch_at({(0, 0): 57})["sizes"] == {(0, 0): 64}
+    with pytest.raises(InputError, match="side file"):
+        DynamicLibrary.load(tmp_path / "missing.so")
+
+
+def test_without_sizes_only_the_generic_path():
+    lib = build_library(mlir_ansor.load(text=GEMM), sizes={}, cache_dir=False)
+    assert lib.cases == [] and "scf.index_switch" in lib.mlir
+    a, b = _inputs(16)
+    np.testing.assert_allclose(lib(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    assert lib.dispatch(a, b)["path"] == "generic"
+
+
+def test_compile_finds_the_tuned_sizes_in_the_records(tmp_path, capsys):
+    """`tune --sizes` at 8 and 24, then `compile` with no --sizes: the
+    library specialises those two (found from the records), writes the
+    dispatch into the MLIR and the library, and the saved .so runs."""
+    src = tmp_path / "gemm.mlir"
+    src.write_text(GEMM)
+    db = str(tmp_path / "g.db")
+    assert main(["tune", str(src), "--sizes", "0.0=8,24", "--trials", "2", "--batch-size", "2", "--db", db,
+                 "--progress", "none", "--retime-rounds", "0"]) == 0
+    assert tuned_sizes(GEMM, None, db, Target.host()) == {(0, 0): (8, 24)}
+    out = tmp_path / "g.mlir"
+    assert main(["compile", str(src), "--db", db, "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "scf.index_switch" in text and "@gemm__0_0_8(" in text and "@gemm__0_0_24(" in text
+    assert "dispatch: 0.0=8 exact; 0.0=24 exact; 0.0=7..8 padded; 0.0=21..24 padded; else generic" in capsys.readouterr().err
+    so = tmp_path / "g.so"
+    assert main(["compile", str(src), "--db", db, "-o", str(so)]) == 0
+    lib = DynamicLibrary.load(so)
+    for m, path in ((24, "exact"), (22, "padded"), (5, "generic")):
+        a, b = _inputs(m, seed=2)
+        np.testing.assert_allclose(lib(a, b), a @ b, rtol=1e-4, atol=1e-4)
+        assert lib.dispatch(a, b)["path"] == path
