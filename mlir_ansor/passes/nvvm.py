@@ -17,6 +17,8 @@ Roadmap (:func:`build_cuda` runs the whole chain on one candidate):
      subviews, hoists each thread's (or warp's) output-tile read/write out of
      the K loop, so the accumulator is loop-carried in registers, and lowers
      the vectors (FMAs, or ``ldmatrix`` + ``mma.sync`` for warp tiles);
+  3a'. `warp_reduce.shuffle_reductions` (``cuda-warp-reduction``): a row
+     merge of per-lane partials becomes ``shfl.sync.bfly`` butterflies;
   3c. `async_copies.pipeline_shared_copies` (a sketch whose ``stages`` knob
      is 2 or more): the K loop's copies to shared memory become ``cp.async``,
      multi-buffered and software-pipelined;
@@ -52,6 +54,7 @@ from mlir import ir, passmanager
 from mlir.dialects import gpu
 
 from mlir_ansor.passes.async_copies import pipeline_shared_copies
+from mlir_ansor.passes.warp_reduce import shuffle_reductions
 from mlir_ansor.target import Target
 
 _DTYPES = {"f32": "f32", "f16": "f16", "f64": "f64", "bf16": "bf16", "i32": "i32", "i64": "i64", "i8": "i8"}
@@ -664,6 +667,7 @@ def lower_scheduled_to_launches(module: ir.Module, target: Target) -> None:
         warps = uses_warp_mapping(module)
         map_to_gpu(module, target)
         hoist_workgroup_allocs(module)
+        shuffle_reductions(module, target.warp_size or 32)
         keep_accumulators_in_registers(module, MMA_SHAPE if warps else None)
         pipeline_shared_copies(module)
         passmanager.PassManager.parse(

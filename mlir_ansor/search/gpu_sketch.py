@@ -87,6 +87,9 @@ class GpuSketch(Sketch):
       leaves an ``scf.if`` in the K loop, which the nvgpu pipeliner refuses).
     stage_loop: (step knob, extent) of the pipelined loop: it needs at
       least as many steps as there are stages.
+    choices: alternatives knobs that stand for a count (a transform op
+      that takes only static sizes, written once per option): per knob,
+      the count of each region index, read where `threads` names it.
     min_register_dim: least extent of the register tile along each axis
       (vectorized sketches: a unit dimension leaves an n-D broadcast that
       the NVVM lowering cannot convert).
@@ -116,6 +119,7 @@ class GpuSketch(Sketch):
     multibuffered: tuple[int, ...] = ()
     pipelined_copies: tuple[str, ...] = ()
     stage_loop: tuple[str, int] = ("", 0)
+    choices: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def sample(self, rng: random.Random) -> Assignment:
         """A random assignment within the target's limits (:func:`sample`)."""
@@ -124,8 +128,9 @@ class GpuSketch(Sketch):
     def block_threads(self, assignment: Assignment) -> int:
         v = dict(assignment)
         n = 1
+        counts = dict(self.choices)
         for _, knob in self.threads:
-            n *= int(knob) if knob.isdigit() else v[knob]
+            n *= int(knob) if knob.isdigit() else counts[knob][v[knob]] if knob in counts else v[knob]
         if self.warps:
             w = 1
             for block, warp in self.warps:

@@ -18,6 +18,7 @@ from mlir_ansor.search.rules.gpu_contraction import GpuContraction
 from mlir_ansor.search.rules.gpu_default import GpuDefaultSchedule
 from mlir_ansor.search.rules.gpu_mma import TensorCoreMatmul
 from mlir_ansor.search.rules.gpu_staged_matmul import StagedMatmul
+from mlir_ansor.search.rules.gpu_warp_reduction import WarpReduction
 from mlir_ansor.search.rules.multi_level_tiling import MultiLevelTiling
 from mlir_ansor.search.rules.reduction import ReductionVectorize
 from mlir_ansor.target import Target
@@ -25,9 +26,10 @@ from mlir_ansor.target import Target
 CPU_RULES: list[Rule] = [DotProductTiling(), MultiLevelTiling(), ReductionVectorize(), ElementwiseVectorize()]
 """Rules that produce specialized CPU sketches, in priority order."""
 
-GPU_RULES: list[Rule] = [StagedMatmul(), TensorCoreMatmul(), GpuContraction()]
+GPU_RULES: list[Rule] = [StagedMatmul(), TensorCoreMatmul(), WarpReduction(), GpuContraction()]
 """Rules that produce specialized CUDA sketches, in priority order (best
-first: staged shared-memory matmuls, tensor cores, then any contraction)."""
+first: staged shared-memory matmuls, tensor cores, row reductions with
+warp shuffles, then any contraction)."""
 
 DEFAULT_RULE: Rule = DefaultSchedule()
 """The CPU default schedule (``cpu-default``)."""
