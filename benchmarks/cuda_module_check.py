@@ -1,7 +1,8 @@
 """Run the whole-module CUDA bundles of `cuda_module_build.py` on a GPU host
 (numpy and cuda-python, no MLIR): each one is checked against its float64
 numpy reference (or the outputs saved with it) and timed with CUDA events;
-GEMMs are also timed with torch (cuBLAS) where torch sees the GPU.
+GEMMs and softmax are also timed with torch (cuBLAS; torch.softmax) where
+torch sees the GPU.
 
   python benchmarks/cuda_module_check.py [benchmarks/cuda_modules] [--json OUT] [--repeat N]
 
@@ -54,6 +55,32 @@ def _torch_gemm_s(inputs: list[np.ndarray], repeat: int) -> float | None:
     return statistics.median(costs)
 
 
+def _torch_softmax_s(inputs: list[np.ndarray], repeat: int) -> float | None:
+    """torch.softmax over the last dimension: its median time on the GPU
+    for the same input (the peer of the warp-shuffle reductions), or None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    x = torch.from_numpy(np.ascontiguousarray(inputs[0])).cuda()
+    torch.softmax(x, dim=-1)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    costs = []
+    for _ in range(repeat):
+        start.record()
+        torch.softmax(x, dim=-1)
+        end.record()
+        end.synchronize()
+        costs.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(costs)
+
+
+PEERS = {"matmul": _torch_gemm_s, "softmax": _torch_softmax_s}
+"""The torch peer of each reference kind (timed in the same run)."""
+
+
 def check(folder: Path, entry: dict, repeat: int) -> dict:
     """Run one bundle: its outputs against the reference, and its times."""
     module = CudaModule(folder / entry["bundle"])
@@ -73,7 +100,8 @@ def check(folder: Path, entry: dict, repeat: int) -> dict:
         err = max(relative_error(np.asarray(o, dtype=np.float64), np.asarray(r, dtype=np.float64))
                   for o, r in zip(outs, refs))
         lat = statistics.median(module.time(*inputs, repeat=repeat))
-        torch_s = _torch_gemm_s(inputs, repeat) if entry["reference"] == "matmul" else None
+        peer = PEERS.get(entry["reference"])
+        torch_s = peer(inputs, repeat) if peer else None
         return {"name": entry["name"], "ok": bool(err <= tol), "latency_s": lat, "max_relative_error": err,
                 "tolerance": tol, "torch_s": torch_s, "schedules": entry.get("schedules", [])}
     finally:

@@ -45,6 +45,11 @@ FIRST = {
     "cuda-tiled": {"b_d0": 128, "b_d1": 128, "t_d0": 16, "t_d1": 16, "k_d2": 16},
 }
 
+#: cp.async stages built for the FIRST candidate of a staged sketch (each one
+#: valid under the target's shared-memory limit), so the device check times
+#: stages 1 vs 2 vs 3 on the same tiles.
+STAGE_SWEEP = (1, 2, 3)
+
 #: Sketches that stage operand tiles in shared memory and keep accumulators
 #: in registers: they get the candidates the fallbacks do not.
 STAGED = ("cuda-mma-smem", "cuda-tiled")
@@ -118,11 +123,19 @@ def main(argv: list[str] | None = None) -> int:
                 seen = set()
                 first = None
                 if sk.name in FIRST and share[sk.name]:
-                    first = sk.complete(make_assignment(FIRST[sk.name]))
+                    for stages in STAGE_SWEEP[1:] if any(k.name == "stages" for k in sk.knobs) else ():
+                        a = sk.complete(make_assignment({**FIRST[sk.name], "stages": stages}))
+                        if is_valid(sk.knobs, a) and sk.violation(a) is None:
+                            seen.add(a)
+                            cubin = out / f"{wl['name']}_{len(jobs)}.cubin"
+                            jobs.append((sk.payload, sk.concrete(a), args.arch, str(cubin)))
+                            meta.append({"sketch": sk.name, "knobs": dict(a), "sketch_hash": sk.hash})
+                    first = sk.complete(make_assignment({**FIRST[sk.name], "stages": 1}))
                     if not is_valid(sk.knobs, first) or sk.violation(first) is not None:
                         first = None
+                extra = len(seen)  # the stage sweep comes on top of the sketch's share
                 for _ in range(share[sk.name] * 4):
-                    if len(seen) >= share[sk.name]:
+                    if len(seen) >= share[sk.name] + extra:
                         break
                     a, first = (first, None) if first is not None else (sample(sk, rng), None)
                     if a in seen:
