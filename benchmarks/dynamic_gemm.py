@@ -15,6 +15,11 @@ Systems, at each ``--at`` size M and each ``--threads`` count:
   that size's options (`search.transfer`; the table's "from" column), and
   runs padded to a multiple of 8 rows where that costs at most 15% more
   work (``@336``: 333 rows run as 336);
+- ``library``: the same tuned sizes as one library that dispatches in
+  MLIR (`mlir_ansor.build_library`, the sizes found from the records):
+  exact sizes run their specialization, sizes up to 15% below one run it
+  padded, the others the generic path (the function lowered on dynamic
+  shapes without a schedule); the "path" column says which;
 - ``static``: a module specialized to exactly M, tuned with the same
   `--trials` on its own (``--no-static``: skip these tunes);
 - ``iree``: IREE 3.13 (`benchmarks/peers_iree.py` in `.venv-iree`, made by
@@ -73,6 +78,8 @@ class Row:
     ms: dict[str, float] = field(default_factory=dict)
     err: dict[str, float] = field(default_factory=dict)
     source: str = ""
+    path: str = ""
+    """The library's dispatch at this M: exact, padded or generic."""
     """How the dynamic module scheduled the matmul at this M: tuned, or transferred (from which size)."""
     notes: list[str] = field(default_factory=list)
 
@@ -117,7 +124,7 @@ def main() -> int:
     ap.add_argument("--at", default="1,7,16,100,333,1024", help="sizes M to run at")
     ap.add_argument("--tuned", default="1,16,64,256,1024", help="sizes M the dynamic module is tuned at")
     ap.add_argument("--no-static", action="store_true", help="no static module per size (no per-size tunes)")
-    ap.add_argument("--only", default="dynamic,static,iree")
+    ap.add_argument("--only", default="dynamic,library,static,iree")
     ap.add_argument("--iree-default", action="store_true", help="also IREE with its default flags")
     ap.add_argument("--iree-python", default=DEFAULT_IREE_PYTHON)
     ap.add_argument("--rounds", type=int, default=3)
@@ -160,12 +167,15 @@ def main() -> int:
     rows: list[Row] = []
     tune_s: dict[str, float] = {}
     for t in threads:
-        dm = None
-        if "dynamic" in only:
+        dm = lib = None
+        if only & {"dynamic", "library"}:
             db = os.path.join(wd, f"dyn_{t}.db")
             text, _ = specializations(DYNAMIC, parse_sizes([f"0.0={','.join(map(str, tuned))}"]))
             tune_s[f"dynamic x{t}"] = _tune(text, db, args.trials, t, args.seed)
-            dm = mlir_ansor.compile(dyn_path, db=db, threads=t)
+            if "dynamic" in only:
+                dm = mlir_ansor.compile(dyn_path, db=db, threads=t)
+            if "library" in only:
+                lib = mlir_ansor.build_library(dyn_path, db=db, threads=t)
         for m in sizes:
             row = Row(m, t)
             rows.append(row)
@@ -177,6 +187,10 @@ def main() -> int:
                 row.source = _matmul_plan(dm.specialization(a, b), dm.padded_sizes(a, b))
                 row.err["dynamic"] = float(np.max(np.abs(dm(a, b) - refs[m])) / np.max(np.abs(refs[m])))
                 fns["dynamic"] = lambda a=a, dm=dm: dm(a, b)
+            if lib is not None:
+                row.path = lib.dispatch(a, b)["path"]
+                row.err["library"] = float(np.max(np.abs(lib(a, b) - refs[m])) / np.max(np.abs(refs[m])))
+                fns["library"] = lambda a=a, lib=lib: lib(a, b)
             if "static" in only:
                 text, _ = specializations(DYNAMIC, parse_sizes([f"0.0={m}"]), keep_name=True)
                 db = os.path.join(wd, f"static_{m}_{t}.db")
@@ -214,19 +228,20 @@ def main() -> int:
           f"rounds {args.rounds} x {args.min_time} s; host: {host.model} ({host.core}), {os.cpu_count()} cores")
     if iree is not None:
         print(f"IREE: {iree.version}")
-    head = f"{'M':>5} {'thr':>3} {'dynamic ms':>10} {'schedule':>14} {'static ms':>9} {'dyn/static':>10} {'IREE ms':>8} {'/IREE':>6}  err"
+    head = (f"{'M':>5} {'thr':>3} {'dynamic ms':>10} {'schedule':>14} {'library ms':>10} {'path':>7} {'static ms':>9} "
+            f"{'dyn/static':>10} {'IREE ms':>8} {'/IREE':>6}  err")
     print(head)
     print("-" * len(head))
     fails = []
     for r in rows:
-        d, s, i = (r.ms.get(k) for k in ("dynamic", "static", "iree-best"))
+        d, s, i, lb = (r.ms.get(k) for k in ("dynamic", "static", "iree-best", "library"))
 
         def f(x, w=9, p=3):
             return f"{x:{w}.{p}f}" if x is not None else f"{'-':>{w}}"
 
         slow = d / s if d and s else None
         vs_iree = i / d if d and i else None
-        print(f"{r.m:>5} {r.threads:>3} {f(d, 10)} {r.source:>14} {f(s)} {f(slow, 10, 2)} {f(i, 8)} {f(vs_iree, 6, 2)}  "
+        print(f"{r.m:>5} {r.threads:>3} {f(d, 10)} {r.source:>14} {f(lb, 10)} {r.path or '-':>7} {f(s)} {f(slow, 10, 2)} {f(i, 8)} {f(vs_iree, 6, 2)}  "
               f"{max(r.err.values()) if r.err else float('nan'):.1e}")
         for note in r.notes:
             print(f"      {note}")

@@ -13,7 +13,8 @@ dynamic, specialised at 16 and 64 rows:
   those of its nearest tuned size, `search.transfer`, else the default
   schedules), their results turned into trailing memref arguments;
 - ``@gemm__generic``: the function itself, bufferized on its dynamic
-  shapes and lowered without a schedule (loops, valid for every extent);
+  shapes, valid for every extent: its matmuls tiled and vectorized with
+  masks (:data:`_GENERIC_TILES`), the rest loops;
 - ``@gemm__case(%s0: index) -> index``: the row of the dispatch table
   (:class:`Case`) the extents fall in, -1 for none: exact sizes first,
   then the ranges that run padded, smallest first;
@@ -239,9 +240,35 @@ def _output_dims(text: str, entry: str, groups: list[list[Dim]]) -> list[tuple[i
     return out
 
 
-def _generic_function(text: str, entry: str, name: str) -> str:
+_GENERIC_TILES = """
+module attributes {transform.with_named_sequence} {
+  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+    %mm = transform.structured.match ops{["linalg.matmul"]} in %root : (!transform.any_op) -> !transform.any_op
+    %t, %l0, %l1, %l2 = transform.structured.tile_using_for %mm tile_sizes [8, 32, 1]
+      : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
+    transform.structured.vectorize %t vector_sizes [8, 32, 1] : !transform.any_op
+    %f = transform.structured.match ops{["func.func"]} in %root : (!transform.any_op) -> !transform.any_op
+    transform.apply_patterns to %f {
+      transform.apply_patterns.vector.lower_masked_transfers
+      transform.apply_patterns.vector.transfer_permutation_patterns
+      transform.apply_patterns.canonicalization
+    } : !transform.any_op
+    transform.yield
+  }
+}
+"""
+"""The generic path's one schedule: each ``linalg.matmul`` in tiles of 8 x
+32 x 1, vectorized with masks where a tile runs past the extents (tiles
+that need not divide): an outer product per step of the reduction."""
+
+
+def _generic_function(text: str, entry: str, name: str, tiles: bool = True) -> str:
     """The dynamic function alone, renamed `name`, bufferized on its dynamic
-    shapes, its results turned into trailing arguments: a module's text."""
+    shapes, its results turned into trailing arguments: a module's text.
+    `tiles`: its matmuls tiled and vectorized first (:data:`_GENERIC_TILES`;
+    left as they are where that fails)."""
+    from mlir.dialects.transform import interpreter
+
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse(text)
         fn = dynamic_function(module, entry)
@@ -249,6 +276,15 @@ def _generic_function(text: str, entry: str, name: str) -> str:
             if op.operation != fn:
                 op.operation.erase()
         fn.attributes["sym_name"] = ir.StringAttr.get(name)
+        if tiles:
+            tiled = ir.Module.parse(str(module))
+            script = ir.Module.parse(_GENERIC_TILES)
+            try:
+                interpreter.apply_named_sequence(tiled, script.body.operations[0], script)
+                tiled.operation.verify()
+                module = tiled
+            except ir.MLIRError as e:
+                log.info("compile: @%s: the generic path's tiles do not apply (%s); plain loops", entry, e)
         passmanager.PassManager.parse(f"builtin.module({BUFFERIZE},{_OUT_PARAMS},canonicalize,cse)").run(module.operation)
         return str(module)
 
@@ -447,7 +483,7 @@ class _Built:
 
 
 def _build_module(program: Program, entry: str | None, sizes: dict[Dim, tuple[int, ...]], *, db, threads: int,
-                  target: Target, default: str, pad: bool, pad_work: float) -> tuple[str, _Built]:
+                  target: Target, default: str, pad: bool, pad_work: float, tiles: bool = True) -> tuple[str, _Built]:
     """The entry's name and the module of the module docstring (on
     memrefs, before LLVM), with what the library's caller needs to know."""
     with program.context:
@@ -479,7 +515,7 @@ def _build_module(program: Program, entry: str | None, sizes: dict[Dim, tuple[in
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse(spec_text)
         passmanager.PassManager.parse(f"builtin.module({_OUT_PARAMS})").run(module.operation)
-        _move_in(module, _generic_function(text, name, generic))
+        _move_in(module, _generic_function(text, name, generic, tiles))
         funcs = {ir.StringAttr(op.operation.attributes["sym_name"]).value: op.operation
                  for op in module.body.operations if op.operation.name == "func.func"}
         arg_types = list(ir.FunctionType(ir.TypeAttr(funcs[generic].attributes["function_type"]).value).inputs)
@@ -696,15 +732,22 @@ def build_library(
         sizes = tuned_sizes(text, entry, db, target)
         log.info("compile: specialised sizes from the records: %s",
                  "; ".join(f"{i}.{d}={','.join(map(str, v))}" for (i, d), v in sizes.items()) or "none")
-    name, built = _build_module(program, entry, sizes, db=db, threads=threads, target=target, default=default,
-                                pad=pad, pad_work=pad_work)
+    options = dict(db=db, threads=threads, target=target, default=default, pad=pad, pad_work=pad_work)
+    name, built = _build_module(program, entry, sizes, **options)
     workdir = tempfile.mkdtemp(prefix="mlir-ansor-dispatch-")
     so_path = os.path.join(workdir, "module.so")
+    cache = cache_for(cache_dir, db)
     try:
         # `compiler`'s lowering and linking of a scheduled module (the same
-        # units, workers and object cache a static compile uses).
-        compiler._lower_and_link(built.mlir, dict.fromkeys(built.functions), threads, so_path, opt_level,
-                                 cache_for(cache_dir, db))
+        # units, workers and object cache a static compile uses; a private
+        # name, until compiler.py gives it a public one).
+        try:
+            compiler._lower_and_link(built.mlir, dict.fromkeys(built.functions), threads, so_path, opt_level, cache)
+        except AnsorError as e:
+            log.warning("compile: @%s with the generic path's tiles failed to build (%s); "
+                        "again with plain loops there", name, str(e).splitlines()[0])
+            name, built = _build_module(program, entry, sizes, **options, tiles=False)
+            compiler._lower_and_link(built.mlir, dict.fromkeys(built.functions), threads, so_path, opt_level, cache)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
