@@ -623,7 +623,7 @@ def lower_and_split(mlir_path: str, threads: int, workdir: str, drivers: list[st
 
             outline_runs(module)
         lower_to_llvm(module, threads)
-        units = split_units(module, set(drivers))
+        units = split_units(module, set(drivers), resource_blobs(mlir_text))
         if units is None:
             units_out = [("module", str(module), (), ())]
         else:

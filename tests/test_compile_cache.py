@@ -298,6 +298,48 @@ def test_split_duplicates_private_helpers_and_exposes_called_kernels():
     assert "llvm.func hidden @k2" in units["k2"].text and units["k2"].defines == ("k2",)
 
 
+def test_split_units_carry_module_attributes_and_their_resource_blobs():
+    """A unit's text is put together from its ops' texts: it keeps the
+    module's attributes, and the blobs of the dense_resource constants it
+    reads (and only those); each unit parses on its own."""
+    from mlir import ir
+
+    from mlir_ansor.passes.split import split_units
+
+    text = """
+module attributes {test.mark = 7 : i64} {
+  llvm.mlir.global private constant @w(dense_resource<blob_w> : tensor<2xf32>) : !llvm.array<2 x f32>
+  llvm.mlir.global private constant @v(dense_resource<blob_v> : tensor<2xf32>) : !llvm.array<2 x f32>
+  llvm.func @k(%x: i64) -> i64 {
+    %p = llvm.mlir.addressof @w : !llvm.ptr
+    llvm.return %x : i64
+  }
+  llvm.func @main(%x: i64) -> i64 {
+    %r = llvm.call @k(%x) : (i64) -> i64
+    %p = llvm.mlir.addressof @v : !llvm.ptr
+    llvm.return %r : i64
+  }
+}
+{-#
+  dialect_resources: {
+    builtin: {
+      blob_w: "0x040000000000803F00000040",
+      blob_v: "0x040000000000404000008040"
+    }
+  }
+#-}
+"""
+    with ir.Context(), ir.Location.unknown():
+        units = {u.name: u for u in split_units(ir.Module.parse(text), {"main"})}
+        assert set(units) == {"drivers", "k"}
+        for u in units.values():
+            printed = str(ir.Module.parse(u.text))
+            assert "test.mark = 7" in printed
+        assert "blob_w" in units["k"].text and "blob_v" not in units["k"].text
+        assert "blob_v" in units["drivers"].text and "blob_w" not in units["drivers"].text
+        assert "0000803F00000040" in str(ir.Module.parse(units["k"].text))
+
+
 def test_a_module_that_does_not_split_is_one_unit():
     from mlir import ir
 

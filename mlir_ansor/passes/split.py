@@ -72,11 +72,18 @@ def _defined(op: ir.Operation) -> bool:
     return "value" in op.attributes or bool(op.regions and op.regions[0].blocks)
 
 
-def split_units(module: ir.Module, drivers: set[str]) -> list[Unit] | None:
+def split_units(module: ir.Module, drivers: set[str], blobs: dict[str, str] | None = None) -> list[Unit] | None:
     """The units of `module` (LLVM dialect, its context current), drivers
     first; `drivers` names the user's functions. None when the module does
     not split (see the module docstring). `module` itself is modified:
-    functions called across units get external, hidden linkage."""
+    functions called across units get external, hidden linkage. `blobs`:
+    the hex data of the module's ``dense_resource`` constants by name
+    (`ir.program.resource_blobs` of a text that holds them; by default,
+    the module's own).
+
+    A unit's text is put together from its ops' texts, each printed once
+    (cloning every unit into a module of its own and printing that took
+    twice as long: 0.8 s of ResNet-50's lowering worker)."""
     ops: dict[str, ir.Operation] = {}
     order: list[str] = []
     for opview in module.body.operations:
@@ -86,9 +93,8 @@ def split_units(module: ir.Module, drivers: set[str]) -> list[Unit] | None:
         ops[_sym(op)] = op
         order.append(_sym(op))
     # Local scope: printing a nested op otherwise numbers the whole module
-    # for every op (27 s on ResNet-50's). The text only serves to find the
-    # symbols an op references: large constants are elided.
-    texts = {name: op.get_asm(use_local_scope=True, large_elements_limit=16) for name, op in ops.items()}
+    # for every op (27 s on ResNet-50's).
+    texts = {name: op.get_asm(use_local_scope=True) for name, op in ops.items()}
     refs = {}
     for name, text in texts.items():
         found = {m.strip('"') for m in _SYMBOL_REF.findall(text)}
@@ -155,44 +161,71 @@ def split_units(module: ir.Module, drivers: set[str]) -> list[Unit] | None:
                 if c in funcs and c not in closure and _local(ops[c]):
                     ops[c].attributes["linkage"] = ir.Attribute.parse("#llvm.linkage<external>")
                     ops[c].attributes["visibility_"] = ir.IntegerAttr.get(hidden_ty, 1)
+                    texts[c] = ops[c].get_asm(use_local_scope=True)
+    shell = ir.Module.create(loc=ir.Location.unknown())
     attrs = module.operation.attributes
+    for n in attrs:
+        if n != "sym_name":
+            shell.operation.attributes[n] = attrs[n]
+    head = str(shell).rstrip()[:-1]  # "module [attributes {...}] {"
+    decls: dict[str, str] = {}
     out = []
     for root, closure in units.items():
-        unit = ir.Module.create()
-        for n in attrs:
-            if n != "sym_name":
-                unit.operation.attributes[n] = attrs[n]
-        defines, needs, declared = [], [], set()
-        with ir.InsertionPoint(unit.body):
-            for n in order:
-                op = ops[n]
-                if n in closure:
-                    op.clone()
-                    if not _local(op):
-                        defines.append(n)
-                elif op.name == "llvm.mlir.global" and root in users.get(n, ()):
-                    op.clone()  # a copy (private constant) or a declaration
-                    if not _defined(op):
-                        needs.append(n)
-            for n in [n for n in order if n in closure]:
-                for c in refs[n]:
-                    if c in declared or c in closure or ops[c].name != "llvm.func":
-                        continue
-                    declared.add(c)
-                    if c in funcs:
-                        needs.append(c)
-                        _declare(ops[c])
-                    else:
-                        ops[c].clone()  # an external declaration (malloc, memrefCopy)
+        body, defines, needs, declared = [], [], [], set()
+        for n in order:
+            op = ops[n]
+            if n in closure:
+                body.append(texts[n])
+                if not _local(op):
+                    defines.append(n)
+            elif op.name == "llvm.mlir.global" and root in users.get(n, ()):
+                body.append(texts[n])  # a copy (private constant) or a declaration
+                if not _defined(op):
+                    needs.append(n)
+        for n in [n for n in order if n in closure]:
+            for c in refs[n]:
+                if c in declared or c in closure or ops[c].name != "llvm.func":
+                    continue
+                declared.add(c)
+                if c in funcs:
+                    needs.append(c)
+                    if c not in decls:
+                        decls[c] = _declaration(ops[c])
+                    body.append(decls[c])
+                else:
+                    body.append(texts[c])  # an external declaration (malloc, memrefCopy)
+        text = "\n".join([head, *body, "}", ""])
+        if "dense_resource<" in text:
+            if blobs is None:
+                from mlir_ansor.ir.program import resource_blobs
+
+                blobs = resource_blobs(str(module))
+            text += _resources(text, blobs)
         name = "drivers" if root == "<drivers>" else root
-        # Printed as a module, so that the blobs of dense_resource constants come along.
-        out.append(Unit(name, str(unit), tuple(defines), tuple(needs)))
+        out.append(Unit(name, text, tuple(defines), tuple(needs)))
     return out
 
 
-def _declare(op: ir.Operation) -> None:
-    """``llvm.func @name(types) -> type`` for a function defined elsewhere,
-    at the current insertion point."""
+_RESOURCE_REF = re.compile(r'dense_resource<("[^"]*"|[^>]*)>')
+
+
+def _resources(text: str, blobs: dict[str, str]) -> str:
+    """The ``dialect_resources`` section of the blobs `text` refers to."""
+    lines = []
+    for key in dict.fromkeys(_RESOURCE_REF.findall(text)):
+        data = blobs.get(key.strip('"'))
+        if data is not None:
+            lines.append(f'      {key}: "0x{data}"')
+    if not lines:
+        return ""
+    return "{-#\n  dialect_resources: {\n    builtin: {\n" + ",\n".join(lines) + "\n    }\n  }\n#-}\n"
+
+
+def _declaration(op: ir.Operation) -> str:
+    """The text of ``llvm.func @name(types) -> type``: a function defined elsewhere."""
     from mlir.dialects import llvm
 
-    llvm.LLVMFuncOp(_sym(op), ir.TypeAttr(op.attributes["function_type"]))
+    scratch = ir.Module.create(loc=ir.Location.unknown())
+    with ir.InsertionPoint(scratch.body):
+        decl = llvm.LLVMFuncOp(_sym(op), ir.TypeAttr(op.attributes["function_type"]), loc=ir.Location.unknown())
+    return decl.operation.get_asm(use_local_scope=True)
