@@ -648,3 +648,52 @@ def test_shape_casts_of_unit_tiles_build_and_compute_right(source, sketch, knobs
         assert built.ok, built.error_msg
         meas = Measurement.of_run(m.run(c, task.tolerance), task.tolerance)
     assert meas.error_kind == ErrorKind.NONE, meas.error_msg
+
+
+_UNROLLED_LOOP = """
+import sys
+from mlir import ir
+from mlir_ansor.passes.artifacts import emit_object
+from mlir_ansor.passes.lowering import lower_to_llvm
+with ir.Context(), ir.Location.unknown():
+    m = ir.Module.parse('''
+func.func @k(%a: memref<4096xvector<8xf32>>, %b: memref<4096xvector<8xf32>>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = arith.constant 4096 : index
+  scf.for %i = %c0 to %n step %c1 {
+    %x = memref.load %a[%i] : memref<4096xvector<8xf32>>
+    %y = memref.load %b[%i] : memref<4096xvector<8xf32>>
+    %p = arith.mulf %x, %y : vector<8xf32>
+    %q = arith.addf %p, %x : vector<8xf32>
+    memref.store %q, %b[%i] : memref<4096xvector<8xf32>>
+  }
+  return
+}''')
+    lower_to_llvm(m)
+    emit_object(m, sys.argv[1])
+"""
+
+
+def test_llvm_does_not_unroll_a_vector_loop_partially(tmp_path):
+    """`artifacts.LLVM_OPTIONS` reach the LLVM the ExecutionEngine uses: a
+    loop of vector ops with 4096 iterations stays one body, where LLVM's
+    defaults (``MLIR_ANSOR_LLVM_OPTIONS=""``) unroll it (8 times with LLVM
+    22); each build in a process of its own, since LLVM keeps the options
+    in global state."""
+    import os
+    import subprocess
+    import sys
+
+    from mlir_ansor.passes.artifacts import llvm_options
+    from mlir_ansor.passes.compile_cache import toolchain_key
+
+    assert "-unroll-allow-partial=0" in llvm_options() and "-unroll-allow-partial=0" in toolchain_key()
+    sizes = {}
+    for name, env in (("ours", {}), ("llvm", {"MLIR_ANSOR_LLVM_OPTIONS": ""})):
+        obj = tmp_path / f"{name}.o"
+        script = tmp_path / "emit.py"
+        script.write_text(_UNROLLED_LOOP)
+        subprocess.run([sys.executable, str(script), str(obj)], check=True, env={**os.environ, **env}, timeout=120)
+        sizes[name] = obj.stat().st_size
+    assert sizes["ours"] * 1.5 < sizes["llvm"], sizes

@@ -72,16 +72,65 @@ def emit_shared_library(
         obj.unlink(missing_ok=True)
 
 
+LLVM_OPTIONS: tuple[str, ...] = ("-unroll-allow-partial=0",)
+"""LLVM command-line options every process that generates code sets once
+(:func:`llvm_options`; ``MLIR_ANSOR_LLVM_OPTIONS``, space-separated, stands
+in for them, empty for none).
+
+Why no partial unrolling: the kernels come vectorized and unrolled as their
+schedules say, and LLVM's loop unroller, at O3, went on to unroll loops
+whose bodies are already hundreds of vector instructions by 16. That made
+some schedules take 5-8 s of code generation each (ResNet-50's
+28x28x512x1x1x256 conv: 7.3 s at O3, 82% of its optimization time in
+LoopUnrollPass, then code generation of the unrolled loops) where the same
+kernel takes 1.7 s without it; a tuned ResNet-50 whose schedules had more
+such kernels compiled in 36 s. Complete unrolling of short loops stays."""
+
+_OPTIONS_SET: list[tuple[str, ...]] = []
+
+
+def llvm_options() -> tuple[str, ...]:
+    """The LLVM options code generation runs with in this process (they are
+    part of the compile cache's key)."""
+    env = os.environ.get("MLIR_ANSOR_LLVM_OPTIONS")
+    return tuple(env.split()) if env is not None else LLVM_OPTIONS
+
+
+def _set_llvm_options() -> None:
+    """Give LLVM :func:`llvm_options` (once per process: LLVM keeps them in
+    global state) through ``LLVMParseCommandLineOptions`` of the libLLVM the
+    MLIR bindings load; a wheel without that library keeps LLVM's defaults."""
+    if _OPTIONS_SET:
+        return
+    options = llvm_options()
+    _OPTIONS_SET.append(options)
+    if not options:
+        return
+    import ctypes
+
+    import mlir
+
+    lib = Path(mlir.__path__[0]).parent / "llvm" / "lib" / "libLLVM.so"
+    try:
+        parse = ctypes.CDLL(str(lib)).LLVMParseCommandLineOptions
+    except (OSError, AttributeError):
+        return
+    argv = (ctypes.c_char_p * (len(options) + 1))(b"mlir-ansor", *(o.encode() for o in options))
+    parse(len(options) + 1, argv, None)
+
+
 def emit_object(
     llvm_module: ir.Module, path: str | os.PathLike, *, opt_level: int = 3, jit_libs: tuple[str, ...] = ()
 ) -> str:
     """Compile an LLVM-dialect module to a relocatable object at `path`
-    (the ExecutionEngine's optimization and code generation for this host).
-    Every symbol the module references must resolve while the engine links
-    it in memory: the runtime libraries, and `jit_libs` for the rest
-    (symbols that other objects of the same library will define)."""
+    (the ExecutionEngine's optimization and code generation for this host,
+    with :data:`LLVM_OPTIONS`). Every symbol the module references must
+    resolve while the engine links it in memory: the runtime libraries, and
+    `jit_libs` for the rest (symbols that other objects of the same library
+    will define)."""
     from mlir.execution_engine import ExecutionEngine
 
+    _set_llvm_options()
     engine = ExecutionEngine(llvm_module, opt_level=opt_level, shared_libs=runtime_libs() + list(jit_libs))
     engine.dump_to_object_file(str(path))
     if not os.path.exists(path):

@@ -105,6 +105,9 @@ def toolchain_key() -> str:
         st = os.stat(os.path.realpath(cc))
         parts.append(f"cc {os.path.realpath(cc)} {st.st_size} {st.st_mtime_ns}")
     parts.append(_host_cpu())
+    from mlir_ansor.passes.artifacts import llvm_options
+
+    parts.append("llvm " + " ".join(llvm_options()))
     return "\n".join(parts)
 
 
