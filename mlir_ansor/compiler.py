@@ -1091,25 +1091,11 @@ class DynamicModule:
         return [dict(k) for k in self._compiled]
 
     def _values(self, arrays) -> dict[tuple[int, int], int]:
-        from mlir_ansor.graph.dynamic import size_label
+        from mlir_ansor.graph.dynamic import extents
 
         if len(arrays) != self.n_args:
             raise AnsorError(f"@{self.entry} takes {self.n_args} argument(s), got {len(arrays)}")
-        values: dict[tuple[int, int], int] = {}
-        for group in self.symbols:
-            seen = {}
-            for i, d in group:
-                shape = np.shape(arrays[i])
-                if d >= len(shape):
-                    raise AnsorError(f"@{self.entry}: argument {i} has rank {len(shape)}, expected more than {d}")
-                seen[(i, d)] = shape[d]
-            if len(set(seen.values())) > 1:
-                raise AnsorError(f"@{self.entry}: dimensions {size_label(seen)} "
-                                 "are one dimension of the function and must have the same size")
-            if any(v < 1 for v in seen.values()):
-                raise AnsorError(f"@{self.entry}: dimensions {size_label(seen)} are empty: every size must be at least 1")
-            values.update(seen)
-        return values
+        return extents(self.symbols, [np.shape(a) for a in arrays], self.entry)
 
     def _text_at(self, values: dict[tuple[int, int], int]) -> str:
         from mlir_ansor.graph.dynamic import specializations
