@@ -279,3 +279,54 @@ def test_transposed_conv_skips_the_zeros_and_matches_numpy(tmp_path, shape, opts
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(compile_untuned(str(path))(*args), got, rtol=1e-4, atol=1e-4)
+
+
+PAD_BETWEEN_CONVS = """
+func.func @two(%x: tensor<1x8x8x16xf32>, %w1: tensor<1x1x16x16xf32>, %w2: tensor<3x3x16x8xf32>) -> tensor<1x8x8x8xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e1 = tensor.empty() : tensor<1x8x8x16xf32>
+  %z1 = linalg.fill ins(%zero : f32) outs(%e1 : tensor<1x8x8x16xf32>) -> tensor<1x8x8x16xf32>
+  %c1 = linalg.conv_2d_nhwc_hwcf {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
+      ins(%x, %w1 : tensor<1x8x8x16xf32>, tensor<1x1x16x16xf32>) outs(%z1 : tensor<1x8x8x16xf32>) -> tensor<1x8x8x16xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(n, h, w, c) -> (n, h, w, c)>, affine_map<(n, h, w, c) -> (n, h, w, c)>],
+                       iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%c1 : tensor<1x8x8x16xf32>) outs(%e1 : tensor<1x8x8x16xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %m = arith.maximumf %a, %zero : f32
+    linalg.yield %m : f32
+  } -> tensor<1x8x8x16xf32>
+  %p = tensor.pad %r low[0, 1, 1, 0] high[0, 1, 1, 0] {
+  ^bb0(%i: index, %j: index, %k: index, %l: index):
+    tensor.yield %zero : f32
+  } : tensor<1x8x8x16xf32> to tensor<1x10x10x16xf32>
+  %e2 = tensor.empty() : tensor<1x8x8x8xf32>
+  %z2 = linalg.fill ins(%zero : f32) outs(%e2 : tensor<1x8x8x8xf32>) -> tensor<1x8x8x8xf32>
+  %c2 = linalg.conv_2d_nhwc_hwcf {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
+      ins(%p, %w2 : tensor<1x10x10x16xf32>, tensor<3x3x16x8xf32>) outs(%z2 : tensor<1x8x8x8xf32>) -> tensor<1x8x8x8xf32>
+  return %c2 : tensor<1x8x8x8xf32>
+}
+"""
+
+
+def test_a_padded_result_is_written_into_its_zero_bordered_buffer(tmp_path):
+    """A 1x1 convolution whose result a 3x3 one reads padded: the driver
+    zeroes the padded buffer before the first kernel, which then writes the
+    buffer's interior in place (`views_into_kernels`, `_hoist_fills`), not a
+    buffer of its own copied in after."""
+    path = tmp_path / "pad.mlir"
+    path.write_text(PAD_BETWEEN_CONVS)
+    cm = mlir_ansor.compile(str(path), db=None, cache_dir=False)
+    driver, _ = _lowered_driver(cm.mlir)
+    filecheck(driver, r"""
+CHECK-LABEL: func.func @two(
+CHECK:         linalg.{{fill|map}}
+CHECK:         call @{{\w+}}__view{{\d+}}({{.*}}memref<1x8x8x16xf32, strided<[1600, 160, 16, 1], offset: ?>>) -> ()
+CHECK:         call @ansor_conv
+""")
+    filecheck(driver, NO_COPIES)
+    rng = np.random.default_rng(2)
+    x, w1, w2 = (rng.standard_normal(s).astype(np.float32) for s in ((1, 8, 8, 16), (1, 1, 16, 16), (3, 3, 16, 8)))
+    r = np.maximum(np.einsum("nhwc,cf->nhwf", x, w1[0, 0]), 0)
+    p = np.pad(r, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    want = sum(np.einsum("nhwc,cf->nhwf", p[:, i:i + 8, j:j + 8], w2[i, j]) for i in range(3) for j in range(3))
+    np.testing.assert_allclose(cm(x, w1, w2), want, rtol=1e-4, atol=1e-4)
