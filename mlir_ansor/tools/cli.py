@@ -531,21 +531,26 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         _check_output(out)
     db = None if args.untuned else args.db
     cache_dir = False if args.no_cache else (args.cache_dir or (None if db is not None else args.db + ".cache"))
-    cm = compile_module(source, db=db, threads=args.threads, target=target,
-                        default="naive" if args.untuned else "sketch", cache_dir=cache_dir)
-    if out is None:
-        sys.stdout.write(cm.mlir)
+    default = "naive" if args.untuned else "sketch"
+    if out is None or out.endswith(".mlir"):  # the scheduled module: no code generation needed
+        from mlir_ansor.compiler import schedule_module
+        from mlir_ansor.passes.compile_cache import cache_for
+
+        text = schedule_module(source, db=db, threads=args.threads, target=target, default=default,
+                               cache=cache_for(cache_dir, db)).mlir
+        if out is None:
+            sys.stdout.write(text)
+        else:
+            _write_text(out, text)
+            print(f"wrote {out}", file=sys.stderr)
         return 0
-    if out.endswith(".so"):
-        try:
-            shutil.copyfile(cm.library_path, out)
-        except OSError as e:
-            raise InputError(f"-o {out}: cannot write: {e.strerror or e}") from None
-        entries = ", ".join(f"_mlir_ciface_{name}" for name in cm.functions)
-        print(f"wrote {out} (C entry points: {entries}; memref descriptors, inputs then outputs)", file=sys.stderr)
-    else:  # .mlir (the suffix was checked before compiling)
-        _write_text(out, cm.mlir)
-        print(f"wrote {out}", file=sys.stderr)
+    cm = compile_module(source, db=db, threads=args.threads, target=target, default=default, cache_dir=cache_dir)
+    try:
+        shutil.copyfile(cm.library_path, out)
+    except OSError as e:
+        raise InputError(f"-o {out}: cannot write: {e.strerror or e}") from None
+    entries = ", ".join(f"_mlir_ciface_{name}" for name in cm.functions)
+    print(f"wrote {out} (C entry points: {entries}; memref descriptors, inputs then outputs)", file=sys.stderr)
     return 0
 
 
