@@ -480,8 +480,11 @@ def _dense_bytes(dense: ir.DenseElementsAttr) -> bytes | None:
     through numpy's buffer where numpy has the type, else from the hex form
     MLIR prints large attributes in (bf16, which numpy lacks); None when
     neither gives them."""
-    array = np.array(dense)
-    if array.dtype != object:
+    try:
+        array = np.array(dense)
+    except TypeError:  # bf16: "Unsupported floating-point type"
+        array = None
+    if array is not None and array.dtype != object:
         return np.ascontiguousarray(array).tobytes()
     text = str(dense)
     if text.startswith('dense<"0x'):

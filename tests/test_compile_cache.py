@@ -423,3 +423,32 @@ func.func @f(%x: tensor<8x160xf32>) -> tensor<8x128xf32> {{
     assert again.cache_stats == {"module_hit": 1}
     np.testing.assert_array_equal(again(x), cm(x))
     assert again.mlir == cm.mlir
+
+
+def test_large_bf16_weights_leave_the_text_too(tmp_path):
+    """bf16, which numpy cannot hold: a folded bf16 weight's bytes come from
+    its printed hex form."""
+    rng = np.random.default_rng(6)
+    w32 = rng.standard_normal((320, 128)).astype(np.float32)
+    bits = (w32.view(np.uint32) >> 16).astype(np.uint16)  # bf16, truncated
+    w = (bits.astype(np.uint32) << 16).view(np.float32)
+    path = tmp_path / "bf16.mlir"
+    path.write_text(f"""
+func.func @f(%x: tensor<4x320xbf16>) -> tensor<4x128xf32> {{
+  %w = arith.constant dense<"0x{bits.T.copy().tobytes().hex().upper()}"> : tensor<128x320xbf16>
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<320x128xbf16>
+  %wt = linalg.transpose ins(%w : tensor<128x320xbf16>) outs(%e : tensor<320x128xbf16>) permutation = [1, 0]
+  %o = tensor.empty() : tensor<4x128xf32>
+  %z = linalg.fill ins(%zero : f32) outs(%o : tensor<4x128xf32>) -> tensor<4x128xf32>
+  %m = linalg.matmul ins(%x, %wt : tensor<4x320xbf16>, tensor<320x128xbf16>) outs(%z : tensor<4x128xf32>) -> tensor<4x128xf32>
+  return %m : tensor<4x128xf32>
+}}
+""")
+    from mlir_ansor.compiler import schedule_module
+
+    s = schedule_module(str(path), _weights_dir=str(tmp_path))
+    assert [size for _, _, size in s.weights] == [bits.nbytes]
+    cm = mlir_ansor.compile(str(path), cache_dir=False)
+    x = (rng.standard_normal((4, 320)).astype(np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32)
+    np.testing.assert_allclose(cm(x), x @ w, rtol=1e-4, atol=1e-3)
