@@ -299,3 +299,84 @@ func.func @rsqrt(%v: tensor<256xf32>) -> tensor<256xf32> {
     assert task.trials == 2 and np.isfinite(task.baseline_latency_s)
     v = np.random.default_rng(0).uniform(0.5, 1.5, 256).astype(np.float32)
     np.testing.assert_allclose(mlir_ansor.compile(load(text=text), db=tmp_path / "r.db")(v), 1 / np.sqrt(v + 1e-5), rtol=1e-5)
+
+
+# torch-mlir's variance of a layer norm: the f32 rows widened to f64, their
+# mean and the mean of the squared deviations in f64, rounded back to f32.
+VARIANCE = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#keep = affine_map<(d0, d1) -> (d0, 0)>
+func.func @var(%x: tensor<8x96xf32>) -> tensor<8x1xf32> {
+  %zero = arith.constant 0.0 : f64
+  %n = arith.constant 96.0 : f64
+  %e = tensor.empty() : tensor<8x96xf64>
+  %w = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x : tensor<8x96xf32>) outs(%e : tensor<8x96xf64>) {
+  ^bb0(%in: f32, %o: f64):
+    %d = arith.extf %in : f32 to f64
+    linalg.yield %d : f64
+  } -> tensor<8x96xf64>
+  %er = tensor.empty() : tensor<8x1xf64>
+  %z = linalg.fill ins(%zero : f64) outs(%er : tensor<8x1xf64>) -> tensor<8x1xf64>
+  %s = linalg.generic {indexing_maps = [#id, #keep], iterator_types = ["parallel", "reduction"]}
+      ins(%w : tensor<8x96xf64>) outs(%z : tensor<8x1xf64>) {
+  ^bb0(%in: f64, %o: f64):
+    %a = arith.addf %in, %o : f64
+    linalg.yield %a : f64
+  } -> tensor<8x1xf64>
+  %dev = linalg.generic {indexing_maps = [#id, #keep, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%w, %s : tensor<8x96xf64>, tensor<8x1xf64>) outs(%e : tensor<8x96xf64>) {
+  ^bb0(%in: f64, %sum: f64, %o: f64):
+    %m = arith.divf %sum, %n : f64
+    %d = arith.subf %in, %m : f64
+    %q = arith.mulf %d, %d : f64
+    linalg.yield %q : f64
+  } -> tensor<8x96xf64>
+  %ss = linalg.generic {indexing_maps = [#id, #keep], iterator_types = ["parallel", "reduction"]}
+      ins(%dev : tensor<8x96xf64>) outs(%z : tensor<8x1xf64>) {
+  ^bb0(%in: f64, %o: f64):
+    %a = arith.addf %in, %o : f64
+    linalg.yield %a : f64
+  } -> tensor<8x1xf64>
+  %ef = tensor.empty() : tensor<8x1xf32>
+  %v = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%ss : tensor<8x1xf64>) outs(%ef : tensor<8x1xf32>) {
+  ^bb0(%in: f64, %o: f32):
+    %m = arith.divf %in, %n : f64
+    %t = arith.truncf %m : f64 to f32
+    linalg.yield %t : f32
+  } -> tensor<8x1xf32>
+  return %v : tensor<8x1xf32>
+}
+"""
+
+
+def test_f64_between_f32_values_is_computed_in_f32(tmp_path):
+    """torch-mlir's f64 variance of f32 rows is computed in f32 (as PyTorch's
+    own layer norm kernel does): no f64 is left, and the compiled result is
+    the f64 one within f32 rounding."""
+    from mlir import ir
+
+    from mlir_ansor.graph.normalize import normalize
+
+    program = load(text=VARIANCE)
+    normalize(program.module)
+    with program.context:
+        assert "f64" not in str(program.module).replace("f64 to f32", "")
+    path = tmp_path / "var.mlir"
+    path.write_text(VARIANCE)
+    x = np.random.default_rng(3).standard_normal((8, 96)).astype(np.float32) + 4.0
+    got = mlir_ansor.compile(str(path), cache_dir=False)(x)
+    np.testing.assert_allclose(got[:, 0], x.astype(np.float64).var(axis=1), rtol=1e-5)
+    # f64 that the function takes or returns, or that leaves it other than
+    # rounded to f32, stays f64.
+    for text in (VARIANCE.replace("%t = arith.truncf %m : f64 to f32", "%t = arith.cmpf ogt, %m, %n : f64")
+                 .replace("tensor<8x1xf32>", "tensor<8x1xi1>").replace("%o: f32", "%o: i1").replace(": f32\n  } -> tensor<8x1xi1>", ": i1\n  } -> tensor<8x1xi1>"),
+                 VARIANCE.replace("-> tensor<8x1xf32> {", "-> tensor<8x1xf64> {").replace("return %v : tensor<8x1xf32>", "return %ss : tensor<8x1xf64>")):
+        program = load(text=text)
+        with program.context, ir.Location.unknown():
+            from mlir_ansor.graph.precision import narrow_f64_islands
+
+            fn = next(o.operation for o in program.module.body.operations if o.operation.name == "func.func")
+            assert narrow_f64_islands(fn) == 0
+            assert "tensor<8x96xf64>" in str(program.module)

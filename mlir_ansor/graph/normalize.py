@@ -69,7 +69,13 @@ from mlir.passmanager import PassManager
 
 from mlir_ansor.graph.fold_transpose import fold_transposes
 from mlir_ansor.graph.layout import convert_layout
-from mlir_ansor.graph.precision import accumulate_wide, compute_wide, fold_widening, lower_quantized_ops
+from mlir_ansor.graph.precision import (
+    accumulate_wide,
+    compute_wide,
+    fold_widening,
+    lower_quantized_ops,
+    narrow_f64_islands,
+)
 from mlir_ansor.graph.split_conv import split_convolutions
 from mlir_ansor.ir.attrs import NORMALIZED_ATTR
 from mlir_ansor.ir.rewrite import backward_slice, clone_remapped
@@ -266,6 +272,7 @@ def normalize(module: ir.Module, *, layout: bool | None = None) -> None:
             if NORMALIZED_ATTR in fn.attributes or not _on_tensors(fn):
                 continue
             drop_dead_results(fn)
+            narrow_f64_islands(fn)
             lower_quantized_ops(fn)
             if layout:
                 convert_layout(fn)

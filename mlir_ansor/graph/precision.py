@@ -57,6 +57,7 @@ __all__ = [
     "fold_widening",
     "is_narrow_float",
     "lower_quantized_ops",
+    "narrow_f64_islands",
     "widen_payload",
     "widened_dtype",
 ]
@@ -108,12 +109,14 @@ def _wide_attr(attr: ir.Attribute, new_type: ir.Type) -> ir.Attribute:
     raise UnsupportedError(f"cannot widen the constant {attr} to f32")
 
 
-def _widen_in_place(root: ir.Operation, *, include_root: bool = True, keep: frozenset = frozenset()) -> None:
+def _widen_in_place(root: ir.Operation, *, include_root: bool = True, keep: frozenset = frozenset(),
+                    retype=is_narrow_float) -> None:
     """Give every narrow-float value under `root` (block arguments of its
     regions, results of its nested ops, and `root`'s own results when
     `include_root`) the f32 type, constants their f32 values, and remove the
     ``arith.extf``/``arith.truncf`` this leaves from f32 to f32. The ops of
-    `keep` (and what they hold) are left as they are."""
+    `keep` (and what they hold) are left as they are. `retype`: which types
+    count (f64 ones for :func:`narrow_f64_islands`)."""
     noop: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
@@ -122,12 +125,12 @@ def _widen_in_place(root: ir.Operation, *, include_root: bool = True, keep: froz
         for region in op.regions:
             for block in region.blocks:
                 for arg in block.arguments:
-                    if is_narrow_float(arg.type):
+                    if retype(arg.type):
                         arg.set_type(_wide(arg.type))
         if op == root and not include_root:
             return ir.WalkResult.ADVANCE
         for r in op.results:
-            if is_narrow_float(r.type):
+            if retype(r.type):
                 r.set_type(_wide(r.type))
                 if op.name == "arith.constant":
                     op.attributes["value"] = _wide_attr(op.attributes["value"], r.type)
@@ -792,3 +795,129 @@ def compute_wide(fn: ir.Operation) -> int:
                 _widen_generic_body(op)
                 count += 1
     return count
+
+
+# --------------------------------------------------------------------------
+# f64 intermediates between f32 values.
+
+
+def _is_f64(t: ir.Type) -> bool:
+    if isinstance(t, (ir.RankedTensorType, ir.MemRefType)):
+        t = ir.ShapedType(t).element_type
+    return isinstance(t, ir.F64Type)
+
+
+def _f64_tensor(t: ir.Type) -> bool:
+    return isinstance(t, ir.RankedTensorType) and _is_f64(t)
+
+
+def _owner(use) -> ir.Operation:
+    owner = use.owner
+    return owner.operation if hasattr(owner, "operation") else owner
+
+
+def _captured(op: ir.Operation) -> list[tuple[ir.OpOperand, ir.Value]]:
+    """The uses, inside `op`'s regions, of f64 values made outside it."""
+    found = []
+
+    def inside(v: ir.Value) -> bool:
+        p = v.owner.owner if isinstance(v, ir.BlockArgument) else v.owner
+        while p is not None:
+            p = p.operation if hasattr(p, "operation") else p
+            if p == op:
+                return True
+            p = p.parent
+        return False
+
+    def visit(inner: ir.Operation) -> ir.WalkResult:
+        if inner != op:
+            for i, v in enumerate(inner.operands):
+                if _is_f64(v.type) and not inside(v):
+                    found.append((inner, i, v))
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+    return found
+
+
+_F64_ARITH = frozenset({
+    "arith.addf", "arith.subf", "arith.mulf", "arith.divf", "arith.negf", "arith.maximumf", "arith.minimumf",
+    "arith.maxnumf", "arith.minnumf", "math.sqrt", "math.rsqrt",
+})
+"""What a generic that reads an f64 tensor may do with its f64 values,
+besides rounding them to f32, for :func:`narrow_f64_islands` to compute it
+in f32."""
+
+
+def _f32_body(generic: ir.Operation) -> bool:
+    """Whether every f64 value in `generic`'s body only goes through
+    :data:`_F64_ARITH` into an ``arith.truncf`` to f32, and its results are
+    no f64."""
+    if any(_is_f64(r.type) for r in generic.results):
+        return False
+    ok = True
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        nonlocal ok
+        if op != generic and any(_is_f64(v.type) for v in op.operands):
+            if op.name == "arith.truncf":
+                ok = ok and isinstance(op.results[0].type, ir.F32Type)
+            elif op.name not in _F64_ARITH:
+                ok = False
+        return ir.WalkResult.ADVANCE
+
+    generic.walk(visit)
+    return ok
+
+
+def narrow_f64_islands(fn: ir.Operation) -> int:
+    """Compute in f32 the f64 tensors of `fn` that lie between f32 values:
+    every f64 tensor made by ``tensor.empty``, ``linalg.fill`` or a
+    ``linalg.generic``, none an argument or a result of `fn`, read only by
+    those ops or by generics whose f64 values only go through arithmetic
+    (:data:`_F64_ARITH`) into an ``arith.truncf`` to f32. Returns how many ops changed (0: the function is left as
+    it is, also when any f64 tensor does not fit that shape).
+
+    Why: torch-mlir's decomposition of a layer norm (``aten.var_mean``)
+    computes the variance of f32 (or bf16) activations in f64 and rounds it
+    back to f32; f64 vectors hold half the lanes, and those tasks took about
+    a tenth of a bf16 BERT layer. PyTorch's own CPU kernel for the same
+    layer norm computes in f32, and so does this; the f32 (or bf16) result
+    differs from the f64 computation by less than the result type's
+    tolerance. A function whose arguments or results are f64 asked for
+    f64, and is left alone."""
+    from mlir.dialects import arith
+
+    block = fn.regions[0].blocks[0]
+    ops = [o.operation for o in block.operations]
+    island = [o for o in ops if any(_f64_tensor(r.type) for r in o.results)]
+    if not island or any(_is_f64(a.type) for a in block.arguments) or any(_is_f64(v.type) for v in ops[-1].operands):
+        return 0
+    members = set(island)
+    boundary: list[ir.Operation] = []
+    for o in island:
+        if o.name not in ("tensor.empty", "linalg.fill", "linalg.generic") or not all(_f64_tensor(r.type) for r in o.results):
+            return 0
+        for r in o.results:
+            for use in r.uses:
+                user = _owner(use)
+                if user in members:
+                    continue
+                if user.name != "linalg.generic" or user.parent != fn or use.operand_number >= len(user.regions[0].blocks[0].arguments):
+                    return 0
+                if user not in boundary:
+                    if not _f32_body(user):
+                        return 0
+                    boundary.append(user)
+    f32 = ir.F32Type.get()
+    # (Setting an op's operand changes its Python hash: no sets from here on.)
+    for k, o in enumerate(island + boundary):
+        for inner, i, v in _captured(o) + ([(o, 0, o.operands[0])] if o.name == "linalg.fill" else []):
+            with inner.location, ir.InsertionPoint(inner):
+                if isinstance(v, ir.OpResult) and v.owner.operation.name == "arith.constant":
+                    narrowed = arith.constant(f32, ir.FloatAttr.get(f32, ir.FloatAttr(v.owner.operation.attributes["value"]).value))
+                else:
+                    narrowed = arith.truncf(f32, v)
+            inner.operands[i] = narrowed
+        _widen_in_place(o, include_root=k < len(island), retype=_is_f64)
+    return len(island) + len(boundary)
