@@ -18,6 +18,10 @@ dynamic, specialised at 16 and 64 rows:
 - ``@gemm__case(%s0: index) -> index``: the row of the dispatch table
   (:class:`Case`) the extents fall in, -1 for none: exact sizes first,
   then the ranges that run padded, smallest first;
+- ``@gemm__block(%m: index) -> index`` and ``@gemm__cover(%r: index) ->
+  index``, where the blocked path runs (below): the smallest block size
+  :func:`plan_blocks` chooses for m rows, and the smallest specialised size
+  that holds r rows;
 - ``@gemm(%A: memref<?x64xf32>, %B: memref<64x64xf32>, %C: memref<?x64xf32>)``:
   reads the extents (``memref.dim``), checks that tied dimensions agree
   (``cf.assert``: a C caller gets an abort, the Python wrapper checks
@@ -25,7 +29,20 @@ dynamic, specialised at 16 and 64 rows:
   exact size casts its arguments to the static types and calls its
   specialization; a padded one copies the inputs into zero-padded buffers,
   calls the specialization of the larger size and copies the rows back;
-  the default calls ``@gemm__generic``.
+  the default runs the blocked path where there is one symbol, paddable,
+  and calls ``@gemm__generic`` otherwise.
+
+The blocked path (:func:`_blocked`, :func:`plan_blocks`) runs the rows
+the table does not take as whole blocks of specialised sizes and a rest:
+for each size T, largest first, an ``scf.for`` over the blocks of T rows
+that fit in what is left, each copied into a static buffer, run by
+``@gemm__0_0_T`` and its output rows copied back (a block of a row-major
+array is one contiguous run: the copies are memcpy); then the rest, fewer
+rows than the smallest block size used, copied into a zero-padded buffer
+of the smallest specialised size that holds it. 333 rows at 16, 64, 256:
+256 + 64 + 13 padded to 16. It is valid for the same functions as
+padding: each row of the output depends only on the same row of the
+inputs.
 
 The padded ranges follow `compiler.DynamicModule`'s rule: a symbol the
 function keeps apart (`graph.dynamic.paddable`: no reduction, window or
@@ -74,7 +91,8 @@ from mlir_ansor.measure.runner import (
 from mlir_ansor.passes.lowering import BUFFERIZE
 from mlir_ansor.target import Target
 
-__all__ = ["PAD_WORK", "Case", "DynamicLibrary", "build_library", "dynamic_entry", "plan_cases", "tuned_sizes"]
+__all__ = ["BLOCK_CALL_ROWS", "PAD_WORK", "Blocks", "Case", "DynamicLibrary", "build_library", "dynamic_entry",
+           "plan_blocks", "plan_cases", "tuned_sizes"]
 
 log = logging.getLogger("mlir_ansor")
 
@@ -126,6 +144,87 @@ def plan_cases(groups: list[list[Dim]], padding: list[bool], specialised: list[t
             padded.append(Case("padded", name, sizes, low))
     padded.sort(key=lambda c: (math.prod(c.sizes), c.sizes))
     return exact + padded
+
+
+BLOCK_CALL_ROWS = 8
+"""What one more call of a specialization costs the blocked path, in rows
+of work: each call reads again the operands the blocked dimension does not
+index (a GEMM's B, which a whole block of rows reuses), copies its block in
+and out and starts its kernels. It keeps the blocked path from running many
+small blocks where one padded call does (7 rows: one call at 16, not seven
+at 1; 100 rows at 16 and 64: 64 + 36 padded to 64, 144, ties with
+64 + 16 + 16 + 4 padded to 16, 144, and the fewer calls win)."""
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """How the blocked path covers an extent: whole blocks of specialised
+    sizes, largest first (``(size, count)``), then the `rest` rows run at
+    `cover`, the smallest specialised size that holds them (padded, or
+    exact when equal; 0 when nothing is left)."""
+
+    blocks: tuple[tuple[int, int], ...]
+    rest: int
+    cover: int
+
+    @property
+    def rows(self) -> int:
+        """The rows the specializations compute: the extent, with the padding."""
+        return sum(t * q for t, q in self.blocks) + self.cover
+
+    @property
+    def calls(self) -> int:
+        return sum(q for _, q in self.blocks) + (self.rest > 0)
+
+    def label(self) -> str:
+        parts = [f"{q} x {t}" for t, q in self.blocks]
+        if self.rest:
+            parts.append(f"{self.rest} exact" if self.rest == self.cover else f"{self.rest} padded to {self.cover}")
+        return " + ".join(parts)
+
+
+def _cover(rows: int, sizes: tuple[int, ...]) -> int:
+    """The smallest of `sizes` that holds `rows` (0 for no rows, -1 for none)."""
+    return 0 if rows == 0 else min((s for s in sizes if s >= rows), default=-1)
+
+
+def plan_blocks(m: int, sizes: tuple[int, ...], call_rows: int = BLOCK_CALL_ROWS) -> Blocks:
+    """How the blocked path runs an extent `m` of a paddable symbol on the
+    specializations at `sizes` (the library's ``@<entry>__block`` computes
+    the same choice in MLIR; :meth:`DynamicLibrary.dispatch_at` asks it).
+
+    Each candidate is a smallest block size b among `sizes`: greedily as
+    many whole blocks of each size >= b as fit, largest first, and the rest
+    (fewer than b rows) at the smallest size that holds it. The one chosen
+    costs least, counting the rows computed (padding included) plus
+    `call_rows` per call; ties go to the larger b (fewer calls).
+
+    Why not one block size, or the least padding alone: with one size T the
+    rest pads to a size that may be far larger (333 rows at 256: 256 + 77
+    padded to 256, 54% more work; greedily 256 + 64 + 13 padded to 16 is 1%
+    more); and the least padding alone prefers the smallest blocks (100
+    calls of a 1-row schedule, each reading all of a GEMM's weights, for
+    100 rows)."""
+    best, best_cost = None, None
+    for b in sorted(set(sizes), reverse=True):
+        plan = _greedy(m, sizes, b)
+        cost = plan.rows + call_rows * plan.calls
+        if best_cost is None or cost < best_cost:
+            best, best_cost = plan, cost
+    return best
+
+
+def _greedy(m: int, sizes: tuple[int, ...], smallest: int) -> Blocks:
+    """`m` rows in whole blocks of each of `sizes` >= `smallest`, largest first, and the rest."""
+    left, blocks = m, []
+    for t in sorted(set(sizes), reverse=True):
+        if t < smallest:
+            break
+        q = left // t
+        left -= q * t
+        if q:
+            blocks.append((t, q))
+    return Blocks(tuple(blocks), left, _cover(left, tuple(sizes)))
 
 
 # --------------------------------------------------------------------------
@@ -372,10 +471,73 @@ def _case_function(name: str, cases: list[Case], groups: list[list[Dim]]) -> str
                       f"    return {result} : index", "  }"])
 
 
+def _cover_function(name: str, sizes: tuple[int, ...]) -> str:
+    """The text of ``@<entry>__cover(%r: index) -> index``: the smallest of
+    `sizes` that holds `r` rows, 0 for none, -1 for more than the largest
+    (:func:`_cover`)."""
+    w = _Writer()
+    result = w.index(-1)
+    for s in sorted(sizes, reverse=True):
+        ok, r = w.fresh("fits"), w.fresh("cover")
+        w.emit(f"{ok} = arith.cmpi ule, %r, {w.index(s)} : index", 2)
+        w.emit(f"{r} = arith.select {ok}, {w.index(s)}, {result} : index", 2)
+        result = r
+    none, r = w.fresh("none"), w.fresh("cover")
+    w.emit(f"{none} = arith.cmpi eq, %r, {w.index(0)} : index", 2)
+    w.emit(f"{r} = arith.select {none}, {w.index(0)}, {result} : index", 2)
+    return "\n".join([f"  func.func @{name}(%r: index) -> index {{", *w.constants(), *w.lines,
+                      f"    return {r} : index", "  }"])
+
+
+def _block_function(name: str, cover: str, sizes: tuple[int, ...], call_rows: int) -> str:
+    """The text of ``@<entry>__block(%m: index) -> index``: the smallest
+    block size :func:`plan_blocks` chooses for `m` rows (each candidate's
+    rows and calls computed in turn, largest candidate first, the cheapest
+    kept)."""
+    w = _Writer()
+    order = sorted(set(sizes), reverse=True)
+    best, best_cost = w.index(order[0]), None
+    for b in order:
+        left, rows, calls = "%m", w.index(0), w.index(0)
+        for t in order:
+            if t < b:
+                break
+            q, n, left2, rows2, calls2 = (w.fresh(x) for x in ("q", "n", "left", "rows", "calls"))
+            w.emit(f"{q} = arith.divui {left}, {w.index(t)} : index", 2)
+            w.emit(f"{n} = arith.muli {q}, {w.index(t)} : index", 2)
+            w.emit(f"{left2} = arith.subi {left}, {n} : index", 2)
+            w.emit(f"{rows2} = arith.addi {rows}, {n} : index", 2)
+            w.emit(f"{calls2} = arith.addi {calls}, {q} : index", 2)
+            left, rows, calls = left2, rows2, calls2
+        cov, some, one, calls2, rows2, per, cost = (w.fresh(x) for x in ("cov", "some", "one", "calls", "rows", "per",
+                                                                         "cost"))
+        w.emit(f"{cov} = func.call @{cover}({left}) : (index) -> index", 2)
+        w.emit(f"{some} = arith.cmpi ne, {left}, {w.index(0)} : index", 2)
+        w.emit(f"{one} = arith.select {some}, {w.index(1)}, {w.index(0)} : index", 2)
+        w.emit(f"{calls2} = arith.addi {calls}, {one} : index", 2)
+        w.emit(f"{rows2} = arith.addi {rows}, {cov} : index", 2)
+        w.emit(f"{per} = arith.muli {calls2}, {w.index(call_rows)} : index", 2)
+        w.emit(f"{cost} = arith.addi {rows2}, {per} : index", 2)
+        if best_cost is None:
+            best_cost = cost
+            continue
+        less, b2, c2 = w.fresh("less"), w.fresh("best"), w.fresh("least")
+        w.emit(f"{less} = arith.cmpi ult, {cost}, {best_cost} : index", 2)
+        w.emit(f"{b2} = arith.select {less}, {w.index(b)}, {best} : index", 2)
+        w.emit(f"{c2} = arith.select {less}, {cost}, {best_cost} : index", 2)
+        best, best_cost = b2, c2
+    return "\n".join([f"  func.func @{name}(%m: index) -> index {{", *w.constants(), *w.lines,
+                      f"    return {best} : index", "  }"])
+
+
 def _dispatcher(entry: str, case_fn: str, generic: str, arg_types: list[ir.Type], n_in: int,
                 groups: list[list[Dim]], out_dims: list[tuple[int, ...]], cases: list[Case],
-                spec_types: dict[str, list[ir.Type]]) -> str:
-    """The text of the entry function (see the module docstring)."""
+                spec_types: dict[str, list[ir.Type]], blocked: dict[int, str] | None = None,
+                helpers: tuple[str, str] = ("", "")) -> str:
+    """The text of the entry function (see the module docstring). `blocked`:
+    the specializations of the one symbol by size, where the default runs
+    the blocked path (:func:`_blocked`; `helpers`: the names of
+    ``@<entry>__block`` and ``@<entry>__cover``), else the generic one."""
     w = _Writer()
     args = [f"%arg{i}" for i in range(len(arg_types))]
     types = [str(t) for t in arg_types]
@@ -463,12 +625,139 @@ def _dispatcher(entry: str, case_fn: str, generic: str, arg_types: list[ir.Type]
         w.emit("scf.yield", 2)
         w.emit("}")
     w.emit("default {")
-    w.emit(f"func.call @{generic}({', '.join(args)}) : ({', '.join(types)}) -> ()", 2)
+    if blocked:
+        _blocked(w, args, arg_types, of_symbol, n_in, blocked, spec_types, *helpers)
+    else:
+        w.emit(f"func.call @{generic}({', '.join(args)}) : ({', '.join(types)}) -> ()", 2)
     w.emit("scf.yield", 2)
     w.emit("}")
     head = f"  func.func @{entry}({', '.join(f'{a}: {t}' for a, t in zip(args, types))}) {{"
     body = ["  " + line for line in w.lines]
     return "\n".join([head, *w.constants(), *body, "    return", "  }"])
+
+
+def _run_rows(w: _Writer, args: list[str], arg_types: list[ir.Type], of_symbol: dict[tuple[int, int], int],
+              n_in: int, function: str, types: list[ir.Type], start: str, rows: str | int, depth: int,
+              buffers: dict[int, str] | None = None) -> None:
+    """Emit a call of the specialization `function` (argument `types`) on
+    rows ``[start, start + rows)`` of the one symbol: each argument that has
+    the symbol as a dimension is copied into a buffer of the
+    specialization's size (an input's rows past `rows` zeroed when `rows`
+    is a value, not the whole size) and an output's rows are copied back
+    after the call; the others are cast to the static types. `buffers`:
+    those buffers, allocated before (:func:`_buffers`), else here."""
+    operands, copy_back = [], []
+    for i, (a, t, st) in enumerate(zip(args, arg_types, types)):
+        mt, ms = _memref(t), _memref(st)
+        dims = [d for d in range(mt.rank) if (i, d) in of_symbol]
+        if not dims:
+            if str(t) == str(st):
+                operands.append(a)
+            else:
+                v = w.fresh("x")
+                w.emit(f"{v} = memref.cast {a} : {t} to {st}", depth)
+                operands.append(v)
+            continue
+        full, elt = list(ms.shape), str(ms.element_type)
+        # The argument's own strides: static up to its first dynamic dimension.
+        arg_strides, acc = [], 1
+        for d in reversed(range(mt.rank)):
+            arg_strides.append(acc if acc is not None else "?")
+            acc = None if acc is None or mt.is_dynamic_dim(d) else acc * mt.get_dim_size(d)
+        arg_strides = ", ".join(map(str, reversed(arg_strides)))
+        static = isinstance(rows, int)
+        live = [str(rows) if d in dims else str(full[d]) for d in range(len(full))]
+        live_shape = [(rows if static else "?") if d in dims else full[d] for d in range(len(full))]
+        offsets = [start if d in dims else "0" for d in range(len(full))]
+        ones = ", ".join(["1"] * len(full))
+        part, part_t = w.fresh("part"), f"memref<{_shape_text(live_shape)}x{elt}, strided<[{arg_strides}], offset: ?>>"
+        w.emit(f"{part} = memref.subview {a}[{', '.join(offsets)}] [{', '.join(live)}] [{ones}] : {t} to {part_t}", depth)
+        buf = (buffers or _buffers(w, [i], types, depth))[i]
+        view, view_t = buf, str(st)
+        if not static:
+            strides = _strides(full)
+            view, view_t = w.fresh("rows"), f"memref<{_shape_text(live_shape)}x{elt}, strided<{strides}>>"
+            w.emit(f"{view} = memref.subview {buf}[{', '.join(['0'] * len(full))}] [{', '.join(live)}] [{ones}] "
+                   f": {st} to {view_t}", depth)
+            if dims == [0]:
+                # the rows are one block: an identity layout makes the copies memcpy
+                flat, flat_t = w.fresh("block"), f"memref<{_shape_text(live_shape)}x{elt}>"
+                w.emit(f"{flat} = memref.cast {view} : {view_t} to {flat_t}", depth)
+                view, view_t = flat, flat_t
+            if i < n_in:
+                for d in dims:
+                    n, tail = w.fresh("n"), w.fresh("tail")
+                    w.emit(f"{n} = arith.subi {w.index(full[d])}, {rows} : index", depth)
+                    t_off = [rows if e == d else "0" for e in range(len(full))]
+                    t_sizes = [n if e == d else str(full[e]) for e in range(len(full))]
+                    tail_shape = ["?" if e == d else full[e] for e in range(len(full))]
+                    tail_t = f"memref<{_shape_text(tail_shape)}x{elt}, strided<{strides}, offset: ?>>"
+                    w.emit(f"{tail} = memref.subview {buf}[{', '.join(t_off)}] [{', '.join(t_sizes)}] [{ones}] "
+                           f": {st} to {tail_t}", depth)
+                    zero = w.fresh("zero")
+                    w.emit(f"{zero} = arith.constant {_zero(ms.element_type)}", depth)
+                    w.emit(f"linalg.fill ins({zero} : {elt}) outs({tail} : {tail_t})", depth)
+        if i < n_in:
+            w.emit(f"memref.copy {part}, {view} : {part_t} to {view_t}", depth)
+        else:
+            copy_back.append((view, view_t, part, part_t))
+        operands.append(buf)
+    w.emit(f"func.call @{function}({', '.join(operands)}) : ({', '.join(str(x) for x in types)}) -> ()", depth)
+    for view, view_t, part, part_t in copy_back:
+        w.emit(f"memref.copy {view}, {part} : {view_t} to {part_t}", depth)
+
+
+def _buffers(w: _Writer, which: list[int], types: list[ir.Type], depth: int) -> dict[int, str]:
+    """Allocate a buffer of each type of `types` at the indices `which`."""
+    out = {}
+    for i in which:
+        out[i] = w.fresh("blk")
+        w.emit(f"{out[i]} = memref.alloc() {{alignment = {ALIGNMENT} : i64}} : {types[i]}", depth)
+    return out
+
+
+def _blocked(w: _Writer, args: list[str], arg_types: list[ir.Type], of_symbol: dict[tuple[int, int], int],
+             n_in: int, blocked: dict[int, str], spec_types: dict[str, list[ir.Type]], block: str,
+             cover: str) -> None:
+    """The blocked path, in the default case of the dispatch (one symbol,
+    paddable): ``@<entry>__block`` gives the smallest block size b
+    (:func:`plan_blocks`); then, for each specialised size T, largest
+    first, an ``scf.for`` over the whole blocks of T rows that fit in what
+    is left (none when T < b), each block copied in, run by ``@<entry>__T``
+    and copied out; then the rest, fewer than b rows, runs at the size
+    ``@<entry>__cover`` gives (an ``scf.index_switch`` on it: padded, or
+    exact; nothing for no rows)."""
+    m = "%s0"
+    b = w.fresh("b")
+    w.emit(f"{b} = func.call @{block}({m}) : (index) -> index", 2)
+    start = w.index(0)
+    for t in sorted(blocked, reverse=True):
+        use, left, q, n, none, end = (w.fresh(x) for x in ("use", "left", "q", "n", "none", "end"))
+        w.emit(f"{use} = arith.cmpi uge, {w.index(t)}, {b} : index", 2)
+        w.emit(f"{left} = arith.subi {m}, {start} : index", 2)
+        w.emit(f"{q} = arith.divui {left}, {w.index(t)} : index", 2)
+        w.emit(f"{n} = arith.muli {q}, {w.index(t)} : index", 2)
+        w.emit(f"{none} = arith.select {use}, {n}, {w.index(0)} : index", 2)
+        w.emit(f"{end} = arith.addi {start}, {none} : index", 2)
+        types = spec_types[blocked[t]]
+        bufs = _buffers(w, [i for i in range(len(args)) if any(i == j for j, _ in of_symbol)], types, 2)
+        row = w.fresh("row")
+        w.emit(f"scf.for {row} = {start} to {end} step {w.index(t)} {{", 2)
+        _run_rows(w, args, arg_types, of_symbol, n_in, blocked[t], types, row, t, 3, bufs)
+        w.emit("}", 2)
+        start = end
+    rest, size = w.fresh("rest"), w.fresh("size")
+    w.emit(f"{rest} = arith.subi {m}, {start} : index", 2)
+    w.emit(f"{size} = func.call @{cover}({rest}) : (index) -> index", 2)
+    w.emit(f"scf.index_switch {size}", 2)
+    for t in sorted(blocked):
+        w.emit(f"case {t} {{", 2)
+        _run_rows(w, args, arg_types, of_symbol, n_in, blocked[t], spec_types[blocked[t]], start, rest, 3)
+        w.emit("scf.yield", 3)
+        w.emit("}", 2)
+    w.emit("default {", 2)
+    w.emit("scf.yield", 3)
+    w.emit("}", 2)
 
 
 @dataclass
@@ -480,12 +769,16 @@ class _Built:
     groups: list[list[Dim]]
     cases: list[Case]
     kernels: list
+    blocks: tuple[int, ...] = ()
 
 
 def _build_module(program: Program, entry: str | None, sizes: dict[Dim, tuple[int, ...]], *, db, threads: int,
-                  target: Target, default: str, pad: bool, pad_work: float, tiles: bool = True) -> tuple[str, _Built]:
+                  target: Target, default: str, pad: bool, pad_work: float, tiles: bool = True,
+                  call_rows: int = BLOCK_CALL_ROWS) -> tuple[str, _Built]:
     """The entry's name and the module of the module docstring (on
-    memrefs, before LLVM), with what the library's caller needs to know."""
+    memrefs, before LLVM), with what the library's caller needs to know.
+    The default case is the blocked path where the function has one
+    symbol, paddable (and `pad`), and some specialization; else generic."""
     with program.context:
         text = str(program.module)
         fn = dynamic_function(program.module, entry)
@@ -512,6 +805,8 @@ def _build_module(program: Program, entry: str | None, sizes: dict[Dim, tuple[in
     else:
         made, spec_text, kernels = [], "module {}", []
     cases = plan_cases(groups, padding if pad else [False] * len(groups), made, pad_work)
+    blocked = {values[groups[0][0]]: n for n, values in made} if pad and len(groups) == 1 and padding[0] else {}
+    helpers = (f"{name}__block", f"{name}__cover")
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse(spec_text)
         passmanager.PassManager.parse(f"builtin.module({_OUT_PARAMS})").run(module.operation)
@@ -524,16 +819,18 @@ def _build_module(program: Program, entry: str | None, sizes: dict[Dim, tuple[in
         callees = [generic] + sorted({c.function for c in cases})
         decls = [f"  func.func private @{f}({', '.join(str(t) for t in (arg_types if f == generic else spec_types[f]))})"
                  for f in callees]
-        text_out = "module {\n" + "\n".join(decls) + "\n" + _case_function(case_fn, cases, groups) + "\n" + _dispatcher(
-            name, case_fn, generic, arg_types, n_in, groups, out_dims, cases, spec_types) + "\n}\n"
+        extra = [_cover_function(helpers[1], tuple(blocked)),
+                 _block_function(helpers[0], helpers[1], tuple(blocked), call_rows)] if blocked else []
+        text_out = "\n".join(["module {", *decls, _case_function(case_fn, cases, groups), *extra, _dispatcher(
+            name, case_fn, generic, arg_types, n_in, groups, out_dims, cases, spec_types, blocked, helpers), "}", ""])
         try:
             _move_in(module, text_out)
             module.operation.verify()
         except ir.MLIRError as e:
             raise AnsorError(f"@{name}: the dispatching module does not verify: {e}") from None
         mlir = str(module)
-    functions = [name, case_fn, generic] + [n for n, _ in made]
-    return name, _Built(mlir, functions, inputs, outputs, groups, cases, kernels)
+    functions = [name, case_fn, generic] + (list(helpers) if blocked else []) + [n for n, _ in made]
+    return name, _Built(mlir, functions, inputs, outputs, groups, cases, kernels, tuple(sorted(blocked)))
 
 
 def _load_text(text: str) -> Program:
@@ -587,6 +884,8 @@ class DynamicLibrary:
     kernels: list = field(default_factory=list)
     """The specializations' `compiler.KernelPlan`s (empty for a loaded library)."""
     threads: int = 1
+    blocks: tuple[int, ...] = ()
+    """The sizes the blocked path runs in (the default case; empty: the generic path is)."""
     _lib: object = field(default=None, repr=False)
 
     def _library(self):
@@ -597,7 +896,12 @@ class DynamicLibrary:
             case = getattr(lib, f"{self.entry}__case")
             case.restype = ctypes.c_int64
             case.argtypes = [ctypes.c_int64] * len(self.symbols)
-            self._lib = (lib, fn, case)
+            block = None
+            if self.blocks:
+                block = getattr(lib, f"{self.entry}__block")
+                block.restype = ctypes.c_int64
+                block.argtypes = [ctypes.c_int64]
+            self._lib = (lib, fn, case, block)
         return self._lib
 
     def _values(self, arrays) -> dict[Dim, int]:
@@ -613,12 +917,24 @@ class DynamicLibrary:
     def dispatch_at(self, values: dict[Dim, int] | tuple[int, ...]) -> dict:
         """Which path runs the symbols' `values` (one per symbol, in order,
         or by dimension), as the library's own ``@<entry>__case`` decides:
-        ``{"path": "exact" | "padded" | "generic", "function": ...,
-        "sizes": {dimension: size it runs at}}``."""
+        ``{"path": "exact" | "padded" | "blocked" | "generic", "function":
+        ..., "sizes": {dimension: size it runs at}}``. A blocked one also
+        has "blocks", the :class:`Blocks` (``@<entry>__block``'s choice),
+        "sizes" the largest size it calls, and "label" (``"0.0=100: 1 x 64
+        + 36 padded to 64"``)."""
         if isinstance(values, dict):
             values = tuple(values[g[0]] for g in self.symbols)
-        row = int(self._library()[2](*values))
+        lib = self._library()
+        row = int(lib[2](*values))
         firsts = [g[0] for g in self.symbols]
+        if row < 0 and self.blocks:
+            (m,) = values
+            plan = _greedy(m, self.blocks, int(lib[3](m)))
+            top = plan.blocks[0][0] if plan.blocks else plan.cover
+            function = next(c.function for c in self.cases if c.kind == "exact" and c.sizes == (top,))
+            return {"path": "blocked", "function": function,
+                    "sizes": {firsts[0]: top}, "blocks": plan,
+                    "label": f"{firsts[0][0]}.{firsts[0][1]}={m}: {plan.label()}"}
         if row < 0:
             return {"path": "generic", "function": f"{self.entry}__generic", "sizes": dict(zip(firsts, values))}
         c = self.cases[row]
@@ -655,8 +971,10 @@ class DynamicLibrary:
             "inputs": [{"shape": list(s), "dtype": t} for s, t in self.inputs],
             "outputs": [{"shape": list(s), "dtype": t} for s, t in self.outputs],
             "cases": [c.to_json() for c in self.cases],
-            "dispatch": [c.label(self.symbols) for c in self.cases] + ["else generic"],
+            "dispatch": [c.label(self.symbols) for c in self.cases]
+            + [f"else blocked in {', '.join(map(str, self.blocks))}" if self.blocks else "else generic"],
             "threads": self.threads,
+            "blocks": list(self.blocks),
         }
 
     def save(self, path: str | os.PathLike) -> str:
@@ -688,6 +1006,7 @@ class DynamicLibrary:
             outputs=[(tuple(x["shape"]), x["dtype"]) for x in meta["outputs"]],
             cases=[Case(c["kind"], c["function"], tuple(c["sizes"]), tuple(c["low"])) for c in meta["cases"]],
             threads=meta.get("threads", 1),
+            blocks=tuple(meta.get("blocks", ())),
         )
 
     def close(self) -> None:
@@ -752,7 +1071,8 @@ def build_library(
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     lib = DynamicLibrary(so_path, name, built.groups, built.inputs, built.outputs, built.cases, built.mlir,
-                         built.kernels, threads)
+                         built.kernels, threads, built.blocks)
     weakref.finalize(lib, shutil.rmtree, workdir, True)
-    log.info("compile: @%s dispatches %s", name, "; ".join(c.label(built.groups) for c in built.cases) or "nothing")
+    log.info("compile: @%s dispatches %s; else %s", name, "; ".join(c.label(built.groups) for c in built.cases) or "nothing",
+             f"blocked in {', '.join(map(str, built.blocks))}" if built.blocks else "generic")
     return lib

@@ -1,5 +1,5 @@
 """One library for a function with dynamic dimensions (`mlir_ansor.dispatch`):
-specializations behind a dispatch in MLIR, exact, padded and generic paths,
+specializations behind a dispatch in MLIR, exact, padded, blocked and generic paths,
 the saved library loaded again, and `compile` on the command line."""
 
 from __future__ import annotations
@@ -11,7 +11,15 @@ import pytest
 from conftest import INPUTS
 
 import mlir_ansor
-from mlir_ansor.dispatch import Case, DynamicLibrary, build_library, plan_cases, tuned_sizes
+from mlir_ansor.dispatch import (
+    Blocks,
+    Case,
+    DynamicLibrary,
+    build_library,
+    plan_blocks,
+    plan_cases,
+    tuned_sizes,
+)
 from mlir_ansor.errors import InputError
 from mlir_ansor.target import Target
 from mlir_ansor.tools.cli import main
@@ -52,19 +60,56 @@ def test_the_table_has_exact_sizes_first_then_padded_ranges():
     assert plan_cases([[(0, 0)]], [False], made) == cases[:2]  # not paddable: exact sizes only
 
 
-@pytest.mark.parametrize("m, path, runs_at", [
-    (16, "exact", 16), (64, "exact", 64),     # specialised
-    (60, "padded", 64), (14, "padded", 16),   # within 15% below one
-    (1, "generic", 1), (7, "generic", 7), (37, "generic", 37), (101, "generic", 101),  # none near
+def test_the_blocked_plan_covers_the_rows_at_the_least_cost():
+    # 100 rows at 16 and 64: 64 + 36 padded to 64 (128 rows, 2 calls) ties
+    # with 64 + 16 + 16 + 4 padded to 16 (112 rows, 4 calls) at 8 rows a
+    # call; the fewer calls win
+    assert plan_blocks(100, (16, 64)) == Blocks(((64, 1),), 36, 64)
+    assert plan_blocks(100, (16, 64), call_rows=4) == Blocks(((64, 1), (16, 2)), 4, 16)
+    # 333 at 16, 64, 256: not 256 + 77 padded to 256 (54% more work)
+    assert plan_blocks(333, (16, 64, 256)) == Blocks(((256, 1), (64, 1)), 13, 16)
+    # few rows: one padded call, not 7 calls of a 1-row schedule
+    assert plan_blocks(7, (1, 16, 64)) == Blocks((), 7, 16)
+    assert plan_blocks(2000, (16, 64)) == Blocks(((64, 31),), 16, 16)
+    assert plan_blocks(2000, (16, 64)).label() == "31 x 64 + 16 exact"
+    for m in range(1, 300):
+        plan = plan_blocks(m, (16, 64, 256))
+        assert sum(t * q for t, q in plan.blocks) + plan.rest == m and 0 <= plan.cover - plan.rest < 64
+
+
+@pytest.mark.parametrize("m, path, runs_at, label", [
+    (16, "exact", 16, None), (64, "exact", 64, None),     # specialised
+    (60, "padded", 64, None), (14, "padded", 16, None),   # within 15% below one
+    # none near: whole blocks and the rest padded
+    (100, "blocked", 64, "0.0=100: 1 x 64 + 36 padded to 64"),
+    (129, "blocked", 64, "0.0=129: 2 x 64 + 1 padded to 16"),
+    (200, "blocked", 64, "0.0=200: 3 x 64 + 8 padded to 16"),
+    (37, "blocked", 64, "0.0=37: 37 padded to 64"),
+    (1, "blocked", 16, "0.0=1: 1 padded to 16"),
+    (7, "blocked", 16, "0.0=7: 7 padded to 16"),
+    (143, "blocked", 64, "0.0=143: 2 x 64 + 15 padded to 16"),
+    (144, "blocked", 64, "0.0=144: 2 x 64 + 16 exact"),
 ])
-def test_each_size_runs_its_path_and_matches_numpy(library, m, path, runs_at):
+def test_each_size_runs_its_path_and_matches_numpy(library, m, path, runs_at, label):
     a, b = _inputs(m)
     out = library(a, b)
     assert out.shape == (m, 64)
     np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
     chosen = library.dispatch(a, b)
     assert chosen["path"] == path and chosen["sizes"] == {(0, 0): runs_at}
-    assert chosen["function"] == ("gemm__generic" if path == "generic" else f"gemm__0_0_{runs_at}")
+    assert chosen["function"] == f"gemm__0_0_{runs_at}"
+    assert chosen.get("label") == label
+
+
+def test_the_library_chooses_the_blocks_plan_blocks_does(library):
+    """``@gemm__block``, the choice in MLIR, agrees with `plan_blocks` at
+    every size the table leaves to it."""
+    for m in range(1, 400):
+        chosen = library.dispatch_at((m,))
+        if chosen["path"] == "blocked":
+            assert chosen["blocks"] == plan_blocks(m, (16, 64)), m
+        else:
+            assert m in (14, 15, 16) or 56 <= m <= 64
 
 
 def test_the_dispatch_is_mlir_in_the_module(library):
@@ -72,15 +117,26 @@ def test_the_dispatch_is_mlir_in_the_module(library):
     entry = text[text.index("func.func @gemm(") :]
     assert entry.startswith("func.func @gemm(%arg0: memref<?x64xf32>, %arg1: memref<64x64xf32>, %arg2: memref<?x64xf32>)")
     assert "memref.dim %arg0" in entry and "scf.index_switch" in entry and "call @gemm__case" in entry
-    assert "func.call @gemm__0_0_16(" in entry and "func.call @gemm__generic(" in entry
-    assert "cf.assert" in entry  # the output's rows are the input's
+    assert "func.call @gemm__0_0_16(" in entry and "cf.assert" in entry  # the output's rows are the input's
+    # the default case is the blocked path: the smallest block size, a loop
+    # over whole blocks of each size (64 first), copied through static
+    # buffers, then a switch on the size the rest runs at
+    default = entry[entry.index("default {") :]
+    assert default.index("call @gemm__block(") < default.index("scf.for") < default.index("call @gemm__cover(")
+    loop = default[default.index("scf.for") :]
+    loop = loop[: loop.index("\n      }\n")]
+    assert "step %c64" in loop and "memref.subview %arg0[%arg3, 0] [64, 64] [1, 1]" in loop
+    assert "func.call @gemm__0_0_64(" in loop and loop.count("memref.copy") == 2
+    rest = default[default.index("call @gemm__cover(") :]
+    assert "scf.index_switch" in rest and "case 16 {" in rest and "case 64 {" in rest
+    assert "func.call @gemm__generic(" not in entry
     assert 'ansor.dispatch = ["0: 0.0=16 exact", "1: 0.0=64 exact", "2: 0.0=14..16 padded", "3: 0.0=56..64 padded"]' in text
     # the generic path is the function itself, on dynamic shapes, its
     # matmul in tiles whose last one is masked (they need not divide)
     generic = text[text.index("func.func @gemm__generic(%arg0: memref<?x64xf32>") :]
     generic = generic[: generic.index("\n  }\n")]
     assert "scf.for" in generic and "vector.create_mask" in generic
-    assert library.to_json()["dispatch"][-1] == "else generic"
+    assert library.to_json()["dispatch"][-1] == "else blocked in 16, 64"
 
 
 def test_inputs_the_function_does_not_take_are_errors(library):
@@ -102,7 +158,7 @@ def test_tied_dimensions_that_differ_are_an_error():
     b = rng.standard_normal((64, 32)).astype(np.float32)
     with pytest.raises(InputError, match=r"dimensions 0\.0=5, 2\.0=6 are one dimension"):
         lib(np.zeros((5, 64), np.float32), b, np.zeros((6, 32), np.float32))
-    for m, path in ((8, "exact"), (7, "padded"), (3, "generic")):
+    for m, path in ((8, "exact"), (7, "padded"), (3, "blocked"), (21, "blocked")):
         a = rng.standard_normal((m, 64)).astype(np.float32)
         c = rng.standard_normal((m, 32)).astype(np.float32)
         np.testing.assert_allclose(lib(a, b, c), c + a @ b, rtol=1e-4, atol=1e-4)
@@ -115,13 +171,48 @@ def test_a_saved_library_loads_and_runs(library, tmp_path):
     side = library.save(path)
     assert json.loads(open(side).read())["entry"] == "gemm"
     again = DynamicLibrary.load(path)
-    for m, path_kind in ((60, "padded"), (37, "generic"), (16, "exact")):
+    assert again.blocks == (16, 64)
+    for m, path_kind in ((60, "padded"), (37, "blocked"), (16, "exact"), (129, "blocked")):
         a, b = _inputs(m, seed=1)
         np.testing.assert_allclose(again(a, b), a @ b, rtol=1e-4, atol=1e-4)
         assert again.dispatch(a, b)["path"] == path_kind
     assert again.dispatch_at({(0, 0): 57})["sizes"] == {(0, 0): 64}
+    assert again.dispatch_at((129,))["label"] == "0.0=129: 2 x 64 + 1 padded to 16"
     with pytest.raises(InputError, match="side file"):
         DynamicLibrary.load(tmp_path / "missing.so")
+
+
+# Sums the rows: a reduction runs over the dynamic dimension, which is not paddable.
+COLUMN_SUM = """
+func.func @colsum(%A: tensor<?x32xf32>) -> tensor<32xf32> {
+  %cst = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<32xf32>
+  %z = linalg.fill ins(%cst : f32) outs(%e : tensor<32xf32>) -> tensor<32xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (j)>],
+      iterator_types = ["reduction", "parallel"]} ins(%A : tensor<?x32xf32>) outs(%z : tensor<32xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %y = arith.addf %x, %o : f32
+    linalg.yield %y : f32
+  } -> tensor<32xf32>
+  return %r : tensor<32xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("source, pad", [(COLUMN_SUM, True), (GEMM, False)])
+def test_no_blocks_where_rows_cannot_be_split(source, pad):
+    """Rows a reduction runs over, or `pad=False`: the sizes not
+    specialised take the generic path, not blocks."""
+    lib = build_library(mlir_ansor.load(text=source), sizes={(0, 0): (16,)}, pad=pad, cache_dir=False)
+    assert lib.blocks == () and f"{lib.entry}__block" not in lib.mlir and lib.to_json()["dispatch"][-1] == "else generic"
+    rng = np.random.default_rng(4)
+    for m, path in ((16, "exact"), (37, "generic")):
+        a = rng.standard_normal((m, 32 if source is COLUMN_SUM else 64)).astype(np.float32)
+        args = (a,) if source is COLUMN_SUM else (a, _inputs(1)[1])
+        want = a.sum(axis=0) if source is COLUMN_SUM else a @ args[1]
+        np.testing.assert_allclose(lib(*args), want, rtol=1e-4, atol=1e-4)
+        assert lib.dispatch(*args)["path"] == path
+    lib.close()
 
 
 def test_without_sizes_only_the_generic_path():
@@ -146,11 +237,12 @@ def test_compile_finds_the_tuned_sizes_in_the_records(tmp_path, capsys):
     assert main(["compile", str(src), "--db", db, "-o", str(out)]) == 0
     text = out.read_text()
     assert "scf.index_switch" in text and "@gemm__0_0_8(" in text and "@gemm__0_0_24(" in text
-    assert "dispatch: 0.0=8 exact; 0.0=24 exact; 0.0=7..8 padded; 0.0=21..24 padded; else generic" in capsys.readouterr().err
+    assert ("dispatch: 0.0=8 exact; 0.0=24 exact; 0.0=7..8 padded; 0.0=21..24 padded; else blocked in 8, 24"
+            in capsys.readouterr().err)
     so = tmp_path / "g.so"
     assert main(["compile", str(src), "--db", db, "-o", str(so)]) == 0
     lib = DynamicLibrary.load(so)
-    for m, path in ((24, "exact"), (22, "padded"), (5, "generic")):
+    for m, path in ((24, "exact"), (22, "padded"), (5, "blocked"), (50, "blocked")):
         a, b = _inputs(m, seed=2)
         np.testing.assert_allclose(lib(a, b), a @ b, rtol=1e-4, atol=1e-4)
         assert lib.dispatch(a, b)["path"] == path
