@@ -61,11 +61,11 @@ def test_the_table_has_exact_sizes_first_then_padded_ranges():
 
 
 def test_the_blocked_plan_covers_the_rows_at_the_least_cost():
-    # 100 rows at 16 and 64: 64 + 36 padded to 64 (128 rows, 2 calls) ties
-    # with 64 + 16 + 16 + 4 padded to 16 (112 rows, 4 calls) at 8 rows a
-    # call; the fewer calls win
-    assert plan_blocks(100, (16, 64)) == Blocks(((64, 1),), 36, 64)
-    assert plan_blocks(100, (16, 64), call_rows=4) == Blocks(((64, 1), (16, 2)), 4, 16)
+    # 100 rows at 16 and 64: 64 + 16 + 16 + 4 padded to 16 (112 rows, 4
+    # calls) before 64 + 36 padded to 64 (128 rows, 2 calls) at 4 rows a
+    # call; at 8 they tie, and the fewer calls win
+    assert plan_blocks(100, (16, 64)) == Blocks(((64, 1), (16, 2)), 4, 16)
+    assert plan_blocks(100, (16, 64), call_rows=8) == Blocks(((64, 1),), 36, 64)
     # 333 at 16, 64, 256: not 256 + 77 padded to 256 (54% more work)
     assert plan_blocks(333, (16, 64, 256)) == Blocks(((256, 1), (64, 1)), 13, 16)
     # few rows: one padded call, not 7 calls of a 1-row schedule
@@ -81,10 +81,11 @@ def test_the_blocked_plan_covers_the_rows_at_the_least_cost():
     (16, "exact", 16, None), (64, "exact", 64, None),     # specialised
     (60, "padded", 64, None), (14, "padded", 16, None),   # within 15% below one
     # none near: whole blocks and the rest padded
-    (100, "blocked", 64, "0.0=100: 1 x 64 + 36 padded to 64"),
+    (100, "blocked", 64, "0.0=100: 1 x 64 + 2 x 16 + 4 padded to 16"),
     (129, "blocked", 64, "0.0=129: 2 x 64 + 1 padded to 16"),
     (200, "blocked", 64, "0.0=200: 3 x 64 + 8 padded to 16"),
-    (37, "blocked", 64, "0.0=37: 37 padded to 64"),
+    (37, "blocked", 16, "0.0=37: 2 x 16 + 5 padded to 16"),
+    (50, "blocked", 64, "0.0=50: 50 padded to 64"),
     (1, "blocked", 16, "0.0=1: 1 padded to 16"),
     (7, "blocked", 16, "0.0=7: 7 padded to 16"),
     (143, "blocked", 64, "0.0=143: 2 x 64 + 15 padded to 16"),
