@@ -113,6 +113,38 @@ def test_the_library_chooses_the_blocks_plan_blocks_does(library):
             assert m in (14, 15, 16) or 56 <= m <= 64
 
 
+# Elementwise on 8 x N: the dynamic dimension is the inner one.
+SCALE = """
+func.func @scale(%A: tensor<8x?xf32>, %B: tensor<8x?xf32>) -> tensor<8x?xf32> {
+  %c1 = arith.constant 1 : index
+  %n = tensor.dim %A, %c1 : tensor<8x?xf32>
+  %e = tensor.empty(%n) : tensor<8x?xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i, j)>,
+                                        affine_map<(i, j) -> (i, j)>],
+      iterator_types = ["parallel", "parallel"]} ins(%A, %B : tensor<8x?xf32>, tensor<8x?xf32>)
+      outs(%e : tensor<8x?xf32>) {
+  ^bb0(%x: f32, %y: f32, %o: f32):
+    %z = arith.mulf %x, %y : f32
+    linalg.yield %z : f32
+  } -> tensor<8x?xf32>
+  return %r : tensor<8x?xf32>
+}
+"""
+
+
+def test_blocks_of_an_inner_dimension():
+    """Blocks of columns (strided views of the arguments, not whole rows)."""
+    lib = build_library(mlir_ansor.load(text=SCALE), sizes={(0, 1): (4, 16)}, cache_dir=False)
+    assert lib.blocks == (4, 16)
+    rng = np.random.default_rng(5)
+    for m, label in ((3, "0.1=3: 3 padded to 4"), (37, "0.1=37: 2 x 16 + 1 x 4 + 1 padded to 4"),
+                     (100, "0.1=100: 6 x 16 + 4 exact")):
+        a, b = (rng.standard_normal((8, m)).astype(np.float32) for _ in range(2))
+        np.testing.assert_array_equal(lib(a, b), a * b)
+        assert lib.dispatch(a, b)["label"] == label
+    lib.close()
+
+
 def test_the_dispatch_is_mlir_in_the_module(library):
     text = library.mlir
     entry = text[text.index("func.func @gemm(") :]
