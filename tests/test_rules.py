@@ -124,7 +124,7 @@ def test_every_rule_applies_somewhere():
     [
         (workloads.matmul(128, 128, 64, "f16"), ["cuda-mma-smem", "cuda-tiled", "cuda-mma", "cuda-contraction", "cuda-default"]),
         (workloads.matmul(64, 64, 32), ["cuda-tiled", "cuda-mma", "cuda-contraction", "cuda-default"]),
-        (workloads.conv2d_nhwc(1, 10, 10, 8, 16, 3, 3), ["cuda-contraction", "cuda-default"]),
+        (workloads.conv2d_nhwc(1, 10, 10, 8, 16, 3, 3), ["cuda-conv-smem", "cuda-contraction", "cuda-default"]),
         (workloads.reduce_last(16, 64), ["cuda-warp-reduction", "cuda-default"]),
         (workloads.elementwise_add_relu(16, 64), ["cuda-default"]),
     ],

@@ -78,6 +78,15 @@ class GpuScheduleWriter(ScheduleWriter):
         _, loop = self.tile_forall_mapped(op, sizes, mapping)
         return loop
 
+    def coalesce(self, loop: str) -> str:
+        """`transform.loop.coalesce`: the perfectly nested `scf.for` band
+        under `loop` as one loop (a conv's (kh, kw, c) reduction loops as
+        one K loop, the form the cp.async pipeliner takes); returns the new
+        loop. Handles to ops inside the band are invalidated."""
+        out = self._fresh("coalesced")
+        self.emit(f"{out} = transform.loop.coalesce {loop} : ({ANY}) -> {ANY}")
+        return out
+
     def empty_tensors_to_allocations(self, container: str) -> None:
         """Turn every `tensor.empty` under `container` into a
         `bufferization.alloc_tensor` (which :meth:`to_workgroup_memory` can

@@ -40,7 +40,7 @@ from mlir_ansor.target import Target
 
 __all__ = ["CONTRACTION_SKETCHES", "default_gpu_assignments", "score"]
 
-CONTRACTION_SKETCHES = ("cuda-mma-smem", "cuda-tiled", "cuda-mma", "cuda-contraction")
+CONTRACTION_SKETCHES = ("cuda-mma-smem", "cuda-tiled", "cuda-mma", "cuda-conv-smem", "cuda-contraction")
 """Sketches that schedule a contraction with reuse (register or warp tiles);
 ``cuda-default`` is the only other GPU sketch."""
 

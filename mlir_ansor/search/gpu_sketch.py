@@ -19,7 +19,10 @@ order:
     (``#gpu.block``), a reduction (cache) tile of the innermost reduction
     loop, an alternative ``smem`` that copies the input tiles into shared
     memory (cooperatively, by all threads of the block), and threads
-    (``#gpu.thread``) each computing a register tile;
+    (``#gpu.thread``) each computing a register tile; for a plain NHWC conv
+    with unit strides first ``cuda-conv-smem``: one coalesced K loop over
+    (kh, kw, c), input and filter tiles staged in shared memory with a
+    cp.async ``stages`` knob, register tiles;
   * ``cuda-default`` (`rules/gpu_default.py`; any op: reductions, softmax
     pieces, elementwise; always added, like ``cpu-default`` on a CPU):
     block tiles and threads over the parallel loops, reductions serial per
@@ -65,6 +68,15 @@ def target_limits(target: Target) -> dict[str, Any]:
     }
 
 
+def _term(term: str, values: dict[str, int]) -> int:
+    """The value of a size term: a count, a knob, or a product of those
+    written ``a*b``."""
+    out = 1
+    for part in term.split("*"):
+        out *= int(part) if part.isdigit() else values[part]
+    return out
+
+
 @dataclass(frozen=True)
 class GpuSketch(Sketch):
     """A sketch for a CUDA target, with the limits its knobs must respect.
@@ -97,7 +109,9 @@ class GpuSketch(Sketch):
       (knob, rows term, cols term, vector width) of a copy distributed over
       all threads of the block in vector-wide pieces; the knob is how many
       rows one thread copies per piece, the least that lets the block's
-      threads cover the tile.
+      threads cover the tile. A term is a knob, a count, or a product of
+      those written ``a*b`` (the conv's input tile: its columns are
+      ``b_d1*k_d6``, output rows times channels).
     """
 
     target_key: str = ""
@@ -146,8 +160,7 @@ class GpuSketch(Sketch):
         threads = self.block_threads(assignment)
         out = {}
         for knob, rows_t, cols_t, width in self.derived:
-            rows = int(rows_t) if rows_t.isdigit() else v[rows_t]
-            cols = int(cols_t) if cols_t.isdigit() else v[cols_t]
+            rows, cols = _term(rows_t, v), _term(cols_t, v)
             need = -(-(rows * max(1, cols // width)) // max(1, threads))
             out[knob] = min((d for d in divisors(rows) if d >= need), default=0)
         return out
@@ -214,8 +227,7 @@ class GpuSketch(Sketch):
             for knob, rows_t, cols_t, width in self.derived:
                 if knob not in self.pipelined_copies:
                     continue
-                rows = int(rows_t) if rows_t.isdigit() else v[rows_t]
-                cols = int(cols_t) if cols_t.isdigit() else v[cols_t]
+                rows, cols = _term(rows_t, v), _term(cols_t, v)
                 pieces = rows // max(1, v[knob]) * max(1, cols // width)
                 if pieces != threads:
                     return (f"{stages} stages: the copy of {knob} has {pieces} pieces for {threads} threads "
