@@ -4,8 +4,8 @@ and ptxas, no GPU). `benchmarks/gpu_check.sh` times them on a GPU host.
     .venv/bin/python benchmarks/gpu_build.py --out benchmarks/gpu_artifacts -n 8
     .venv/bin/python benchmarks/gpu_build.py --preset test --out tests/inputs/gpu -n 5
 
-Presets: "bench" (GEMM 4096 f16 and f32, ResNet-50 conv 3x3 64->64 at 56x56,
-NHWC f32), "test" (a 64^3 f32 GEMM and a 128x128x64 f16 GEMM: small
+Presets: "bench" (GEMM 4096 f16 and f32, ResNet-50 convs 3x3 and 1x1
+64->64 at 56x56, NHWC f32), "test" (a 64^3 f32 GEMM and a 128x128x64 f16 GEMM: small
 artifacts for the runner tests, one candidate per sketch with -n 5).
 Candidates are sampled per sketch with a fixed seed, built in isolated
 worker processes, and kept only when ptxas accepts them within the target's
@@ -43,16 +43,20 @@ from mlir_ansor.target import Target  # noqa: E402
 FIRST = {
     "cuda-mma-smem": {"b_d0": 128, "b_d1": 128, "w_d0": 64, "w_d1": 32, "k_d2": 32},
     "cuda-tiled": {"b_d0": 128, "b_d1": 128, "t_d0": 16, "t_d1": 16, "k_d2": 16},
+    # 8 x 8 output pixels x 64 filters per block, 256 threads of 4 x 4
+    # outputs; each K step (one filter tap, 16 channels) copies 256 16-byte
+    # pieces of input and 256 of filter: one per thread, so cp.async applies
+    "cuda-conv-smem": {"b_d1": 8, "b_d2": 8, "b_d3": 64, "t_d2": 2, "t_d3": 16, "k_d6": 16},
 }
 
 #: cp.async stages built for the FIRST candidate of a staged sketch (each one
 #: valid under the target's shared-memory limit), so the device check times
-#: stages 1 vs 2 vs 3 on the same tiles.
+#: stages 1 vs 2 vs 3 on the same tiles (GEMMs and convs).
 STAGE_SWEEP = (1, 2, 3)
 
 #: Sketches that stage operand tiles in shared memory and keep accumulators
 #: in registers: they get the candidates the fallbacks do not.
-STAGED = ("cuda-mma-smem", "cuda-tiled")
+STAGED = ("cuda-mma-smem", "cuda-tiled", "cuda-conv-smem")
 
 
 def _build_one(payload: str, script: str, arch: str, cubin_path: str) -> dict:
@@ -73,6 +77,7 @@ def presets(name: str) -> list[dict]:
                  "mlir": workloads.matmul(128, 128, 64, "f16"), "flops": 2 * 128 * 128 * 64}]
     n = 4096
     conv = dict(n=1, h=58, w=58, c=64, f=64, kh=3, kw=3)
+    conv1 = dict(n=1, h=56, w=56, c=64, f=64, kh=1, kw=1)
     return [
         {"name": "gemm_4096_f16", "kind": "matmul", "dtype": "f16", "mnk": [n, n, n],
          "mlir": workloads.matmul(n, n, n, "f16"), "flops": 2 * n**3},
@@ -80,6 +85,8 @@ def presets(name: str) -> list[dict]:
          "mlir": workloads.matmul(n, n, n, "f32"), "flops": 2 * n**3},
         {"name": "resnet_conv3x3_64_56", "kind": "conv2d_nhwc", "dtype": "f32", "conv": conv,
          "mlir": workloads.conv2d_nhwc(1, 58, 58, 64, 64, 3, 3), "flops": 2 * 56 * 56 * 64 * 64 * 9},
+        {"name": "resnet_conv1x1_64_56", "kind": "conv2d_nhwc", "dtype": "f32", "conv": conv1,
+         "mlir": workloads.conv2d_nhwc(1, 56, 56, 64, 64, 1, 1), "flops": 2 * 56 * 56 * 64 * 64},
     ]
 
 

@@ -3,14 +3,17 @@
 # torch, cupy and cuda-bindings, and no MLIR (shared/DESIGN.md, decision 6).
 #
 # Built here beforehand (needs MLIR + ptxas, no GPU; about 20 s, 435 KiB):
-#   .venv/bin/python benchmarks/gpu_build.py --out benchmarks/gpu_artifacts -n 8   # 30 candidates, 520 KiB, 8 s
+#   .venv/bin/python benchmarks/gpu_build.py --out benchmarks/gpu_artifacts -n 8   # 42 candidates, 620 KiB, 8 s
 #   .venv/bin/python benchmarks/gpu_build.py --preset test --out tests/inputs/gpu -n 5
 #   .venv/bin/python benchmarks/cuda_module_build.py --out benchmarks/cuda_modules   # whole modules, 6 s, 200 KiB
 # The artifact set holds the staged kernels (cuda-mma-smem: ldmatrix +
 # mma.sync f16; cuda-tiled: register tiles, f32/f16), plus one candidate of
 # each older sketch (cuda-mma, cuda-contraction, cuda-default) as fallbacks;
-# the first staged candidate of each GEMM 4096 comes at cp.async stages 1, 2
-# and 3 (same tiles: the "stages" knob in the list tells them apart), and the
+# the first staged candidate of each GEMM 4096 and of the ResNet convs (3x3
+# and 1x1, cuda-conv-smem: input/filter tiles in shared memory, one filter
+# tap x 16 channels a K step) comes at cp.async stages 1, 2 and 3 (same
+# tiles: the "stages" knob in the list tells them apart; the convs against
+# cuDNN through torch), and the
 # softmax bundle's reductions are warp-shuffle kernels, timed against
 # torch.softmax by cuda_module_check.py:
 # a wrong new kernel shows as ERR in the list and the table still fills.
