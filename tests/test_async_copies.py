@@ -118,6 +118,9 @@ def test_stages_become_cp_async_that_ptxas_accepts(dtype, name, knobs, ptxas, tm
         assert c["commit"] == stages + 1 and c["wait"] == 1
         assert f"cp.async.wait_group \t{stages - 1};" in b.ptx
         assert "cp.async.cg.shared.global" in b.ptx  # 16-byte copies that bypass L1
+        # the FMA tiles' reads from shared memory stay 16 bytes wide
+        # (passes/async_copies.py gives them a view of their own)
+        assert not re.search(r"ld\.shared\.(b|f)32", b.ptx)
         (loop,) = [body for body in _loop_bodies(b.ptx)]
         # in the loop: wait, barrier, compute, barrier, then the next step's copies
         order = [m.group(0) for m in re.finditer(r"cp\.async\.wait_group|bar\.sync|cp\.async\.c[ag]|mma\.sync|fma", loop)]

@@ -96,6 +96,8 @@ def _counts(ptx: str) -> dict[str, int]:
         "wait": sum(1 for ln in lines if ln.startswith("cp.async.wait_group")),
         "st.shared": sum(1 for ln in lines if ln.startswith("st.shared")),
         "fma": sum(1 for ln in lines if ln.startswith("fma.rn.f32")),
+        "ld.shared.v4": sum(1 for ln in lines if ln.startswith("ld.shared.v4")),
+        "ld.shared": sum(1 for ln in lines if ln.startswith("ld.shared")),
     }
 
 
@@ -115,6 +117,9 @@ def test_conv_stages_become_cp_async_that_ptxas_accepts(which, ptxas, tmp_path):
         assert b.launches[0].grid == (1, 7, 7) and b.launches[0].block == (16, 2, 8)
         c = _counts(b.ptx)
         assert c["fma"] == 4 * 4 * 16  # a 4 x 4 register tile over 16 channels a step
+        # the reads from shared memory stay 16 bytes wide at every stage (a
+        # view shared with the copies became loop-carried: scalar ld.shared)
+        assert c["ld.shared"] == c["ld.shared.v4"] == 32
         if stages == 1:
             assert c["cp.async"] == c["commit"] == c["wait"] == 0 and c["st.shared"] == 2
             continue

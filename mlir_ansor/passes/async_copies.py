@@ -1,5 +1,5 @@
 """Asynchronous, multi-stage global-to-shared copies (``cp.async``) for the
-staged GEMM sketches.
+staged GEMM and conv sketches.
 
 A sketch asks for them by annotating its function with
 ``ansor.copy_stages = S`` (`GpuScheduleWriter.annotate_stages`, the
@@ -10,7 +10,9 @@ memory, after the thread mapping and the accumulator hoisting
 
   1. multi-buffering: each workgroup buffer used only inside that loop
      becomes S buffers (``memref<S x ...>``), and iteration i works on
-     buffer ``i mod S`` (a subview at the top of the loop body);
+     buffer ``i mod S`` (subviews at the top of the loop body: one for the
+     copies' stores, one for the reads, so the reads' view is not carried
+     around the pipelined loop and keeps its 16-byte alignment visible);
   2. a barrier between two groups of copies that only write shared memory
      (other buffers) is dropped, so all of an iteration's copies form one
      group;
@@ -50,6 +52,10 @@ _SHARED_ACCESS = {
     "vector.load", "vector.store", "vector.transfer_read", "vector.transfer_write", "memref.load", "memref.store",
     "nvgpu.ldmatrix", "nvgpu.device_async_copy",
 }
+
+
+_SHARED_WRITES = {"vector.store", "vector.transfer_write", "memref.store", "nvgpu.device_async_copy"}
+"""Ops that write the shared buffer among their operands (the copies)."""
 
 
 def _is_workgroup(value: ir.Value) -> bool:
@@ -110,12 +116,22 @@ def multibuffer(launch: ir.Operation, loop: ir.Operation, stages: int) -> int:
         view_type = ir.MemRefType.get(shape, old.element_type, ir.StridedLayoutAttr.get(dyn, strides), old.memory_space)
         d0, s0, s1 = ir.AffineExpr.get_dim(0), ir.AffineExpr.get_symbol(0), ir.AffineExpr.get_symbol(1)
         which = ir.AffineMap.get(1, 2, [ir.AffineExpr.get_mod(ir.AffineExpr.get_floor_div(d0 - s0, s1), stages)])
-        with ir.InsertionPoint.at_block_begin(loop_body), loop.location:
-            index = affine.AffineApplyOp(which, [iv, lower, step]).result
-            view = memref.SubViewOp(view_type, arg, [index], [], [], [dyn] + [0] * len(shape),
-                                    [1, *shape], [1] * (1 + len(shape)))
-        for use in list(arg.uses):
-            if use.owner != view.operation:
+        # One view for the copies' stores and one for the reads: the
+        # pipeliner puts the copies (and what they use) S - 1 iterations
+        # ahead, so a view both use would become a loop-carried memref,
+        # whose offset LLVM cannot see (the reads' 16-byte ld.shared.v4
+        # became scalar ld.shared); the reads' own view stays a function
+        # of the loop's index, a multiple of the tile.
+        uses = list(arg.uses)
+        for writes in (True, False):
+            mine = [u for u in uses if (u.owner.name in _SHARED_WRITES) == writes]
+            if not mine:
+                continue
+            with ir.InsertionPoint.at_block_begin(loop_body), loop.location:
+                index = affine.AffineApplyOp(which, [iv, lower, step]).result
+                view = memref.SubViewOp(view_type, arg, [index], [], [], [dyn] + [0] * len(shape),
+                                        [1, *shape], [1] * (1 + len(shape)))
+            for use in mine:
                 use.owner.operands[use.operand_number] = view.result
         done += 1
     return done
