@@ -42,11 +42,44 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import affine, memref
 
-__all__ = ["STAGES_ATTR", "pipeline_shared_copies"]
+from mlir_ansor.schedule.gpu_writer import STAGES_ATTR
 
-STAGES_ATTR = "ansor.copy_stages"
-"""Function attribute (i64): how many shared-memory stages the K loop's
-operand copies get (1: synchronous copies, the default)."""
+__all__ = ["STAGES_ATTR", "CopyStagesError", "pipeline_shared_copies"]
+
+
+class CopyStagesError(ValueError):
+    """MLIR refused to pipeline the copies (`passes.nvvm` reports it as a
+    `GpuBuildError`, as every other lowering failure)."""
+
+
+def _walk(root: ir.Operation, name: str) -> list[ir.Operation]:
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == name:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    root.walk(visit)
+    return found
+
+
+def _apply(module: ir.Module, body: list[str]) -> None:
+    """Run a transform sequence of `body` lines on `module`."""
+    from mlir.dialects.transform import interpreter
+
+    any_op = "!transform.any_op"
+    lines = "\n".join("    " + b for b in body)
+    sched = ir.Module.parse(
+        "module attributes {transform.with_named_sequence} {\n"
+        f"  transform.named_sequence @__transform_main(%root: {any_op} {{transform.readonly}}) {{\n"
+        f"{lines}\n    transform.yield\n  }}\n}}\n"
+    )
+    entry = next(op for op in sched.body.operations if op.operation.name == "transform.named_sequence")
+    try:
+        interpreter.apply_named_sequence(module.operation, entry, sched)
+    except (ir.MLIRError, ValueError) as e:
+        raise CopyStagesError(f"pipelining the copies failed: {e}") from None
 
 _SHARED_ACCESS = {
     "vector.load", "vector.store", "vector.transfer_read", "vector.transfer_write", "memref.load", "memref.store",
@@ -167,29 +200,27 @@ def pipeline_shared_copies(module: ir.Module) -> int:
     """Turn the shared-memory copies of every K loop into `cp.async`
     pipelined over the stages its function asks for (`STAGES_ATTR`; see
     the module docstring); returns how many loops were pipelined. Raises
-    `nvvm.GpuBuildError` when MLIR refuses."""
-    from mlir_ansor.passes.nvvm import GpuBuildError, _apply_script, _script, walk_op
-
+    `CopyStagesError` when MLIR refuses."""
     done = 0
-    for func in walk_op(module.operation, "func.func"):
+    for func in _walk(module.operation, "func.func"):
         if STAGES_ATTR not in func.attributes:
             continue
         stages = ir.IntegerAttr(func.attributes[STAGES_ATTR]).value
         if stages <= 1:
             continue
         loops = []
-        for launch in walk_op(func, "gpu.launch"):
+        for launch in _walk(func, "gpu.launch"):
             for loop in _copy_loops(launch):
                 if not multibuffer(launch, loop, stages):
-                    raise GpuBuildError("copy stages: no shared buffer is used only inside the K loop")
+                    raise CopyStagesError("copy stages: no shared buffer is used only inside the K loop")
                 drop_barriers_between_copies(loop)
                 loop.attributes["ansor.pipeline"] = ir.UnitAttr.get()
                 loops.append(loop)
         if not loops:
-            raise GpuBuildError(f"copy stages = {stages}: no loop copies operand tiles to shared memory")
+            raise CopyStagesError(f"copy stages = {stages}: no loop copies operand tiles to shared memory")
         name = ir.StringAttr(func.attributes["sym_name"]).value
         any_op = "!transform.any_op"
-        _apply_script(module, _script([
+        _apply(module, [
             f'%f = transform.structured.match ops{{["func.func"]}} attributes {{sym_name = "{name}"}} in %root '
             f": ({any_op}) -> {any_op}",
             f"%g = transform.nvgpu.create_async_groups %f {{bypass_l1}} : ({any_op}) -> {any_op}",
@@ -197,8 +228,8 @@ def pipeline_shared_copies(module: ir.Module) -> int:
             f": ({any_op}) -> {any_op}",
             f"%p = transform.nvgpu.pipeline_shared_memory_copies failures(propagate) %l {{depth = {stages}}} "
             f": ({any_op}) -> {any_op}",
-        ]))
-        if not walk_op(func, "nvgpu.device_async_copy"):
-            raise GpuBuildError(f"copy stages = {stages}: no copy became cp.async")
+        ])
+        if not _walk(func, "nvgpu.device_async_copy"):
+            raise CopyStagesError(f"copy stages = {stages}: no copy became cp.async")
         done += len(loops)
     return done

@@ -15,7 +15,12 @@ from collections.abc import Sequence
 
 from mlir_ansor.schedule.writer import ANY, PARAM, ScheduleWriter, Size
 
-__all__ = ["GpuScheduleWriter"]
+__all__ = ["STAGES_ATTR", "GpuScheduleWriter"]
+
+STAGES_ATTR = "ansor.copy_stages"
+"""Function attribute (i64): how many shared-memory stages the K loop's
+operand copies get (1: synchronous copies, the default;
+`passes.async_copies` reads it)."""
 
 
 class GpuScheduleWriter(ScheduleWriter):
@@ -129,8 +134,6 @@ class GpuScheduleWriter(ScheduleWriter):
         `root` as ``ansor.copy_stages``: `passes.async_copies` then turns the
         K loop's copies to shared memory into that many stages of
         ``cp.async`` (1: the synchronous copies, unchanged)."""
-        from mlir_ansor.passes.async_copies import STAGES_ATTR
-
         self.emit(f'transform.annotate {self.match_func(root)} "{STAGES_ATTR}" = {stages} : {ANY}, {PARAM}')
 
     def mma_sync(self, root: str) -> None:
