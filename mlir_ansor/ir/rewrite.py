@@ -142,3 +142,16 @@ def depends_on_arguments(value: ir.Value, seen: dict) -> bool:
         if frame[2] is None:  # decided: an operand depends on an argument, or none does
             stack.pop()
     return seen[root]
+
+
+def walk_op(root: ir.Operation, name: str) -> list[ir.Operation]:
+    """Every op named `name` inside `root` (`root` included), in walk order."""
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == name:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    root.walk(visit)
+    return found

@@ -42,6 +42,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import affine, memref
 
+from mlir_ansor.ir.rewrite import walk_op
 from mlir_ansor.schedule.gpu_writer import STAGES_ATTR
 
 __all__ = ["STAGES_ATTR", "CopyStagesError", "pipeline_shared_copies"]
@@ -50,18 +51,6 @@ __all__ = ["STAGES_ATTR", "CopyStagesError", "pipeline_shared_copies"]
 class CopyStagesError(ValueError):
     """MLIR refused to pipeline the copies (`passes.nvvm` reports it as a
     `GpuBuildError`, as every other lowering failure)."""
-
-
-def _walk(root: ir.Operation, name: str) -> list[ir.Operation]:
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == name:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    root.walk(visit)
-    return found
 
 
 def _apply(module: ir.Module, body: list[str]) -> None:
@@ -202,14 +191,14 @@ def pipeline_shared_copies(module: ir.Module) -> int:
     the module docstring); returns how many loops were pipelined. Raises
     `CopyStagesError` when MLIR refuses."""
     done = 0
-    for func in _walk(module.operation, "func.func"):
+    for func in walk_op(module.operation, "func.func"):
         if STAGES_ATTR not in func.attributes:
             continue
         stages = ir.IntegerAttr(func.attributes[STAGES_ATTR]).value
         if stages <= 1:
             continue
         loops = []
-        for launch in _walk(func, "gpu.launch"):
+        for launch in walk_op(func, "gpu.launch"):
             for loop in _copy_loops(launch):
                 if not multibuffer(launch, loop, stages):
                     raise CopyStagesError("copy stages: no shared buffer is used only inside the K loop")
@@ -229,7 +218,7 @@ def pipeline_shared_copies(module: ir.Module) -> int:
             f"%p = transform.nvgpu.pipeline_shared_memory_copies failures(propagate) %l {{depth = {stages}}} "
             f": ({any_op}) -> {any_op}",
         ])
-        if not _walk(func, "nvgpu.device_async_copy"):
+        if not walk_op(func, "nvgpu.device_async_copy"):
             raise CopyStagesError(f"copy stages = {stages}: no copy became cp.async")
         done += len(loops)
     return done

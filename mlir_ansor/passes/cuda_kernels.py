@@ -30,6 +30,7 @@ from dataclasses import asdict
 
 from mlir import ir, passmanager
 
+from mlir_ansor.ir.rewrite import walk_op
 from mlir_ansor.passes.nvvm import (
     GpuBuildError,
     assemble,
@@ -39,7 +40,6 @@ from mlir_ansor.passes.nvvm import (
     lower_scheduled_to_launches,
     nvvm_pipeline,
     ptxas_features,
-    walk_op,
 )
 from mlir_ansor.target import Target
 

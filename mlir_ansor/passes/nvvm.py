@@ -53,6 +53,7 @@ from pathlib import Path
 from mlir import ir, passmanager
 from mlir.dialects import gpu
 
+from mlir_ansor.ir.rewrite import walk_op
 from mlir_ansor.passes.async_copies import pipeline_shared_copies
 from mlir_ansor.passes.warp_reduce import shuffle_reductions
 from mlir_ansor.target import Target
@@ -134,19 +135,6 @@ def nvvm_pipeline(target: Target) -> str:
 # --------------------------------------------------------------------------
 # IR steps (the current MLIR context is used)
 # --------------------------------------------------------------------------
-
-
-def walk_op(root: ir.Operation, name: str) -> list[ir.Operation]:
-    """Every op named `name` inside `root` (`root` included), in walk order."""
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == name:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    root.walk(visit)
-    return found
 
 
 def _walk(module: ir.Module, name: str) -> list[ir.Operation]:

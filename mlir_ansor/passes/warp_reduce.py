@@ -24,15 +24,26 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, gpu, memref, scf
 
-__all__ = ["shuffle_reductions"]
+from mlir_ansor.ir.rewrite import walk_op
+
+__all__ = ["WarpReduceError", "shuffle_reductions"]
+
+
+class WarpReduceError(ValueError):
+    """A merge the shuffles cannot take (`passes.nvvm` reports it as a
+    `GpuBuildError`, as every other lowering failure)."""
 
 
 def _launch_dims(launch: ir.Operation) -> tuple[int, int, int]:
-    from mlir_ansor.passes.nvvm import _constant
-
-    ops = list(launch.operands)
-    # gpu.launch operands: [async deps], grid x, y, z, block x, y, z, ...
-    return tuple(_constant(v) for v in ops[3:6])  # type: ignore[return-value]
+    """The block sizes of a ``gpu.launch`` (operands: grid x, y, z, block
+    x, y, z, ...), which must be constants."""
+    dims = []
+    for v in list(launch.operands)[3:6]:
+        owner = v.owner
+        if isinstance(owner, ir.Block) or owner.name != "arith.constant":
+            raise WarpReduceError("warp reduction: a block dimension is not a constant")
+        dims.append(ir.IntegerAttr(owner.attributes["value"]).value)
+    return tuple(dims)  # type: ignore[return-value]
 
 
 def _is_workgroup(value: ir.Value) -> bool:
@@ -47,8 +58,6 @@ def _named(op: ir.Operation) -> list[ir.NamedAttribute]:
 def shuffle_reductions(module: ir.Module, warp_size: int = 32) -> int:
     """Rewrite each lane-split row merge into warp shuffles (module
     docstring); returns how many merges were rewritten."""
-    from mlir_ansor.passes.nvvm import GpuBuildError, walk_op
-
     done = 0
     for launch in walk_op(module.operation, "gpu.launch"):
         bx, by, bz = _launch_dims(launch)
@@ -58,7 +67,7 @@ def shuffle_reductions(module: ir.Module, warp_size: int = 32) -> int:
                 continue
             rows, lanes = ir.MemRefType(src.type).shape
             if lanes != bx or by != 1 or bz != 1 or lanes > warp_size or lanes & (lanes - 1):
-                raise GpuBuildError(f"warp reduction: {rows}x{lanes} partials in a {bx}x{by}x{bz} block")
+                raise WarpReduceError(f"warp reduction: {rows}x{lanes} partials in a {bx}x{by}x{bz} block")
             body = merge.regions[0].blocks[0]
             (combine, _yield) = [o.operation for o in body.operations]
             f_type = ir.MemRefType(src.type).element_type
