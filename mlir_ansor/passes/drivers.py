@@ -188,11 +188,7 @@ def views_into_kernels(module: ir.Module) -> int:
     it). The kernel's body is retyped along its argument's subviews; where it
     uses the argument some other way (a reshape, a call, a cast that pins the
     layout), where the view's innermost stride is not 1, or where the call
-    also writes the view's buffer through another argument, the copy stays.
-    A pad between the call and its copy (the padded buffer zeroed whole) is
-    moved before the call (:func:`_hoist_fills`): ResNet-50's 17 pads of a
-    kernel's result lost their copies (no change in its latency measured on
-    Zen 4, 111.4 against 111.5 ms; the copies were about 1% of it)."""
+    also writes the view's buffer through another argument, the copy stays."""
     clones: dict[tuple[str, tuple[str, ...]], str] = {}
     count = _rewrite_drivers(module, _view_into_one_call, clones)
     if count:
@@ -303,8 +299,7 @@ def _view_into_one_call(module: ir.Module, entry: ir.Block, clones: dict) -> boo
             else:
                 continue
             root = _root(view)
-            blockers = [o for o in between if _touches(o, root)]
-            if blockers and not (copy.operands[0] == buf and _hoist_fills(root, blockers, call, position)):
+            if any(_touches(o, root) for o in between):
                 continue
             target = _strided_arg_type(ir.MemRefType(view.type))
             if target is None:
@@ -326,55 +321,6 @@ def _view_into_one_call(module: ir.Module, entry: ir.Block, clones: dict) -> boo
             alloc.erase()
             return True
     return False
-
-
-def _hoist_fills(root: ir.Value, fills: list[ir.Operation], call: ir.Operation, position: dict) -> bool:
-    """Move the ops `fills` (between `call` and the copy of its result into
-    a view of `root`), and `root`'s allocation if it comes after `call`, to
-    just before `call`, where each fills the whole of `root` with values made
-    before `call` (a pad's zeros: ``linalg.fill``, or ``linalg.map`` with no
-    input). Then the kernel writes the view after them: a padded buffer's
-    interior straight from its producer, the border still zero. False (and
-    nothing moved) where one of them is something else."""
-    def before(v: ir.Value) -> bool:
-        return not isinstance(v, ir.OpResult) or position.get(v.owner.operation, -1) < position[call]
-
-    for o in fills:
-        if o.name not in ("linalg.fill", "linalg.map") or o.results:
-            return False
-        memrefs = [v for v in o.operands if isinstance(v.type, ir.MemRefType)]
-        if memrefs != [root] or not all(before(v) for v in o.operands if v != root):
-            return False
-        outside = []
-
-        def visit(inner: ir.Operation, o=o, outside=outside) -> ir.WalkResult:
-            outside.extend(v for v in inner.operands if isinstance(v, ir.OpResult) and v.owner.operation.parent != o
-                           and inner != o and _defined_outside(v, o))
-            return ir.WalkResult.ADVANCE
-
-        o.walk(visit)
-        if not all(before(v) for v in outside):
-            return False
-    owner = root.owner.operation if isinstance(root, ir.OpResult) else None
-    if owner is not None and position.get(owner, -1) > position[call]:
-        if owner.name not in ("memref.alloc", "memref.get_global") or owner.operands:
-            return False
-        owner.move_before(call)
-        position[owner] = position[call] - 0.5
-    for o in fills:
-        o.move_before(call)
-        position[o] = position[call] - 0.5
-    return True
-
-
-def _defined_outside(v: ir.Value, op: ir.Operation) -> bool:
-    """Whether the op that makes `v` lies outside `op`'s regions."""
-    p = v.owner.operation
-    while p is not None:
-        if p == op:
-            return False
-        p = p.parent
-    return True
 
 
 def _only_reads(v: ir.Value) -> bool:
