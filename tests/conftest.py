@@ -117,3 +117,20 @@ def as_unprivileged(cmd: list[str]) -> list[str]:
     if probe.returncode != 0:
         pytest.skip(f"user nobody cannot run this checkout's Python: {probe.stderr.strip()[-200:]}")
     return [*prefix, *cmd]
+
+
+def ptx_counts(ptx: str) -> dict[str, int]:
+    """How many of each instruction the GPU tests look for a PTX text holds
+    (cp.async copies, predicated ones too, their groups, shared and FMA)."""
+    import re
+
+    lines = [ln.strip() for ln in ptx.splitlines()]
+    return {
+        "cp.async": sum(1 for ln in lines if re.match(r"(@%p\d+ )?cp\.async\.c[ag]\.shared\.global", ln)),
+        "commit": sum(1 for ln in lines if ln.startswith("cp.async.commit_group")),
+        "wait": sum(1 for ln in lines if ln.startswith("cp.async.wait_group")),
+        "st.shared": sum(1 for ln in lines if ln.startswith("st.shared")),
+        "fma": sum(1 for ln in lines if ln.startswith("fma.rn.f32")),
+        "ld.shared.v4": sum(1 for ln in lines if ln.startswith("ld.shared.v4")),
+        "ld.shared": sum(1 for ln in lines if ln.startswith("ld.shared")),
+    }

@@ -9,6 +9,7 @@ import random
 import re
 
 import pytest
+from conftest import ptx_counts
 
 pytest.importorskip("mlir", reason="MLIR bindings are not installed (a GPU host has none)")
 
@@ -81,16 +82,6 @@ def test_stages_need_a_piece_per_thread_and_enough_k_steps():
     assert "3 stages > 2 steps" in few.violation(a)
 
 
-def _counts(ptx: str) -> dict[str, int]:
-    lines = [ln.strip() for ln in ptx.splitlines()]
-    return {
-        "cp.async": sum(1 for ln in lines if re.match(r"(@%p\d+ )?cp\.async\.c[ag]\.shared\.global", ln)),
-        "commit": sum(1 for ln in lines if ln.startswith("cp.async.commit_group")),
-        "wait": sum(1 for ln in lines if ln.startswith("cp.async.wait_group")),
-        "st.shared": sum(1 for ln in lines if ln.startswith("st.shared")),
-    }
-
-
 @pytest.mark.parametrize("dtype,name,knobs", [
     ("f16", "cuda-mma-smem", {"b_d0": 64, "b_d1": 64, "w_d0": 32, "w_d1": 32, "k_d2": 32}),
     ("f32", "cuda-tiled", {"b_d0": 64, "b_d1": 64, "t_d0": 8, "t_d1": 16, "k_d2": 16}),
@@ -109,7 +100,7 @@ def test_stages_become_cp_async_that_ptxas_accepts(dtype, name, knobs, ptxas, tm
         fig = b.ptxas[b.launches[0].entry]
         assert fig["smem"] == sk.smem_bytes(a) == stages * sk.smem_bytes(sk.complete(make_assignment({**knobs, "stages": 1})))
         assert fig["spill_stores"] == fig["stack"] == 0
-        c = _counts(b.ptx)
+        c = ptx_counts(b.ptx)
         if stages == 1:
             assert c["cp.async"] == c["commit"] == c["wait"] == 0 and c["st.shared"] > 0
             continue

@@ -10,6 +10,7 @@ import random
 import re
 
 import pytest
+from conftest import ptx_counts
 
 pytest.importorskip("mlir", reason="MLIR bindings are not installed (a GPU host has none)")
 
@@ -88,19 +89,6 @@ def test_stages_excluded_where_the_pipeliner_cannot_take_them():
     assert "2 stages > 1 steps" in one.violation(a)
 
 
-def _counts(ptx: str) -> dict[str, int]:
-    lines = [ln.strip() for ln in ptx.splitlines()]
-    return {
-        "cp.async": sum(1 for ln in lines if re.match(r"(@%p\d+ )?cp\.async\.c[ag]\.shared\.global", ln)),
-        "commit": sum(1 for ln in lines if ln.startswith("cp.async.commit_group")),
-        "wait": sum(1 for ln in lines if ln.startswith("cp.async.wait_group")),
-        "st.shared": sum(1 for ln in lines if ln.startswith("st.shared")),
-        "fma": sum(1 for ln in lines if ln.startswith("fma.rn.f32")),
-        "ld.shared.v4": sum(1 for ln in lines if ln.startswith("ld.shared.v4")),
-        "ld.shared": sum(1 for ln in lines if ln.startswith("ld.shared")),
-    }
-
-
 @pytest.mark.parametrize("which", ["3x3", "1x1"])
 def test_conv_stages_become_cp_async_that_ptxas_accepts(which, ptxas, tmp_path):
     """Stage 1: 16-byte loads stored to shared memory, synchronously.
@@ -115,7 +103,7 @@ def test_conv_stages_become_cp_async_that_ptxas_accepts(which, ptxas, tmp_path):
         assert fig["smem"] == sk.smem_bytes(a) == stages * 8192
         assert fig["spill_stores"] == fig["stack"] == 0 and b.dropped(SM90) is None
         assert b.launches[0].grid == (1, 7, 7) and b.launches[0].block == (16, 2, 8)
-        c = _counts(b.ptx)
+        c = ptx_counts(b.ptx)
         assert c["fma"] == 4 * 4 * 16  # a 4 x 4 register tile over 16 channels a step
         # the reads from shared memory stay 16 bytes wide at every stage (a
         # view shared with the copies became loop-carried: scalar ld.shared)
