@@ -520,7 +520,7 @@ def _global_data(op: ir.Operation, blobs) -> bytes | None:
     return data
 
 
-def _move_out_weights(module: ir.Module, workdir: str, blobs=None, prefix: str = "w") -> list[tuple]:
+def _move_out_weights(module: ir.Module, workdir: str, blobs=None) -> list[tuple]:
     """Write the data of every large constant global of `module` to a file
     in `workdir` and make the global an external declaration. Returns
     (symbol, file, bytes, the global, its initializer, its visibility or
@@ -532,7 +532,7 @@ def _move_out_weights(module: ir.Module, workdir: str, blobs=None, prefix: str =
         data = _global_data(op, blobs)
         if data is None:
             continue
-        path = os.path.join(workdir, f"{prefix}{len(moved)}.bin")
+        path = os.path.join(workdir, f"w{len(moved)}.bin")
         with open(path, "wb") as f:
             f.write(data)
         visibility = op.attributes["sym_visibility"] if "sym_visibility" in op.attributes else None
@@ -552,7 +552,7 @@ def _restore_weights(moved) -> None:
             op.attributes["sym_visibility"] = visibility
 
 
-def _externalize_weights(module: ir.Module, mlir_text: str, workdir: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _externalize_weights(module: ir.Module, blobs: dict[str, str], workdir: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Move the data of large constant ``memref.global``s out of the module.
 
     Why: LLVM is slow with large constant initializers (ResNet-50's 100 MB of
@@ -560,16 +560,10 @@ def _externalize_weights(module: ir.Module, mlir_text: str, workdir: str) -> tup
     builds in a tenth of the time). Each such global becomes an external
     declaration; its bytes go to a file that an assembler ``.incbin``
     directive places in ``.rodata`` (:func:`_weights_objects`, whose
-    results this returns).
+    results this returns). `blobs`: the module's ``dense_resource`` data
+    (`ir.program.resource_blobs` of its text).
     """
-    blobs: list[dict[str, str]] = []
-
-    def lazy_blobs() -> dict[str, str]:
-        if not blobs:
-            blobs.append(resource_blobs(mlir_text))
-        return blobs[0]
-
-    return _weights_objects([m[:3] for m in _move_out_weights(module, workdir, lazy_blobs)], workdir)
+    return _weights_objects([m[:3] for m in _move_out_weights(module, workdir, lambda: blobs)], workdir)
 
 
 def _weights_objects(entries, workdir: str, name: str = "weights") -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -620,13 +614,14 @@ def lower_and_split(mlir_path: str, threads: int, workdir: str, drivers: list[st
         mlir_text = f.read()
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse(mlir_text)
-        jit_libs, link_inputs = _externalize_weights(module, mlir_text, workdir)
+        blobs = resource_blobs(mlir_text)  # read once: the weights' data and the units' resources
+        jit_libs, link_inputs = _externalize_weights(module, blobs, workdir)
         if outline:
             from mlir_ansor.passes.outline import outline_runs
 
             outline_runs(module)
         lower_to_llvm(module, threads)
-        units = split_units(module, set(drivers), resource_blobs(mlir_text))
+        units = split_units(module, set(drivers), blobs)
         if units is None:
             units_out = [("module", str(module), (), ())]
         else:

@@ -255,11 +255,12 @@ func.func @mlp(%x: tensor<4x128xf32>) -> tensor<4x64xf32> {{
     from mlir import ir
 
     from mlir_ansor.compiler import _externalize_weights, schedule_module
+    from mlir_ansor.ir.program import resource_blobs
 
     scheduled = schedule_module(load(text=text)).mlir
     with ir.Context():
         module = ir.Module.parse(scheduled)
-        jit_libs, objects = _externalize_weights(module, scheduled, str(tmp_path))
+        jit_libs, objects = _externalize_weights(module, resource_blobs(scheduled), str(tmp_path))
         globals_ = [o.operation for o in module.body.operations if o.operation.name == "memref.global"]
         assert len(jit_libs) == len(objects) == 1
         assert sorted(str(ir.TypeAttr(g.attributes["type"]).value) for g in globals_ if "initial_value" not in g.attributes) == [
