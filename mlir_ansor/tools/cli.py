@@ -516,15 +516,9 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     _load_plugins(args)
     target = Target.parse(args.target)
     source = args.input or _example_path()
-    if target.kind == "cpu" and not args.static and _may_be_dynamic(source):
-        from mlir_ansor.dispatch import dynamic_entry
-
-        if dynamic_entry(source, args.func) is not None:
-            return _compile_dispatch(args, target, source)
-    source = _sized(args, source, one=True)
     out = args.output
     if target.kind == "cuda":
-        return _compile_cuda(args, target, source, out)
+        return _compile_cuda(args, target, _sized(args, source, one=True), out)
     if out is not None:
         if not out.endswith((".so", ".mlir")):
             raise AnsorError(f"-o {out}: expected a file name ending in .mlir or .so")
@@ -532,6 +526,12 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     db = None if args.untuned else args.db
     cache_dir = False if args.no_cache else (args.cache_dir or (None if db is not None else args.db + ".cache"))
     default = "naive" if args.untuned else "sketch"
+    if not args.static and _may_be_dynamic(source):
+        from mlir_ansor.dispatch import dynamic_entry
+
+        if dynamic_entry(source, args.func) is not None:
+            return _compile_dispatch(args, target, source, db, cache_dir, default)
+    source = _sized(args, source, one=True)
     if out is None or out.endswith(".mlir"):  # the scheduled module: no code generation needed
         from mlir_ansor.compiler import schedule_module
         from mlir_ansor.passes.compile_cache import cache_for
@@ -568,23 +568,18 @@ def _may_be_dynamic(source: str) -> bool:
     return text.find(b"?", 0, end) >= 0 and re.compile(rb"\b(tensor|memref)<[^<>]*\?").search(text, 0, end) is not None
 
 
-def _compile_dispatch(args: argparse.Namespace, target, source: str) -> int:
+def _compile_dispatch(args: argparse.Namespace, target, source: str, db, cache_dir, default: str) -> int:
     """`compile` of a function with dynamic dimensions: one library that
-    dispatches among its specialised sizes (`dispatch.build_library`);
-    ``-o X.so`` also writes ``X.so.json``, what `DynamicLibrary.load` reads."""
+    dispatches among its specialised sizes (`dispatch.build_library`), with
+    the database, cache folder and default schedule `_cmd_compile` chose
+    (which also checked ``-o``); ``-o X.so`` also writes ``X.so.json``,
+    what `DynamicLibrary.load` reads."""
     from mlir_ansor.dispatch import build_library
     from mlir_ansor.graph.dynamic import parse_sizes
 
     out = args.output
-    if out is not None:
-        if not out.endswith((".so", ".mlir")):
-            raise AnsorError(f"-o {out}: expected a file name ending in .mlir or .so")
-        _check_output(out)
-    db = None if args.untuned else args.db
-    cache_dir = False if args.no_cache else (args.cache_dir or (None if db is not None else args.db + ".cache"))
     lib = build_library(source, sizes=parse_sizes(args.sizes) if args.sizes else None, db=db, threads=args.threads,
-                        target=target, default="naive" if args.untuned else "sketch", entry=args.func,
-                        cache_dir=cache_dir)
+                        target=target, default=default, entry=args.func, cache_dir=cache_dir)
     table = "; ".join(lib.to_json()["dispatch"])
     if out is None:
         sys.stdout.write(lib.mlir)
