@@ -816,8 +816,9 @@ def _owner(use) -> ir.Operation:
     return owner.operation if hasattr(owner, "operation") else owner
 
 
-def _captured(op: ir.Operation) -> list[tuple[ir.OpOperand, ir.Value]]:
-    """The uses, inside `op`'s regions, of f64 values made outside it."""
+def _captured(op: ir.Operation) -> list[tuple[ir.Operation, int, ir.Value]]:
+    """The uses, inside `op`'s regions, of f64 values made outside it: (the
+    user, the operand's index, the value)."""
     found = []
 
     def inside(v: ir.Value) -> bool:
