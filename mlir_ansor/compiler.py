@@ -570,7 +570,7 @@ def _weights_objects(entries, workdir: str, name: str = "weights") -> tuple[tupl
     """For globals made external with their data in files ((symbol, file,
     bytes) each): (shared libraries that resolve the symbols while the
     ExecutionEngine generates code, the assembly source that defines them,
-    hidden, in the library: :func:`_lower_and_link` assembles it while the
+    hidden, in the library: :func:`lower_and_link` assembles it while the
     units are code-generated); empty without entries."""
     if not entries:
         return (), ()
@@ -640,7 +640,7 @@ def emit_unit(text: str, obj_path: str, opt_level: int, jit_libs: tuple[str, ...
         return f.read()
 
 
-def _lower_and_link(module_text: str, signatures: dict, threads: int, so_path: str, opt_level: int,
+def lower_and_link(module_text: str, signatures: dict, threads: int, so_path: str, opt_level: int,
                     cache: CompileCache | None, outline: bool = False, weights: tuple = ()) -> None:
     """Lower `module_text` in a worker, code-generate its units in parallel
     workers (the cached ones come from `cache`) and link them at `so_path`.
@@ -938,7 +938,7 @@ def _finish(module_text: str, signatures: dict, entry: str, threads: int, plans:
     so_path = os.path.join(workdir, "module.so")
     start = time.perf_counter()
     try:
-        _lower_and_link(module_text, signatures, threads, so_path, opt_level, cache, outline, weights)
+        lower_and_link(module_text, signatures, threads, so_path, opt_level, cache, outline, weights)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise

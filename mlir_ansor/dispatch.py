@@ -1066,12 +1066,12 @@ def build_library(
         # units, workers and object cache a static compile uses; a private
         # name, until compiler.py gives it a public one).
         try:
-            compiler._lower_and_link(built.mlir, dict.fromkeys(built.functions), threads, so_path, opt_level, cache)
+            compiler.lower_and_link(built.mlir, dict.fromkeys(built.functions), threads, so_path, opt_level, cache)
         except AnsorError as e:
             log.warning("compile: @%s with the generic path's tiles failed to build (%s); "
                         "again with plain loops there", name, str(e).splitlines()[0])
             name, built = _build_module(program, entry, sizes, **options, tiles=False)
-            compiler._lower_and_link(built.mlir, dict.fromkeys(built.functions), threads, so_path, opt_level, cache)
+            compiler.lower_and_link(built.mlir, dict.fromkeys(built.functions), threads, so_path, opt_level, cache)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
