@@ -134,3 +134,15 @@ def ptx_counts(ptx: str) -> dict[str, int]:
         "ld.shared.v4": sum(1 for ln in lines if ln.startswith("ld.shared.v4")),
         "ld.shared": sum(1 for ln in lines if ln.startswith("ld.shared")),
     }
+
+
+@pytest.fixture(scope="session")
+def ptxas() -> str:
+    """The CUDA toolkit's ptxas, or a skip (test_gpu.py has its own, for a
+    GPU host without the MLIR bindings)."""
+    from mlir_ansor.passes.nvvm import find_ptxas
+
+    exe = find_ptxas()
+    if exe is None:
+        pytest.skip("ptxas (CUDA toolkit) not found on PATH, $PTXAS, $CUDA_HOME/bin or /usr/local/cuda/bin")
+    return exe

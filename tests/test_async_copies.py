@@ -25,14 +25,6 @@ SM90 = Target.cuda(90)
 STAGED = ("cuda-mma-smem", "cuda-tiled")
 
 
-@pytest.fixture(scope="module")
-def ptxas():
-    exe = nvvm.find_ptxas()
-    if exe is None:
-        pytest.skip("ptxas (CUDA toolkit) not found")
-    return exe
-
-
 def _sketches(n: int, dtype: str, target: Target = SM90) -> dict:
     return {s.name: s for s in generate_sketches(workloads.matmul(n, n, n, dtype), target)}
 

@@ -30,14 +30,6 @@ CONV1 = workloads.conv2d_nhwc(1, 56, 56, 64, 64, 1, 1)
 FIRST = {"b_d1": 8, "b_d2": 8, "b_d3": 64, "t_d2": 2, "t_d3": 16, "k_d6": 16}
 
 
-@pytest.fixture(scope="module")
-def ptxas():
-    exe = nvvm.find_ptxas()
-    if exe is None:
-        pytest.skip("ptxas (CUDA toolkit) not found")
-    return exe
-
-
 def _sketches(mlir: str, target: Target = SM90) -> dict:
     return {s.name: s for s in generate_sketches(mlir, target)}
 

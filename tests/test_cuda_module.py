@@ -23,7 +23,6 @@ from fake_cuda import FakeModuleDevice
 
 from mlir_ansor.errors import AnsorError
 from mlir_ansor.examples import workloads
-from mlir_ansor.passes.nvvm import find_ptxas
 from mlir_ansor.target import Target
 from mlir_ansor.tools.cli import main
 
@@ -36,14 +35,6 @@ MODULES = {
     "conv_bias_relu": lambda: workloads.conv_bias_relu(1, 18, 18, 32, 64, 3),
     "softmax": lambda: workloads.softmax(64, 256),
 }
-
-
-@pytest.fixture(scope="module")
-def ptxas():
-    exe = find_ptxas()
-    if exe is None:
-        pytest.skip("ptxas (CUDA toolkit) not found on PATH, $PTXAS, $CUDA_HOME/bin or /usr/local/cuda/bin")
-    return exe
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))

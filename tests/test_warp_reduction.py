@@ -23,14 +23,6 @@ from mlir_ansor.target import Target  # noqa: E402
 SM90 = Target.cuda(90)
 
 
-@pytest.fixture(scope="module")
-def ptxas():
-    exe = nvvm.find_ptxas()
-    if exe is None:
-        pytest.skip("ptxas (CUDA toolkit) not found")
-    return exe
-
-
 def _softmax_tasks(rows: int = 128, n: int = 256) -> list:
     return extract_tasks(load(text=workloads.softmax(rows, n)))
 
