@@ -198,10 +198,10 @@ class CompiledModule:
         outs = plan.outputs()
         return self._kernel(name).bind(ins + outs), plan.results(ins, outs)
 
-    def _plan(self, name: str) -> _CallPlan:
+    def _plan(self, name: str) -> CallPlan:
         plan = self._plans.get(name)
         if plan is None:
-            plan = self._plans[name] = _CallPlan(self._kernel(name), *self.functions[name])
+            plan = self._plans[name] = CallPlan(self._kernel(name), *self.functions[name])
         return plan
 
     def _call(self, name: str, arrays) -> np.ndarray | tuple[np.ndarray, ...] | None:
@@ -220,7 +220,7 @@ class CompiledModule:
 # Choosing a schedule per task.
 
 
-class _CallPlan:
+class CallPlan:
     """One function's call, set up once: its argument types and memref
     descriptors (static shapes: only the data pointers change from call to
     call) and a ctypes prototype of its own. A call of an aligned,
@@ -228,7 +228,8 @@ class _CallPlan:
     about 0.5 us per argument and 1 us per output beyond the kernels
     (`benchmarks/call_overhead.py`); it was 9.7 us for a one-kernel module
     of two arguments and one output, and about 20 with descriptors made per
-    call."""
+    call. A function with dynamic dimensions gets one per argument shapes
+    (`dispatch.DynamicLibrary`)."""
 
     def __init__(self, kernel: Kernel, ins_spec, outs_spec, written) -> None:
         self.kernel = kernel  # keeps the library loaded
@@ -1066,6 +1067,8 @@ class DynamicModule:
     """Padded sizes are multiples of this (the register tiles' rows)."""
     PAD_WORK = 1.15
     """The most a padded size may exceed the size it stands for, as a ratio."""
+    SHAPES_KEPT = 256
+    """Argument shapes whose specialization a call finds without checking them again."""
 
     def __init__(self, program: Program, *, entry: str | None, pad: bool = True, **options) -> None:
         from mlir_ansor.graph.dynamic import dynamic_function, symbols_with_padding
@@ -1083,6 +1086,7 @@ class DynamicModule:
         self.options = options
         self._compiled: dict[tuple, CompiledModule] = {}
         self._runs: dict[tuple, tuple] = {}  # sizes -> (compiled module, padded sizes or None, result shapes)
+        self._by_shapes: dict[tuple, tuple] = {}  # argument shapes -> the same, once checked (the call's fast path)
 
     @property
     def sizes(self) -> list[dict[tuple[int, int], int]]:
@@ -1145,6 +1149,10 @@ class DynamicModule:
         return out
 
     def _run(self, arrays) -> tuple:
+        arg_shapes = tuple(a.shape if type(a) is np.ndarray else np.shape(a) for a in arrays)
+        run = self._by_shapes.get(arg_shapes)
+        if run is not None:
+            return run
         values = self._values(arrays)
         key = tuple(sorted(values.items()))
         run = self._runs.get(key)
@@ -1163,6 +1171,9 @@ class DynamicModule:
                     shapes = [tuple(ir.ShapedType(t).shape) for t in ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value).results]
                 log.info("compile: @%s at sizes %s runs padded to %s", self.entry, size_label(values), size_label(padded))
             run = self._runs[key] = (cm, padded, shapes)
+        if len(self._by_shapes) >= self.SHAPES_KEPT:
+            del self._by_shapes[next(iter(self._by_shapes))]
+        self._by_shapes[arg_shapes] = run
         return run
 
     def specialization(self, *arrays: np.ndarray) -> CompiledModule:

@@ -82,11 +82,6 @@ from mlir_ansor.graph.dynamic import (
 from mlir_ansor.ir.program import Program
 from mlir_ansor.measure.runner import (
     ALIGNMENT,
-    aligned_copy,
-    aligned_empty,
-    data_pointer,
-    descriptor,
-    np_dtype,
 )
 from mlir_ansor.passes.lowering import BUFFERIZE
 from mlir_ansor.target import Target
@@ -863,6 +858,17 @@ def _move_in(module: ir.Module, text: str) -> None:
 # The library.
 
 
+PLANS_KEPT = 256
+"""Call set-ups a `DynamicLibrary` keeps, one per distinct argument shapes."""
+
+
+@dataclass(frozen=True)
+class _EntryPoint:
+    """The library's entry function, as `compiler.CallPlan` takes a kernel."""
+
+    fn: object
+
+
 @dataclass
 class DynamicLibrary:
     """A compiled library whose entry function takes any extents of its
@@ -892,6 +898,7 @@ class DynamicLibrary:
     blocks: tuple[int, ...] = ()
     """The sizes the blocked path runs in (the default case; empty: the generic path is)."""
     _lib: object = field(default=None, repr=False)
+    _plans: dict = field(default_factory=dict, repr=False)
 
     def _library(self):
         if self._lib is None:
@@ -950,21 +957,26 @@ class DynamicLibrary:
         values = self._values(arrays)
         return self.dispatch_at(tuple(values[g[0]] for g in self.symbols))
 
+    def _plan(self, arrays) -> compiler.CallPlan:
+        """The call at the shapes of `arrays`, set up on first use of those
+        shapes (checked then, as `dispatch` checks them): descriptors and a
+        straight-line call (`compiler.CallPlan`), a few microseconds a call
+        where making them per call cost about 20."""
+        shapes = tuple(a.shape if type(a) is np.ndarray else np.shape(a) for a in arrays)
+        plan = self._plans.get(shapes)
+        if plan is None:
+            values = self._values(arrays)
+            sym = [values[g[0]] for g in self.symbols]
+            ins = [(shape, dtype) for shape, (_, dtype) in zip(shapes, self.inputs)]
+            outs = [(tuple(d if d >= 0 else sym[-1 - d] for d in dims), dtype) for dims, dtype in self.outputs]
+            plan = compiler.CallPlan(_EntryPoint(self._library()[1]), ins, outs, ())
+            if len(self._plans) >= PLANS_KEPT:
+                del self._plans[next(iter(self._plans))]  # the oldest shapes
+            self._plans[shapes] = plan
+        return plan
+
     def __call__(self, *arrays: np.ndarray):
-        values = self._values(arrays)
-        sym = [values[g[0]] for g in self.symbols]
-        ins = []
-        for a, (_, dtype) in zip(arrays, self.inputs):
-            dt = np_dtype(dtype)
-            if type(a) is not np.ndarray:
-                a = np.asarray(a)
-            if a.dtype != dt or not a.flags.c_contiguous or data_pointer(a) % ALIGNMENT:
-                a = aligned_copy(a, dt)
-            ins.append(a)
-        outs = [aligned_empty(tuple(d if d >= 0 else sym[-1 - d] for d in dims), np_dtype(dtype))
-                for dims, dtype in self.outputs]
-        descs = [descriptor(x) for x in ins + outs]
-        self._library()[1](*[ctypes.byref(d) for d in descs])
+        outs = self._plan(arrays)(self.entry, arrays)
         if not outs:
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -1015,6 +1027,7 @@ class DynamicLibrary:
         )
 
     def close(self) -> None:
+        self._plans.clear()
         self._lib = None
 
 

@@ -96,7 +96,7 @@ def test_calls_take_any_array_and_return_fresh_outputs():
 
 
 def test_calls_pass_aligned_arrays_as_they_are_and_copy_the_rest(monkeypatch):
-    """The call made for a signature (`_CallPlan._fast_call`) copies only
+    """The call made for a signature (`CallPlan._fast_call`) copies only
     what the kernel cannot read in place: a misaligned, read-only-but-
     misaligned or list argument is copied; an aligned one, read-only too,
     is not; every result is right and each call's output is its own."""

@@ -11,6 +11,7 @@ import pytest
 from conftest import INPUTS
 
 import mlir_ansor
+from mlir_ansor import dispatch
 from mlir_ansor.dispatch import (
     Blocks,
     Case,
@@ -180,6 +181,28 @@ def test_inputs_the_function_does_not_take_are_errors(library):
         library(a)
     with pytest.raises(InputError, match="at least 1"):
         library(a[:0], b)
+
+
+def test_a_call_is_set_up_once_per_shape_and_takes_any_array(library, monkeypatch):
+    """Calls at shapes seen before reuse their set-up (descriptors and a
+    straight-line call), which must not keep anything of the previous call:
+    each result is right for its own inputs, whatever their order, type,
+    alignment or dtype; a shape is still checked the first time it comes;
+    and the set-ups kept are bounded."""
+    monkeypatch.setattr(dispatch, "PLANS_KEPT", 3)
+    library.close()
+    for m in (5, 16, 5, 100, 16, 5):
+        a, b = _inputs(m)
+        np.testing.assert_allclose(library(a, b), a @ b, rtol=2e-5, atol=2e-5)
+    assert len(library._plans) == 3
+    a, b = _inputs(7, seed=1)
+    misaligned = np.empty(a.size + 1, np.float32)[1:].reshape(a.shape)
+    misaligned[...] = a
+    for args in ((misaligned, b), (a.tolist(), b), (a.astype(np.float64), b), (a, np.asfortranarray(b))):
+        np.testing.assert_allclose(library(*args), a @ b, rtol=2e-5, atol=2e-5)
+    with pytest.raises(InputError, match=r"argument 1 has shape \(32, 64\), expected 64x64"):
+        library(a, b[:32])
+    assert library._plans, "a failed call left the set-ups as they were"
 
 
 def test_tied_dimensions_that_differ_are_an_error():

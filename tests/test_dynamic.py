@@ -96,7 +96,8 @@ def test_tune_at_sizes_then_run_and_compile_one(tmp_path, capsys):
 
 def test_compile_of_a_dynamic_module_runs_any_size():
     """`compile` returns a DynamicModule: each new size compiles its
-    specialization once; tied dimensions of other sizes are an error."""
+    specialization once, and a call at shapes seen before goes straight to
+    it; tied dimensions of other sizes are an error."""
     dm = mlir_ansor.compile(str(INPUTS / "dynamic.mlir"))
     assert isinstance(dm, mlir_ansor.compiler.DynamicModule) and dm.symbols == [[(0, 0), (2, 0)]]
     rng = np.random.default_rng(0)
@@ -108,6 +109,7 @@ def test_compile_of_a_dynamic_module_runs_any_size():
     assert dm.sizes == [{(0, 0): 3, (2, 0): 3}, {(0, 0): 1, (2, 0): 1}]
     with pytest.raises(mlir_ansor.AnsorError, match="must have the same size"):
         dm(np.zeros((2, 64), np.float32), b, np.zeros((4, 32), np.float32))
+    np.testing.assert_allclose(dm(a.tolist(), b, c), c + a @ b, rtol=1e-4, atol=1e-4)  # shapes seen before, a list
     dm.close()
 
 
