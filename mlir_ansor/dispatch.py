@@ -44,6 +44,12 @@ of the smallest specialised size that holds it. 333 rows at 16, 64, 256:
 padding: each row of the output depends only on the same row of the
 inputs.
 
+Where the sizes come from the records (no sizes given) and the function
+has one paddable symbol, the library also specialises the powers of two
+between tuned sizes more than twice apart (:func:`between_sizes`: 1, 16,
+64 gives 2, 4, 8 and 32 too), on schedules carried over from the nearest
+tuned size; 7 rows then run padded to 8, not to 16.
+
 The padded ranges follow `compiler.DynamicModule`'s rule: a symbol the
 function keeps apart (`graph.dynamic.paddable`: no reduction, window or
 slice over it) runs at a specialised size at most :data:`PAD_WORK` times
@@ -86,7 +92,7 @@ from mlir_ansor.measure.runner import (
 from mlir_ansor.passes.lowering import BUFFERIZE
 from mlir_ansor.target import Target
 
-__all__ = ["BLOCK_CALL_ROWS", "PAD_WORK", "Blocks", "Case", "DynamicLibrary", "build_library", "dynamic_entry",
+__all__ = ["BLOCK_CALL_ROWS", "PAD_WORK", "Blocks", "Case", "DynamicLibrary", "between_sizes", "build_library", "dynamic_entry",
            "plan_blocks", "plan_cases", "tuned_sizes"]
 
 log = logging.getLogger("mlir_ansor")
@@ -139,6 +145,23 @@ def plan_cases(groups: list[list[Dim]], padding: list[bool], specialised: list[t
             padded.append(Case("padded", name, sizes, low))
     padded.sort(key=lambda c: (math.prod(c.sizes), c.sizes))
     return exact + padded
+
+
+def between_sizes(values: tuple[int, ...]) -> tuple[int, ...]:
+    """`values` and the powers of two between each two of them more than
+    twice apart: 1, 16, 64 -> 1, 2, 4, 8, 16, 32, 64. A library whose
+    records hold only those tuned sizes otherwise runs 7 rows padded to 16
+    (1.7x the time of a static module at 7, Zen 4); at 8 it runs within
+    :data:`PAD_WORK` of its own size, on a schedule carried over from the
+    nearest tuned size (`search.transfer`)."""
+    out = set(values)
+    ordered = sorted(values)
+    for low, high in zip(ordered, ordered[1:]):
+        p = 1 << low.bit_length()  # the least power of two above `low`
+        while high > 2 * low and p < high:
+            out.add(p)
+            p *= 2
+    return tuple(sorted(out))
 
 
 BLOCK_CALL_ROWS = 4
@@ -774,11 +797,12 @@ class _Built:
 
 def _build_module(program: Program, entry: str | None, sizes: dict[Dim, tuple[int, ...]], *, db, threads: int,
                   target: Target, default: str, pad: bool, pad_work: float, tiles: bool = True,
-                  call_rows: int = BLOCK_CALL_ROWS) -> tuple[str, _Built]:
+                  call_rows: int = BLOCK_CALL_ROWS, between: bool = False) -> tuple[str, _Built]:
     """The entry's name and the module of the module docstring (on
     memrefs, before LLVM), with what the library's caller needs to know.
     The default case is the blocked path where the function has one
-    symbol, paddable (and `pad`), and some specialization; else generic."""
+    symbol, paddable (and `pad`), and some specialization; else generic.
+    `between`: that symbol is also specialised at :func:`between_sizes`."""
     with program.context:
         text = str(program.module)
         fn = dynamic_function(program.module, entry)
@@ -793,6 +817,9 @@ def _build_module(program: Program, entry: str | None, sizes: dict[Dim, tuple[in
                   for t in ftype.inputs]
         n_in = len(inputs)
     out_dims = _output_dims(text, name, groups)
+    if between and pad and len(groups) == 1 and padding[0] and len(sizes) == 1:
+        ((dim, values),) = sizes.items()
+        sizes = {dim: between_sizes(values)}
     with program.context:
         results = list(ftype.results)
         outputs = [(dims, str(ir.ShapedType(t).element_type)) for dims, t in zip(out_dims, results)]
@@ -1044,6 +1071,7 @@ def build_library(
     pad_work: float = PAD_WORK,
     opt_level: int = 3,
     cache_dir: str | os.PathLike | bool | None = None,
+    between: bool | None = None,
 ) -> DynamicLibrary:
     """Compile a function with dynamic dimensions into one library that
     dispatches among static specializations at run time (the module
@@ -1055,7 +1083,11 @@ def build_library(
     `db` holds records for (:func:`tuned_sizes`); none there, or ``{}``:
     only the generic path. `pad`: run extents up to `pad_work` times
     smaller than a specialised size at that size, padded, where the
-    function allows it. The other arguments are `compiler.compile`'s."""
+    function allows it. `between`: where the function has one dynamic
+    dimension, paddable, also specialise it at the powers of two between
+    sizes more than twice apart (:func:`between_sizes`); None (default):
+    when the sizes are those of the records. The other arguments are
+    `compiler.compile`'s."""
     from mlir_ansor.importers import load
     from mlir_ansor.passes.compile_cache import cache_for
 
@@ -1065,11 +1097,13 @@ def build_library(
     program = load(source.module if isinstance(source, Program) else source)
     with program.context:
         text = str(program.module)
+    if between is None:
+        between = sizes is None
     if sizes is None:
         sizes = tuned_sizes(text, entry, db, target)
         log.info("compile: specialised sizes from the records: %s",
                  "; ".join(f"{i}.{d}={','.join(map(str, v))}" for (i, d), v in sizes.items()) or "none")
-    options = dict(db=db, threads=threads, target=target, default=default, pad=pad, pad_work=pad_work)
+    options = dict(db=db, threads=threads, target=target, default=default, pad=pad, pad_work=pad_work, between=between)
     name, built = _build_module(program, entry, sizes, **options)
     workdir = tempfile.mkdtemp(prefix="mlir-ansor-dispatch-")
     so_path = os.path.join(workdir, "module.so")

@@ -281,8 +281,10 @@ def test_without_sizes_only_the_generic_path():
 
 def test_compile_finds_the_tuned_sizes_in_the_records(tmp_path, capsys):
     """`tune --sizes` at 8 and 24, then `compile` with no --sizes: the
-    library specialises those two (found from the records), writes the
-    dispatch into the MLIR and the library, and the saved .so runs."""
+    library specialises those two (found from the records) and 16 between
+    them on a schedule carried over from a tuned size, writes the dispatch
+    into the MLIR and the library, and the saved .so runs; with the sizes
+    given, it specialises just those."""
     src = tmp_path / "gemm.mlir"
     src.write_text(GEMM)
     db = str(tmp_path / "g.db")
@@ -292,9 +294,14 @@ def test_compile_finds_the_tuned_sizes_in_the_records(tmp_path, capsys):
     out = tmp_path / "g.mlir"
     assert main(["compile", str(src), "--db", db, "-o", str(out)]) == 0
     text = out.read_text()
-    assert "scf.index_switch" in text and "@gemm__0_0_8(" in text and "@gemm__0_0_24(" in text
-    assert ("dispatch: 0.0=8 exact; 0.0=24 exact; 0.0=7..8 padded; 0.0=21..24 padded; else blocked in 8, 24"
-            in capsys.readouterr().err)
+    assert "scf.index_switch" in text and all(f"@gemm__0_0_{m}(" in text for m in (8, 16, 24))
+    assert ("dispatch: 0.0=8 exact; 0.0=16 exact; 0.0=24 exact; 0.0=7..8 padded; 0.0=14..16 padded; "
+            "0.0=21..24 padded; else blocked in 8, 16, 24" in capsys.readouterr().err)
+    lib = build_library(mlir_ansor.load(text=GEMM), db=db, cache_dir=False)
+    assert sorted((k.task.name, k.source) for k in lib.kernels) == [
+        ("matmul_16x64x64_f32", "transferred"), ("matmul_24x64x64_f32", "tuned"), ("matmul_8x64x64_f32", "tuned")]
+    assert main(["compile", str(src), "--db", db, "--sizes", "0.0=8,24", "-o", str(out)]) == 0
+    assert "else blocked in 8, 24)" in capsys.readouterr().err
     so = tmp_path / "g.so"
     assert main(["compile", str(src), "--db", db, "-o", str(so)]) == 0
     lib = DynamicLibrary.load(so)
