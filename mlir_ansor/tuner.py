@@ -827,12 +827,16 @@ class _Batches:
         has 23 tasks, 20 of them under 1% of the time: with 200 trials and
         equal first batches of 8, the three matmuls (nearly all of the
         tuned time too) had 48 trials and the other 20 tasks 160. The task
-        scheduler gives a small task more later when its gradient says so."""
+        scheduler gives a small task more later when its gradient says so.
+        With several functions (``tune --sizes``), each function's tasks
+        share an equal part, as the scheduler's objective counts them."""
         times = [st.task.weight * st.result.baseline_latency_s for st in self.states]
-        total = sum(t for t in times if math.isfinite(t))
+        functions = [st.task.func_name for st in self.states]
+        mine = functions[ti]
+        total = sum(t for t, f in zip(times, functions) if math.isfinite(t) and f == mine)
         if not math.isfinite(times[ti]) or total <= 0:
             return self.batch
-        share = times[ti] / total
+        share = times[ti] / total / len(set(functions))
         return max(min(2, self.batch), min(self.batch, math.ceil(self.batch * len(self.states) * share)))
 
     def _stats(self) -> list[TaskStats]:
@@ -847,6 +851,7 @@ class _Batches:
                 st.result.baseline_latency_s,
                 st.task.bytes,
                 st.task.memory_bound,
+                st.task.func_name,
             )
             for st in self.states
         ]

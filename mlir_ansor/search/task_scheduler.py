@@ -20,6 +20,16 @@ of magnitude (a GELU's erf against an f64 subtraction), so a flop rate reached
 by one promised the other a speed it can never have, and it kept the trials
 (a BERT layer gave 98 of 200 to a 30 us subtraction, 16-24 to each of its
 three matmuls).
+A module of several functions (``tune --sizes``: one static
+specialization of a dynamic function per size; or several entry points)
+has the objective f = sum_F log(L_F), L_F = sum_{i in F} w_i g_i the
+latency of function F: each function counts by its relative gain, so the
+largest size does not take the trials of the others (a GEMM tuned at
+M = 1, 16, 64, 256 and 1024 with 200 trials gave 140 to M = 1024 and 8 to
+M = 1, whose schedule then ran 1.2x slower than one tuned alone). Task
+i's gradient is then divided by L_F of its function; with one function
+that scales every gradient alike and the choice is the same.
+
 The task with the most negative gradient wins; with probability `epsilon` a
 random task is picked instead (exploration). A task without any valid
 measurement yet has an unknown latency and goes first. Every choice and its
@@ -66,6 +76,9 @@ class TaskStats:
     memory_bound: bool = False
     """Whether its speed is bytes moved, not arithmetic (elementwise ops,
     reductions): its "similar tasks" estimate compares bytes per second."""
+    function: str = ""
+    """The function the task occurs in (its first): the objective sums the
+    logarithms of the functions' latencies."""
 
     @property
     def work(self) -> int:
@@ -76,6 +89,17 @@ class TaskStats:
     @property
     def trials(self) -> int:
         return len(self.history)
+
+
+def function_latency(stats: list[TaskStats], function: str) -> float:
+    """L_F: the weighted latencies of the tasks of `function` (the best so
+    far, else the untuned one; inf while one has neither)."""
+    total = 0.0
+    for k in stats:
+        if k.function == function:
+            g = k.best_s if math.isfinite(k.best_s) else k.baseline_s
+            total += k.weight * g
+    return total
 
 
 @dataclass(frozen=True)
@@ -167,6 +191,10 @@ class TaskScheduler(BaseTaskScheduler):
             similar = f", similar tasks reach {max(rates) / 1e9:.3g} {unit}"
         grad = s.weight * (self.alpha * backward + (1 - self.alpha) * forward)
         why = f"backward {backward:.3g} s/trial, forward {forward:.3g} s/trial, weight {s.weight}{similar}"
+        scale = function_latency(stats, s.function) if len({k.function for k in stats}) > 1 else math.inf
+        if math.isfinite(scale) and scale > 0:
+            grad /= scale
+            why += f", over @{s.function}'s {scale * 1e3:.3g} ms"
         return grad, why
 
     # -- choosing --------------------------------------------------------------
