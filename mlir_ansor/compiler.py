@@ -347,6 +347,23 @@ def _transferred_plan(database, task: Task, sym: str, sketches, target: Target, 
     return None
 
 
+def _earlier_sketch_plan(database, task: Task, sym: str, sketches, target: Target, threads: int) -> KernelPlan | None:
+    """The best record of `task` whose sketch the rules no longer make
+    as it was (a newer mlir-ansor changed the sketch's script or payload:
+    `search.sketch.fuse_epilogue` changed every task with ops after its
+    anchor), applied to the sketch that has exactly the record's knobs, if
+    its values are valid there; None when no record fits."""
+    for rec in database.best(task.workload_key, target.key, threads=threads, k=16, prefer_host=target.model):
+        names = {k for k, _ in rec.knobs}
+        for sk in sketches:
+            if {spec.name for spec in sk.knobs} == names and sk.knob_problem(rec.knobs) is None:
+                log.info("compile: task %s: record %s was tuned on an earlier form of sketch %s; its knobs apply",
+                         task.name, rec.row_id, sk.name)
+                return KernelPlan(task, sym, "tuned", sk.payload, sk.concrete(rec.knobs), sk.name, tuple(rec.knobs),
+                                  rec.latency_s, origin="an earlier form of its sketch")
+    return None
+
+
 def plan_kernels(
     tasks: list[Task], *, db: str | os.PathLike | None, target: Target, threads: int, default: str = "sketch"
 ) -> list[KernelPlan]:
@@ -391,6 +408,8 @@ def plan_kernels(
                         task, sym, "tuned", sk.payload, sk.concrete(rec.knobs), sk.name, tuple(rec.knobs), rec.latency_s
                     )
                     break
+                if plan is None and trials:
+                    plan = _earlier_sketch_plan(database, task, sym, sketches, target, threads)
                 if plan is None and trials:
                     log.warning(
                         "compile: task %s: no valid record for %d thread(s) whose sketch is still generated",

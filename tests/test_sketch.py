@@ -163,3 +163,117 @@ CHECK-NOT: linalg.matmul
 """,
         tmp_path,
     )
+
+
+EPILOGUE = """
+#id = affine_map<(i, j) -> (i, j)>
+#col = affine_map<(i, j) -> (j)>
+func.func @f(%a: tensor<64x32xf32>, %b: tensor<32x48xf32>, %bias: tensor<48xf32>, %scale: tensor<48xf32>,
+             %r: tensor<64x48xf32>) -> (tensor<64x48xf32>, tensor<64x48xbf16>) {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<64x48xf32>
+  %ea = tensor.empty() : tensor<64x32xf32>
+  %x = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%a : tensor<64x32xf32>) outs(%ea : tensor<64x32xf32>) {
+  ^bb0(%v: f32, %o: f32):
+    %n = arith.negf %v : f32
+    linalg.yield %n : f32
+  } -> tensor<64x32xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<64x48xf32>) -> tensor<64x48xf32>
+  %m = linalg.matmul ins(%x, %b : tensor<64x32xf32>, tensor<32x48xf32>) outs(%f : tensor<64x48xf32>) -> tensor<64x48xf32>
+  %s = linalg.generic {indexing_maps = [#id, #col, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%m, %bias : tensor<64x48xf32>, tensor<48xf32>) outs(%e : tensor<64x48xf32>) {
+  ^bb0(%v: f32, %c: f32, %o: f32):
+    %y = arith.subf %v, %c : f32
+    linalg.yield %y : f32
+  } -> tensor<64x48xf32>
+  %t = linalg.generic {indexing_maps = [#id, #col, #id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%s, %scale, %r : tensor<64x48xf32>, tensor<48xf32>, tensor<64x48xf32>) outs(%e : tensor<64x48xf32>) {
+  ^bb0(%v: f32, %c: f32, %w: f32, %o: f32):
+    %y = arith.mulf %v, %c : f32
+    %y2 = arith.addf %y, %w : f32
+    %y3 = arith.maximumf %y2, %z : f32
+    linalg.yield %y3 : f32
+  } -> tensor<64x48xf32>
+  %eb = tensor.empty() : tensor<64x48xbf16>
+  %h = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%t : tensor<64x48xf32>) outs(%eb : tensor<64x48xbf16>) {
+  ^bb0(%v: f32, %o: bf16):
+    %y = arith.truncf %v : f32 to bf16
+    linalg.yield %y : bf16
+  } -> tensor<64x48xbf16>
+  return %t, %h : tensor<64x48xf32>, tensor<64x48xbf16>
+}
+"""
+
+
+TASK_WITH_PROLOGUE = """
+#id = affine_map<(i, j) -> (i, j)>
+module {
+  func.func @kernel(%a: tensor<64x32xf32>, %b: tensor<32x48xf32>) -> tensor<64x48xbf16> {
+    %z = arith.constant 0.0 : f32
+    %e = tensor.empty() : tensor<64x48xf32>
+    %ea = tensor.empty() : tensor<64x32xf32>
+    %x = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+        ins(%a : tensor<64x32xf32>) outs(%ea : tensor<64x32xf32>) {
+    ^bb0(%v: f32, %o: f32):
+      %n = arith.negf %v : f32
+      linalg.yield %n : f32
+    } -> tensor<64x32xf32>
+    %f = linalg.fill ins(%z : f32) outs(%e : tensor<64x48xf32>) -> tensor<64x48xf32>
+    %m = linalg.matmul {ansor.anchor} ins(%x, %b : tensor<64x32xf32>, tensor<32x48xf32>) outs(%f : tensor<64x48xf32>) -> tensor<64x48xf32>
+    %s = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+        ins(%m : tensor<64x48xf32>) outs(%e : tensor<64x48xf32>) attrs = {ansor.fused} {
+    ^bb0(%v: f32, %o: f32):
+      %y = arith.maximumf %v, %z : f32
+      linalg.yield %y : f32
+    } -> tensor<64x48xf32>
+    %eb = tensor.empty() : tensor<64x48xbf16>
+    %h = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+        ins(%s : tensor<64x48xf32>) outs(%eb : tensor<64x48xbf16>) attrs = {ansor.fused} {
+    ^bb0(%v: f32, %o: bf16):
+      %y = arith.truncf %v : f32 to bf16
+      linalg.yield %y : bf16
+    } -> tensor<64x48xbf16>
+    return %h : tensor<64x48xbf16>
+  }
+}
+"""
+
+
+def test_the_ops_after_the_anchor_fuse_into_one_that_writes_in_place():
+    """`fuse_epilogue` (the CPU rules' payload): the bias subtraction and
+    the scale-residual-ReLU after the matmul become one generic whose
+    `outs` is the matmul's result, and the compiled module computes what
+    numpy does. An elementwise op before the anchor stays as it is; a
+    result of another element type (bf16) keeps an output of its own."""
+    import numpy as np
+
+    import mlir_ansor
+
+    task = next(t for t in extract_tasks(mlir_ansor.load(text=EPILOGUE)) if t.anchor_op == "linalg.matmul")
+    _, plain = prepare_payload(task.mlir)
+    payload, ops = prepare_payload(task.mlir, fuse=True)
+    assert [o.role for o in plain] == ["producer", "anchor", "fused", "fused"]
+    assert [(o.name, o.role) for o in ops] == [("linalg.fill", "producer"), ("linalg.matmul", "anchor"),
+                                               ("linalg.generic", "fused")]
+    fused_line = next(line for line in payload.splitlines() if "ansor.fused" in line)
+    anchor_value = next(line for line in payload.splitlines() if "linalg.matmul" in line).split("=")[0].strip()
+    assert f"outs({anchor_value} : tensor<64x48xf32>)" in fused_line
+
+    payload, ops = prepare_payload(TASK_WITH_PROLOGUE, fuse=True)
+    assert [(o.name, o.role) for o in ops] == [("linalg.generic", "producer"), ("linalg.fill", "producer"),
+                                               ("linalg.matmul", "anchor"), ("linalg.generic", "fused")]
+    fused = payload[payload.index("ansor.fused"):]
+    assert "arith.negf" in payload and "arith.maximumf" in fused and "arith.truncf" in fused
+    empty = next(line for line in payload.splitlines() if "tensor.empty() : tensor<64x48xbf16>" in line).split("=")[0].strip()
+    assert f"outs({empty} : tensor<64x48xbf16>)" in next(line for line in payload.splitlines() if "ansor.fused" in line)
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((64, 32)).astype(np.float32), rng.standard_normal((32, 48)).astype(np.float32)
+    bias, scale = rng.standard_normal(48).astype(np.float32), rng.standard_normal(48).astype(np.float32)
+    r = rng.standard_normal((64, 48)).astype(np.float32)
+    t, h = mlir_ansor.compile(mlir_ansor.load(text=EPILOGUE), cache_dir=False)(a, b, bias, scale, r)
+    want = np.maximum(((-a) @ b - bias) * scale + r, 0)
+    np.testing.assert_allclose(t, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(h.astype(np.float32), want, rtol=1e-2, atol=1e-2)

@@ -51,7 +51,7 @@ def generate_sketches(
     """
     selected = sketch_rules(rules)
     default = default_rule(target)
-    payload, ops = prepare_payload(task_mlir)
+    payload, ops = prepare_payload(task_mlir, fuse=target.kind == "cpu")
     if not ops:
         raise UnsupportedError("task has no Linalg operation")
     ctx = SketchContext(payload, ops, _anchor(ops, target), target)

@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import math
 import random
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -123,15 +124,119 @@ def _returned_values(module: ir.Module) -> set:
     return vals
 
 
-def prepare_payload(task_mlir: str) -> tuple[str, tuple[OpStructure, ...]]:
+_FUSE_ELEMENTWISE = "builtin.module(func.func(linalg-fuse-elementwise-ops))"
+
+
+def _depends_on(op: ir.Operation, roots: set) -> bool:
+    return any(v in roots for v in op.operands)
+
+
+def fuse_epilogue(module: ir.Module) -> bool:
+    """Fuse the elementwise ops after a task's anchor into one
+    ``linalg.generic`` that writes its result in place of the anchor's
+    (its ``outs`` is the anchor's result, read as the output block
+    argument), in place in `module`; True if it changed.
+
+    Why: the rules tile the ops after the anchor one by one over the thread
+    tile, each writing a buffer of its own, and bufferization copied the
+    thread tile's output into each before it was written. ResNet-50's
+    1x1 56x56 64 -> 256 convolution with its batch norm, residual and ReLU
+    (six ops after the conv) ran 2.10 ms at 1 thread on Zen 4 (40 trials);
+    as one op writing in place, 1.30 ms.
+
+    Only the ops after the anchor change: the fusion is upstream's
+    (``linalg-fuse-elementwise-ops``), and if it touched the anchor or any
+    op before it, `module` is left as it was."""
+    anchor = next((op for op in _linalg_ops(module) if ANCHOR_ATTR in op.attributes), None)
+    if anchor is None or not any(FUSED_ATTR in op.attributes for op in _linalg_ops(module)):
+        return False
+    before = [_local_text(op) for op in _linalg_ops(module) if FUSED_ATTR not in op.attributes]
+    fused = ir.Module.parse(str(module))
+    passmanager.PassManager.parse(_FUSE_ELEMENTWISE).run(fused.operation)
+    ops = _linalg_ops(fused)
+    anchor = next((op for op in ops if ANCHOR_ATTR in op.attributes), None)
+    if anchor is None:
+        return False
+    consumers, made = [], set(anchor.results)
+    for op in ops:
+        if _depends_on(op, made):
+            consumers.append(op)
+            made.update(op.results)
+    if [_local_text(op) for op in ops if op not in consumers] != before:
+        return False
+    changed = len(consumers) < sum(1 for op in _linalg_ops(module) if FUSED_ATTR in op.attributes)
+    produced = set(anchor.results)
+    for op in consumers:
+        changed |= _write_in_place(op, produced)
+        produced.update(op.results)
+    if not changed:
+        return False
+    passmanager.PassManager.parse(_FUSE_ELEMENTWISE).run(fused.operation)  # drops the inputs made unused
+    ops = _linalg_ops(fused)
+    made = {r for op in ops if ANCHOR_ATTR in op.attributes for r in op.results}
+    for op in ops:
+        if _depends_on(op, made):
+            op.attributes[FUSED_ATTR] = ir.UnitAttr.get()
+            made.update(op.results)
+    fused.operation.verify()
+    body = module.body
+    for op in list(body.operations):
+        op.operation.erase()
+    for op in list(fused.body.operations):
+        body.append(op.operation.clone())
+    return True
+
+
+def _local_text(op: ir.Operation) -> str:
+    """`op` as text without its SSA names (they depend on what the function
+    numbered before it)."""
+    return re.sub(r"%[\w.$-]+", "%", str(op))
+
+
+def _is_identity(m: ir.AffineMap) -> bool:
+    return m == ir.AffineMap.get_identity(m.n_dims)
+
+
+def _write_in_place(op: ir.Operation, produced: set) -> bool:
+    """Make the elementwise generic `op` write into one of its inputs
+    that the task made before (`produced`) and that nothing else reads: its
+    ``outs`` becomes that input, read in the body as the output argument.
+    False if no input qualifies."""
+    if op.name != "linalg.generic" or len(op.results) != 1:
+        return False
+    if any("reduction" in str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])):
+        return False
+    n_in = len(op.operands) - 1
+    maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    block = op.regions[0].blocks[0]
+    init = op.operands[n_in]
+    if not _is_identity(maps[n_in]) or list(block.arguments[n_in].uses):
+        return False
+    owner = getattr(init.owner, "operation", None)  # None: a block argument
+    if owner is None or owner.name != "tensor.empty":
+        return False
+    for k in range(n_in):
+        v = op.operands[k]
+        if v in produced and _is_identity(maps[k]) and v.type == op.results[0].type and len(list(v.uses)) == 1:
+            block.arguments[k].replace_all_uses_with(block.arguments[n_in])
+            op.operands[n_in] = v
+            return True
+    return False
+
+
+def prepare_payload(task_mlir: str, *, fuse: bool = False) -> tuple[str, tuple[OpStructure, ...]]:
     """Tag the Linalg ops of a task module and read their structure.
 
     Returns the tagged module's text (what sketches are applied to) and one
-    :class:`OpStructure` per Linalg op in program order.
+    :class:`OpStructure` per Linalg op in program order. `fuse`: first fuse
+    the elementwise ops after the anchor into one that writes in place
+    (:func:`fuse_epilogue`; the CPU rules').
     """
     with ir.Context() as ctx, ir.Location.unknown():
         ctx.allow_unregistered_dialects = False
         module = ir.Module.parse(task_mlir)
+        if fuse:
+            fuse_epilogue(module)
         ops = _linalg_ops(module)
         returned = _returned_values(module)
         meta = []
