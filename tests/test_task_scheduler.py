@@ -145,7 +145,8 @@ def test_memory_bound_tasks_compare_bytes_not_flops():
     for memory_bound, winner in ((False, "sub"), (True, "matmul")):
         tasks = [_stats(**gelu), _stats(**sub), matmul]
         for t, nbytes in zip(tasks[:2], (1_572_864, 2_359_296)):
-            t.bytes, t.memory_bound = nbytes, memory_bound
+            # (without bytes, nothing tells their flops per byte apart either)
+            t.bytes, t.memory_bound = (nbytes if memory_bound else 0), memory_bound
         s = TaskScheduler(3, epsilon=0.0)
         _warm(s, tasks)
         assert tasks[s.choose(tasks).task].name == winner
@@ -172,3 +173,18 @@ def test_each_function_counts_by_its_relative_gain():
     assert run(["main", "main"]) == ["m1024"] * 4
     picked = run(["main__0_0_1", "main__0_0_1024"])
     assert "m1" in picked
+
+
+def test_tasks_of_other_arithmetic_intensity_are_not_similar():
+    """A GEMV (0.5 flop a byte) does not take a GEMM's flop rate (170 a
+    byte) as what it could reach: that promise kept every trial of a
+    dynamic GEMM's tune on M = 1 (148 of 200)."""
+    gemv = _stats("gemv", 1, 2 * 1024**2, [6.0e-5] * 8)
+    gemm = _stats("gemm", 1, 2 * 1024**3, [2.4e-2] * 6 + [2.16e-2] * 2)  # still improving
+    gemv.bytes, gemm.bytes = 4 * (1024 + 1024**2 + 1024), 4 * 3 * 1024**2
+    gemv.function, gemm.function = "main__0_0_1", "main__0_0_1024"
+    s = TaskScheduler(2, epsilon=0.0, window=3)
+    _warm(s, [gemv, gemm])
+    grad, why = s.gradient(0, [gemv, gemm])
+    assert "reach 35 GFLOP/s" in why and grad == pytest.approx(-0.8 / 8)  # its own rate: (1 - alpha) g/t over L_F = g
+    assert [gemv, gemm][s.choose([gemv, gemm]).task].name == "gemm"

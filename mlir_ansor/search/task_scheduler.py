@@ -13,7 +13,7 @@ fastest per trial:
                                                                   what similar tasks achieve)
 
 with t_i the task's trials, N(i) the tasks of the same kind (same anchor op
-and kind, i itself included) and V_k = flops_k / g_k their best throughput.
+and kind, flops per byte within 4x: `INTENSITY_RATIO`; i itself included) and V_k = flops_k / g_k their best throughput.
 For memory-bound tasks (elementwise ops, reductions: `TaskStats.memory_bound`)
 flops and V count bytes instead: their arithmetic per byte differs by orders
 of magnitude (a GELU's erf against an f64 subtraction), so a flop rate reached
@@ -89,6 +89,23 @@ class TaskStats:
     @property
     def trials(self) -> int:
         return len(self.history)
+
+
+INTENSITY_RATIO = 4.0
+"""Tasks of one group are "similar" only if their flops per byte are within
+this factor of each other."""
+
+
+def _alike(a: TaskStats, b: TaskStats) -> bool:
+    """Whether `a`'s speed says what `b` can reach: their flops per byte
+    (where both know their bytes) are within :data:`INTENSITY_RATIO`. A
+    1 x 1024 . 1024 x 1024 GEMV does 0.5 flop a byte, the 1024^3 GEMM 170:
+    the GEMM's flop rate promised the GEMV a 40x gain it can never have, and
+    it kept the trials of a dynamic GEMM's other sizes (148 of 200)."""
+    if not (a.bytes and b.bytes and a.flops and b.flops):
+        return True
+    ratio = (a.flops / a.bytes) / (b.flops / b.bytes)
+    return 1 / INTENSITY_RATIO <= ratio <= INTENSITY_RATIO
 
 
 def function_latency(stats: list[TaskStats], function: str) -> float:
@@ -181,7 +198,8 @@ class TaskScheduler(BaseTaskScheduler):
             if math.isfinite(before):
                 backward = (s.history[-1] - before) / self.window
         optimistic = -g / t
-        rates = [k.work / k.best_s for k in stats if k.group == s.group and math.isfinite(k.best_s) and k.best_s > 0]
+        rates = [k.work / k.best_s for k in stats
+                 if k.group == s.group and _alike(k, s) and math.isfinite(k.best_s) and k.best_s > 0]
         forward = optimistic
         similar = ""
         if rates and s.work > 0:
