@@ -384,6 +384,26 @@ def test_untuned_reference_is_cached(module, tmp_path, capsys):
     assert refs == ["untuned build", "untuned build (from the compile cache)"]
 
 
+def _matmul_by_constant(path, m: int, transposed: bytes, shape: tuple[int, int], dtype: str):
+    """Write `path`: x[m, k] . W[k, n] into f32, W a constant given
+    transposed (its [n, k] bytes, `dtype`) and transposed back at compile
+    time; x of W's type. Returns `path`."""
+    k, n = shape
+    path.write_text(f"""
+func.func @f(%x: tensor<{m}x{k}x{dtype}>) -> tensor<{m}x{n}xf32> {{
+  %w = arith.constant dense<"0x{transposed.hex().upper()}"> : tensor<{n}x{k}x{dtype}>
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<{k}x{n}x{dtype}>
+  %wt = linalg.transpose ins(%w : tensor<{n}x{k}x{dtype}>) outs(%e : tensor<{k}x{n}x{dtype}>) permutation = [1, 0]
+  %o = tensor.empty() : tensor<{m}x{n}xf32>
+  %z = linalg.fill ins(%zero : f32) outs(%o : tensor<{m}x{n}xf32>) -> tensor<{m}x{n}xf32>
+  %r = linalg.matmul ins(%x, %wt : tensor<{m}x{k}x{dtype}>, tensor<{k}x{n}x{dtype}>) outs(%z : tensor<{m}x{n}xf32>) -> tensor<{m}x{n}xf32>
+  return %r : tensor<{m}x{n}xf32>
+}}
+""")
+    return path
+
+
 def test_large_weights_skip_the_text_and_the_scheduled_mlir_comes_back(tmp_path):
     """A weight of 64 KiB or more leaves the scheduled module before it is
     printed for the lowering worker (its bytes go to the library through a
@@ -392,19 +412,7 @@ def test_large_weights_skip_the_text_and_the_scheduled_mlir_comes_back(tmp_path)
     scheduled again from the source."""
     rng = np.random.default_rng(5)
     w = rng.standard_normal((160, 128)).astype(np.float32)  # 80 KiB, transposed at compile time
-    path = tmp_path / "big.mlir"
-    path.write_text(f"""
-func.func @f(%x: tensor<8x160xf32>) -> tensor<8x128xf32> {{
-  %w = arith.constant dense<"0x{w.T.copy().tobytes().hex().upper()}"> : tensor<128x160xf32>
-  %zero = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<160x128xf32>
-  %wt = linalg.transpose ins(%w : tensor<128x160xf32>) outs(%e : tensor<160x128xf32>) permutation = [1, 0]
-  %o = tensor.empty() : tensor<8x128xf32>
-  %z = linalg.fill ins(%zero : f32) outs(%o : tensor<8x128xf32>) -> tensor<8x128xf32>
-  %m = linalg.matmul ins(%x, %wt : tensor<8x160xf32>, tensor<160x128xf32>) outs(%z : tensor<8x128xf32>) -> tensor<8x128xf32>
-  return %m : tensor<8x128xf32>
-}}
-""")
+    path = _matmul_by_constant(tmp_path / "big.mlir", 8, w.T.copy().tobytes(), w.shape, "f32")
     from mlir_ansor.compiler import schedule_module
 
     s = schedule_module(str(path), _weights_dir=str(tmp_path))
@@ -432,19 +440,7 @@ def test_large_bf16_weights_leave_the_text_too(tmp_path):
     w32 = rng.standard_normal((320, 128)).astype(np.float32)
     bits = (w32.view(np.uint32) >> 16).astype(np.uint16)  # bf16, truncated
     w = (bits.astype(np.uint32) << 16).view(np.float32)
-    path = tmp_path / "bf16.mlir"
-    path.write_text(f"""
-func.func @f(%x: tensor<4x320xbf16>) -> tensor<4x128xf32> {{
-  %w = arith.constant dense<"0x{bits.T.copy().tobytes().hex().upper()}"> : tensor<128x320xbf16>
-  %zero = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<320x128xbf16>
-  %wt = linalg.transpose ins(%w : tensor<128x320xbf16>) outs(%e : tensor<320x128xbf16>) permutation = [1, 0]
-  %o = tensor.empty() : tensor<4x128xf32>
-  %z = linalg.fill ins(%zero : f32) outs(%o : tensor<4x128xf32>) -> tensor<4x128xf32>
-  %m = linalg.matmul ins(%x, %wt : tensor<4x320xbf16>, tensor<320x128xbf16>) outs(%z : tensor<4x128xf32>) -> tensor<4x128xf32>
-  return %m : tensor<4x128xf32>
-}}
-""")
+    path = _matmul_by_constant(tmp_path / "bf16.mlir", 4, bits.T.copy().tobytes(), bits.shape, "bf16")
     from mlir_ansor.compiler import schedule_module
 
     s = schedule_module(str(path), _weights_dir=str(tmp_path))
