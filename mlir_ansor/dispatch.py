@@ -86,9 +86,7 @@ from mlir_ansor.graph.dynamic import (
     symbols_with_padding,
 )
 from mlir_ansor.ir.program import Program
-from mlir_ansor.measure.runner import (
-    ALIGNMENT,
-)
+from mlir_ansor.measure.runner import ALIGNMENT, Kernel
 from mlir_ansor.passes.lowering import BUFFERIZE
 from mlir_ansor.target import Target
 
@@ -889,13 +887,6 @@ PLANS_KEPT = 256
 """Call set-ups a `DynamicLibrary` keeps, one per distinct argument shapes."""
 
 
-@dataclass(frozen=True)
-class _EntryPoint:
-    """The library's entry function, as `compiler.CallPlan` takes a kernel."""
-
-    fn: object
-
-
 @dataclass
 class DynamicLibrary:
     """A compiled library whose entry function takes any extents of its
@@ -928,10 +919,10 @@ class DynamicLibrary:
     _plans: dict = field(default_factory=dict, repr=False)
 
     def _library(self):
+        """(the entry as a `runner.Kernel`, ``@<entry>__case``, ``@<entry>__block`` or None)."""
         if self._lib is None:
-            lib = ctypes.CDLL(self.library_path)
-            fn = getattr(lib, f"_mlir_ciface_{self.entry}")
-            fn.restype = None
+            kernel = Kernel(self.library_path, self.entry)
+            lib = kernel.lib
             case = getattr(lib, f"{self.entry}__case")
             case.restype = ctypes.c_int64
             case.argtypes = [ctypes.c_int64] * len(self.symbols)
@@ -940,7 +931,7 @@ class DynamicLibrary:
                 block = getattr(lib, f"{self.entry}__block")
                 block.restype = ctypes.c_int64
                 block.argtypes = [ctypes.c_int64]
-            self._lib = (lib, fn, case, block)
+            self._lib = (kernel, case, block)
         return self._lib
 
     def _values(self, arrays) -> dict[Dim, int]:
@@ -964,11 +955,11 @@ class DynamicLibrary:
         if isinstance(values, dict):
             values = tuple(values[g[0]] for g in self.symbols)
         lib = self._library()
-        row = int(lib[2](*values))
+        row = int(lib[1](*values))
         firsts = [g[0] for g in self.symbols]
         if row < 0 and self.blocks:
             (m,) = values
-            plan = _greedy(m, self.blocks, int(lib[3](m)))
+            plan = _greedy(m, self.blocks, int(lib[2](m)))
             top = plan.blocks[0][0] if plan.blocks else plan.cover
             function = next(c.function for c in self.cases if c.kind == "exact" and c.sizes == (top,))
             return {"path": "blocked", "function": function,
@@ -996,7 +987,7 @@ class DynamicLibrary:
             sym = [values[g[0]] for g in self.symbols]
             ins = [(shape, dtype) for shape, (_, dtype) in zip(shapes, self.inputs)]
             outs = [(tuple(d if d >= 0 else sym[-1 - d] for d in dims), dtype) for dims, dtype in self.outputs]
-            plan = compiler.CallPlan(_EntryPoint(self._library()[1]), ins, outs, ())
+            plan = compiler.CallPlan(self._library()[0], ins, outs, ())
             if len(self._plans) >= PLANS_KEPT:
                 del self._plans[next(iter(self._plans))]  # the oldest shapes
             self._plans[shapes] = plan
