@@ -60,6 +60,7 @@ from mlir import ir, passmanager
 
 from mlir_ansor.errors import AnsorError, UnsupportedError
 from mlir_ansor.graph.constants import fold_constants
+from mlir_ansor.graph.dynamic import argument_shapes
 from mlir_ansor.graph.task import Occurrence, Task, partition
 from mlir_ansor.importers import load
 from mlir_ansor.ir.dtypes import ELEMENT_BYTES
@@ -1168,7 +1169,7 @@ class DynamicModule:
         return out
 
     def _run(self, arrays) -> tuple:
-        arg_shapes = tuple(a.shape if type(a) is np.ndarray else np.shape(a) for a in arrays)
+        arg_shapes = argument_shapes(arrays)
         run = self._by_shapes.get(arg_shapes)
         if run is not None:
             return run

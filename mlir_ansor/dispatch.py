@@ -80,6 +80,7 @@ from mlir_ansor import compiler
 from mlir_ansor.errors import AnsorError, InputError, UnsupportedError
 from mlir_ansor.graph.dynamic import (
     Dim,
+    argument_shapes,
     dynamic_function,
     extents,
     specializations,
@@ -980,7 +981,7 @@ class DynamicLibrary:
         shapes (checked then, as `dispatch` checks them): descriptors and a
         straight-line call (`compiler.CallPlan`), a few microseconds a call
         where making them per call cost about 20."""
-        shapes = tuple(a.shape if type(a) is np.ndarray else np.shape(a) for a in arrays)
+        shapes = argument_shapes(arrays)
         plan = self._plans.get(shapes)
         if plan is None:
             values = self._values(arrays)

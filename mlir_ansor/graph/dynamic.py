@@ -24,11 +24,12 @@ import itertools
 import math
 import re
 
+import numpy as np
 from mlir import ir, passmanager
 
 from mlir_ansor.errors import InputError, UnsupportedError
 
-__all__ = ["Dim", "dynamic_dims", "dynamic_function", "expand", "extents", "paddable", "parse_sizes", "size_label", "specializations",
+__all__ = ["Dim", "argument_shapes", "dynamic_dims", "dynamic_function", "expand", "extents", "paddable", "parse_sizes", "size_label", "specializations",
            "specialize", "symbols", "symbols_with_padding"]
 
 Dim = tuple[int, int]
@@ -191,6 +192,12 @@ def symbols_with_padding(module: ir.Module, func: str | None = None) -> tuple[li
     padding = [not other_ops and all(find((args[i], d)) not in bad for i, d in g) for g in groups.values()]
     del holder  # (only now: the arguments live in it)
     return list(groups.values()), padding
+
+
+def argument_shapes(arrays) -> tuple[tuple[int, ...], ...]:
+    """The shapes of a call's arguments (a numpy array's own, a list's as
+    numpy reads it): what a dynamic call keys the set-up of its sizes by."""
+    return tuple(a.shape if type(a) is np.ndarray else np.shape(a) for a in arrays)
 
 
 def extents(groups: list[list[Dim]], shapes: list[tuple[int, ...]], name: str) -> dict[Dim, int]:
