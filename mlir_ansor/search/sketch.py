@@ -127,15 +127,26 @@ def _returned_values(module: ir.Module) -> set:
 _FUSE_ELEMENTWISE = "builtin.module(func.func(linalg-fuse-elementwise-ops))"
 
 
-def _depends_on(op: ir.Operation, roots: set) -> bool:
-    return any(v in roots for v in op.operands)
+def _after(anchor: ir.Operation, ops: list[ir.Operation]) -> list[ir.Operation]:
+    """The ops of `ops` that read the anchor's results, directly or through
+    one another."""
+    made, after = set(anchor.results), []
+    for op in ops:
+        if any(v in made for v in op.operands):
+            after.append(op)
+            made.update(op.results)
+    return after
 
 
-def fuse_epilogue(module: ir.Module) -> bool:
-    """Fuse the elementwise ops after a task's anchor into one
-    ``linalg.generic`` that writes its result in place of the anchor's
-    (its ``outs`` is the anchor's result, read as the output block
-    argument), in place in `module`; True if it changed.
+def _anchor_of(ops: list[ir.Operation]) -> ir.Operation | None:
+    return next((op for op in ops if ANCHOR_ATTR in op.attributes), None)
+
+
+def fuse_epilogue(module: ir.Module) -> ir.Module | None:
+    """A copy of the task `module` whose elementwise ops after the anchor
+    are fused into one ``linalg.generic`` that writes its result in place of
+    the anchor's (its ``outs`` is the anchor's result, read as the output
+    block argument); None if nothing changes.
 
     Why: the rules tile the ops after the anchor one by one over the thread
     tile, each writing a buffer of its own, and bufferization copied the
@@ -146,45 +157,34 @@ def fuse_epilogue(module: ir.Module) -> bool:
 
     Only the ops after the anchor change: the fusion is upstream's
     (``linalg-fuse-elementwise-ops``), and if it touched the anchor or any
-    op before it, `module` is left as it was."""
-    anchor = next((op for op in _linalg_ops(module) if ANCHOR_ATTR in op.attributes), None)
-    if anchor is None or not any(FUSED_ATTR in op.attributes for op in _linalg_ops(module)):
-        return False
-    before = [_local_text(op) for op in _linalg_ops(module) if FUSED_ATTR not in op.attributes]
+    op before it, None."""
+    ops = _linalg_ops(module)
+    n_after = sum(1 for op in ops if FUSED_ATTR in op.attributes)
+    if _anchor_of(ops) is None or not n_after:
+        return None
+    before = [_local_text(op) for op in ops if FUSED_ATTR not in op.attributes]
     fused = ir.Module.parse(str(module))
     passmanager.PassManager.parse(_FUSE_ELEMENTWISE).run(fused.operation)
     ops = _linalg_ops(fused)
-    anchor = next((op for op in ops if ANCHOR_ATTR in op.attributes), None)
+    anchor = _anchor_of(ops)
     if anchor is None:
-        return False
-    consumers, made = [], set(anchor.results)
-    for op in ops:
-        if _depends_on(op, made):
-            consumers.append(op)
-            made.update(op.results)
+        return None
+    consumers = _after(anchor, ops)
     if [_local_text(op) for op in ops if op not in consumers] != before:
-        return False
-    changed = len(consumers) < sum(1 for op in _linalg_ops(module) if FUSED_ATTR in op.attributes)
+        return None
+    changed = len(consumers) < n_after
     produced = set(anchor.results)
     for op in consumers:
         changed |= _write_in_place(op, produced)
         produced.update(op.results)
     if not changed:
-        return False
+        return None
     passmanager.PassManager.parse(_FUSE_ELEMENTWISE).run(fused.operation)  # drops the inputs made unused
     ops = _linalg_ops(fused)
-    made = {r for op in ops if ANCHOR_ATTR in op.attributes for r in op.results}
-    for op in ops:
-        if _depends_on(op, made):
-            op.attributes[FUSED_ATTR] = ir.UnitAttr.get()
-            made.update(op.results)
+    for op in _after(_anchor_of(ops), ops):
+        op.attributes[FUSED_ATTR] = ir.UnitAttr.get()
     fused.operation.verify()
-    body = module.body
-    for op in list(body.operations):
-        op.operation.erase()
-    for op in list(fused.body.operations):
-        body.append(op.operation.clone())
-    return True
+    return fused
 
 
 def _local_text(op: ir.Operation) -> str:
@@ -236,7 +236,7 @@ def prepare_payload(task_mlir: str, *, fuse: bool = False) -> tuple[str, tuple[O
         ctx.allow_unregistered_dialects = False
         module = ir.Module.parse(task_mlir)
         if fuse:
-            fuse_epilogue(module)
+            module = fuse_epilogue(module) or module
         ops = _linalg_ops(module)
         returned = _returned_values(module)
         meta = []
