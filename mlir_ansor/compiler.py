@@ -348,13 +348,14 @@ def _transferred_plan(database, task: Task, sym: str, sketches, target: Target, 
     return None
 
 
-def _earlier_sketch_plan(database, task: Task, sym: str, sketches, target: Target, threads: int) -> KernelPlan | None:
-    """The best record of `task` whose sketch the rules no longer make
-    as it was (a newer mlir-ansor changed the sketch's script or payload:
+def _earlier_sketch_plan(records, task: Task, sym: str, sketches) -> KernelPlan | None:
+    """The best of `task`'s `records` (best first, as `plan_kernels` read
+    them) whose sketch the rules no longer make as it was (a newer
+    mlir-ansor changed the sketch's script or payload:
     `search.sketch.fuse_epilogue` changed every task with ops after its
     anchor), applied to the sketch that has exactly the record's knobs, if
     its values are valid there; None when no record fits."""
-    for rec in database.best(task.workload_key, target.key, threads=threads, k=16, prefer_host=target.model):
+    for rec in records:
         names = {k for k, _ in rec.knobs}
         for sk in sketches:
             if {spec.name for spec in sk.knobs} == names and sk.knob_problem(rec.knobs) is None:
@@ -397,7 +398,8 @@ def plan_kernels(
                 by_hash = {sk.hash: sk for sk in sketches}
                 # Records measured on this kind of machine first; else those of
                 # the host with the most records (a schedule tuned elsewhere).
-                for rec in database.best(task.workload_key, target.key, threads=threads, k=16, prefer_host=target.model):
+                records = database.best(task.workload_key, target.key, threads=threads, k=16, prefer_host=target.model)
+                for rec in records:
                     sk = by_hash.get(rec.sketch_hash)
                     if sk is None:
                         continue
@@ -410,7 +412,7 @@ def plan_kernels(
                     )
                     break
                 if plan is None and trials:
-                    plan = _earlier_sketch_plan(database, task, sym, sketches, target, threads)
+                    plan = _earlier_sketch_plan(records, task, sym, sketches)
                 if plan is None and trials:
                     log.warning(
                         "compile: task %s: no valid record for %d thread(s) whose sketch is still generated",
