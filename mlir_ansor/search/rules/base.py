@@ -104,14 +104,15 @@ def tile_others_like(
     return tiled
 
 
-def finish(w: ScheduleWriter, *, vectorize: bool) -> None:
+def finish(w: ScheduleWriter, *, vectorize: bool, unit_dims: bool = False) -> None:
     """Vectorize (optionally), keep accumulators in registers, bufferize,
-    and lower vector ops to what LLVM maps to SIMD instructions."""
+    and lower vector ops to what LLVM maps to SIMD instructions.
+    `unit_dims`: see `ScheduleWriter.hoist_accumulators`."""
     func = w.match_func("%root")
     if vectorize:
         func = w.vectorize_children(func)
         w.cleanup(func)
-        w.hoist_accumulators(func)
+        w.hoist_accumulators(func, unit_dims=unit_dims)
         w.cleanup(func)
     buf = w.bufferize("%root")
     func = w.match_func(buf)

@@ -263,17 +263,6 @@ class MultiLevelTiling(Rule):
             w.tile_for(a_h, k_sizes)
             forall = w.peel_partial_loops("%root")
             a_h = w.match_op_id(forall, anchor.op_id)
-        # Packing, or not. Only the loops of the packed operand are padded:
-        # their tiles are static, so the pad copies and pads nothing else.
-        if reused is not None:
-            n_ops = len(anchor.operand_dims)
-            cur = a_h
-            dims = tuple(d for d in anchor.operand_dims[reused] if d is not None)
-            types = list(anchor.input_dtypes) + [anchor.dtype] * (n_ops - len(anchor.input_dtypes))
-            (a_h,) = w.alternatives(
-                "pack", [lambda wr: [wr.pack_operand(cur, reused, n_ops, types, dims)], lambda wr: [cur]]
-            )
-
         # S: register tile. R: the remaining reductions, the innermost
         # unrolled. Each tile of the anchor separately (a peeled cache loop
         # leaves two).
@@ -282,7 +271,38 @@ class MultiLevelTiling(Rule):
             r_sizes[d] = h.get(f"r_d{d}", 1)
         for d in forced:
             r_sizes[d] = 1
-        w.tile_each(a_h, r_sizes)
+        # A decomposed window's register tile takes its accumulator's fill
+        # with it (`ScheduleWriter.fuse_each`), where no packing copy feeds
+        # it: a depthwise convolution, 9 multiply-adds per output, otherwise
+        # spends a fifth of its time in the fill's pass over the output and
+        # in reading it back. The window's loops are tiled after, inside.
+        fuse_fill = is_window and anchor.name in DECOMPOSABLE
+
+        def register_tiles(wr: ScheduleWriter, op: str, fuse: bool) -> list[str]:
+            if not fuse:
+                wr.tile_each(op, r_sizes)
+                return []
+            window = [d for d in forced if d in anchor.reductions]
+            wr.fuse_each(op, [0 if d in window else s for d, s in enumerate(r_sizes)])
+            if window:
+                wr.tile_each(wr.match_op_id(forall, anchor.op_id), [1 if d in window else 0 for d in range(len(ranges))])
+            return []
+
+        # Packing, or not. Only the loops of the packed operand are padded:
+        # their tiles are static, so the pad copies and pads nothing else.
+        if reused is not None:
+            n_ops = len(anchor.operand_dims)
+            cur = a_h
+            dims = tuple(d for d in anchor.operand_dims[reused] if d is not None)
+            types = list(anchor.input_dtypes) + [anchor.dtype] * (n_ops - len(anchor.input_dtypes))
+            w.alternatives(
+                "pack",
+                [lambda wr: register_tiles(wr, wr.pack_operand(cur, reused, n_ops, types, dims), False),
+                 lambda wr: register_tiles(wr, cur, fuse_fill)],
+                results=0,
+            )
+        else:
+            register_tiles(w, a_h, fuse_fill)
         u_sizes: list[int | str] = [0] * len(ranges)
         for d in anchor.reductions:
             u_sizes[d] = h.get(f"u_d{d}", 1)
@@ -314,7 +334,7 @@ class MultiLevelTiling(Rule):
             func = w.match_func("%root")
             w.lower_masked_transfers(func)
             w.cleanup(func)
-        finish(w, vectorize=True)
+        finish(w, vectorize=True, unit_dims=is_window and anchor.name in DECOMPOSABLE)
         forall_knobs = tuple((f"p_d{d}", ranges[d]) for d in anchor.parallel)
         prefer = _preferred(specs, vec, row, inner_red, lanes, narrow=is_window and reused is not None)
         # Without the packing alternative (partial rows), B is read in place.
