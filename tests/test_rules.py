@@ -371,3 +371,36 @@ def test_transposed_conv_tunes_and_matches_numpy(tmp_path, shape):
 def test_transposed_conv_shapes_it_cannot_write_are_refused():
     with pytest.raises(ValueError, match="k % stride == 0"):
         workloads.conv2d_transpose_nhwc(1, 4, 4, 8, 8, 3, 2, 1)
+
+
+@pytest.mark.parametrize("pack", [0, 1])
+@pytest.mark.parametrize("unroll", [1, 3])
+def test_depthwise_accumulators_stay_in_registers_and_start_at_zero(tmp_path, pack, unroll):
+    """A depthwise convolution's register tile keeps its accumulators in
+    registers across the window (no store and reload per kh) and, read in
+    place (pack = 1), starts them as zero vectors: its fill is fused into
+    the tile rather than a pass over the output that the op reads back."""
+    from mlir_ansor.compiler import schedule_kernel
+
+    path = tmp_path / "dw.mlir"
+    path.write_text(workloads.depthwise_conv2d_nhwc(1, 10, 10, 16, 3, 3))
+    (task,) = extract_tasks(str(path))
+    sk = generate_sketches(task.mlir, AVX2)[0]
+    values = {"r_d2": 4, "r_d3": 16, "u_d5": unroll, "p_d0": 1, "p_d1": 2, "p_d2": 8, "p_d3": 16, "k_d5": 3, "pack": pack}
+    script = select_knobs(sk.script, values)
+    text = schedule_kernel(sk.payload, script, "dw", 1, False)
+    output = "memref<1x8x8x16xf32>"
+    loads = [ln for ln in text.splitlines() if "vector.load" in ln and ln.rstrip().endswith(f"{output}, vector<16xf32>")]
+    zeros = [ln for ln in text.splitlines() if "vector.store %cst" in ln and output in ln]
+    assert "iter_args" in text and "-> (vector<4x16xf32>)" in text, "the kh loop does not carry the accumulators"
+    assert (not loads and not zeros) if pack == 1 else (len(loads) == 4 and len(zeros) == 4)
+
+    so = str(tmp_path / "k.so")
+    jobs.build_candidate(sk.payload, script, 1, so)
+    rng = np.random.default_rng(unroll)
+    x = rng.standard_normal((1, 10, 10, 16)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 16)).astype(np.float32)
+    out = np.full((1, 8, 8, 16), np.nan, np.float32)
+    Kernel(so).bind([x, w, out])()
+    want = sum(x[:, i : i + 8, j : j + 8, :] * w[i, j] for i in range(3) for j in range(3))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
