@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the peers of benchmarks/peers.py that cannot share .venv:
+# Install the peers of benchmarks/peers.py that cannot share .venv (and the
+# 'bench' extra into .venv):
 # TVM MetaSchedule (apache-tvm from PyPI) in its own virtual env, .venv-tvm,
 # driven from the benchmark in a subprocess (benchmarks/peers_tvm.py).
 #
@@ -32,6 +33,11 @@ for arg in "$@"; do
     *) echo "setup_peers.sh: unknown option '$arg' (known: --models, --iree)" >&2; exit 2 ;;
   esac
 done
+# The benchmarks' own extra in .venv (threadpoolctl: numpy's BLAS on the
+# row's thread count, else its 1-thread rows run on every core).
+if [ -x .venv/bin/python ] && ! .venv/bin/python -c 'import threadpoolctl, matplotlib' 2>/dev/null; then
+  .venv/bin/python -m pip install -q 'threadpoolctl>=3' 'matplotlib>=3.7'
+fi
 if [ "$iree" = 1 ]; then
   IREE_PY=${IREE_PYTHON:-python3.11}
   if [ ! -x .venv-iree/bin/python ]; then
