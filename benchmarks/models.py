@@ -73,21 +73,38 @@ def _fresh_run(lib: str, seconds: float) -> None:
     rng = np.random.default_rng(0)
     arrays = [rng.uniform(-1, 1, tuple(sh)).astype(np_dtype(dt)) for sh, dt in fns[meta["entry"]][0]]
     run, _ = cm.bind(*arrays)
-    print(json.dumps({"median_s": median_time(run, min_time=seconds, min_repeat=5)}))
+    steal = _steal_s()
+    median = median_time(run, min_time=seconds, min_repeat=5)
+    print(json.dumps({"median_s": median, "steal_s": _steal_s() - steal}))
 
 
-def fresh_processes(cm, wd: str, tag: str, n: int, seconds: float = 1.0) -> list[float]:
-    """The compiled module timed in `n` fresh processes, one after another."""
+def _steal_s() -> float:
+    """Seconds of this VM's vCPUs' time the hypervisor gave to others (the
+    `steal` column of /proc/stat, all CPUs); 0 where there is none to read."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def fresh_processes(cm, wd: str, tag: str, n: int, seconds: float = 1.0) -> tuple[list[float], list[float]]:
+    """The compiled module timed in `n` fresh processes, one after another:
+    each one's median, and the vCPU time stolen while it timed (a 2-thread
+    run slows down when the hypervisor takes one of the two vCPUs)."""
     lib = os.path.join(wd, f"{tag}.so")
     shutil.copy(cm.library_path, lib)
     with open(lib + ".json", "w") as f:
         json.dump({"functions": cm.functions, "entry": cm.entry, "threads": cm.threads}, f)
-    out = []
+    out, stolen = [], []
     for _ in range(n):
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--time-library", lib, "--seconds", str(seconds)],
                               capture_output=True, text=True, check=True)
-        out.append(json.loads(proc.stdout.strip().splitlines()[-1])["median_s"])
-    return out
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        out.append(got["median_s"])
+        stolen.append(got["steal_s"])
+    return out, stolen
 
 
 def main() -> None:
@@ -176,7 +193,7 @@ def main() -> None:
             err_torch = _rel_err(got, want)
             run, _ = cm.bind(*x)
             ours = median_time(run, min_time=1.0, min_repeat=5)
-            fresh = fresh_processes(cm, wd, f"{name}_t{threads}", args.fresh) if args.fresh else []
+            fresh, stolen = fresh_processes(cm, wd, f"{name}_t{threads}", args.fresh) if args.fresh else ([], [])
             untuned = err_untuned = math.nan
             if not args.no_untuned:
                 ref = compile_untuned(path, threads=threads)
@@ -203,7 +220,7 @@ def main() -> None:
             cm.close()
             rows.append(dict(model=name, threads=threads, ours=ours, kernels=kernels_s, untuned=untuned, peer=peer,
                              flops=flops, trials=res.measured, tune_s=tune_s, compile_s=compile_s, err_torch=err_torch,
-                             err_untuned=err_untuned, sources=sources, fresh=fresh, torch_compile_s=compile_torch_s,
+                             err_untuned=err_untuned, sources=sources, fresh=fresh, fresh_steal=stolen, torch_compile_s=compile_torch_s,
                              iree_compile_s=iree_compile_s))
             print(
                 f"{name} x{threads}: ours {ours * 1e3:.2f} ms (kernels {kernels_s * 1e3:.2f} ms), "
@@ -255,7 +272,8 @@ def report(rows: list[dict], args: argparse.Namespace) -> None:
             med = float(np.median(f))
             print(f"{r['model']} x{r['threads']}: {len(f)} fresh processes: "
                   + ", ".join(f"{v * 1e3:.2f}" for v in f)
-                  + f" ms; median {med * 1e3:.2f}, spread {100 * (f.min() / med - 1):+.0f}% .. {100 * (f.max() / med - 1):+.0f}%")
+                  + f" ms; median {med * 1e3:.2f}, spread {100 * (f.min() / med - 1):+.0f}% .. {100 * (f.max() / med - 1):+.0f}%"
+                  + "; vCPU time stolen while each timed: " + ", ".join(f"{v * 1e3:.0f}" for v in r["fresh_steal"]) + " ms")
 
 
 if __name__ == "__main__":
