@@ -114,8 +114,17 @@ class ScheduleWriter:
         )
         return t, loop
 
-    def tile_for(self, op: str, sizes: Sequence[Size]) -> tuple[str, list[str]]:
-        """`tile_using_for`: returns (tiled op, one loop handle per non-zero size)."""
+    def tile_for(self, op: str, sizes: Sequence[Size], *, fuse: bool = False) -> tuple[str, list[str]]:
+        """`tile_using_for`: returns (tiled op, one loop handle per non-zero size).
+
+        `fuse`: `transform.structured.fuse` instead, which also fuses the
+        op's producers into the loops: the `linalg.fill` of an accumulator
+        then writes its register tile inside them, so the accumulator starts
+        as a zero vector in registers rather than a separate pass over the
+        output that the op reads back. Every producer is fused, a packing
+        copy too: tile this way only where none feeds the op. A loop between
+        the producer and the op (a reduction tile) stops the fusion, and the
+        op is tiled alone."""
         text, params = self._sizes(sizes)
         nloops = sum(1 for s in sizes if not (isinstance(s, int) and s == 0))
         t = self._fresh("t")
@@ -123,8 +132,9 @@ class ScheduleWriter:
         in_types = ", ".join([ANY] + [PARAM] * len(params))
         out_types = ", ".join([ANY] * (1 + nloops))
         lhs = ", ".join([t] + loops)
+        how = "fuse" if fuse else "tile_using_for"
         self.emit(
-            f"{lhs} = transform.structured.tile_using_for {op} tile_sizes {text} "
+            f"{lhs} = transform.structured.{how} {op} tile_sizes {text}{' {apply_cleanup}' if fuse else ''} "
             f": ({in_types}) -> ({out_types})"
         )
         return t, loops
@@ -141,36 +151,17 @@ class ScheduleWriter:
         )
         return tuple(outs)  # type: ignore[return-value]
 
-    def tile_each(self, ops: str, sizes: Sequence[Size]) -> None:
+    def tile_each(self, ops: str, sizes: Sequence[Size], *, fuse: bool = False) -> None:
         """Tile every op of the handle `ops` separately (`transform.foreach`);
         works when `ops` is empty too. Sizes may be knob handles: tiling one
         handle that holds several ops with knob sizes is refused ("expected
-        as many parameter values as target ops"), tiling each is not."""
+        as many parameter values as target ops"), tiling each is not.
+        `fuse`: as :meth:`tile_for`'s."""
         self.emit(f"transform.foreach {ops} : {ANY} {{")
         self.emit(f"^bb0(%each: {ANY}):")
         self._indent += 2
-        self.tile_for("%each", sizes)
+        self.tile_for("%each", sizes, fuse=fuse)
         self._indent -= 2
-        self.emit("}")
-
-    def fuse_each(self, ops: str, sizes: Sequence[Size]) -> None:
-        """Tile every op of the handle `ops` like :meth:`tile_each`, and fuse
-        its producers into the loops (`transform.structured.fuse`): the
-        `linalg.fill` of an accumulator then writes its register tile inside
-        them, so the accumulator starts as a zero vector in registers rather
-        than a separate pass over the output that the op reads back. Every
-        producer is fused, a packing copy too: tile this way only where none
-        feeds the op. A loop between the producer and the op (a reduction
-        tile) stops the fusion, and the op is tiled alone."""
-        text, params = self._sizes(sizes)
-        nloops = sum(1 for s in sizes if not (isinstance(s, int) and s == 0))
-        in_types = ", ".join([ANY] + [PARAM] * len(params))
-        out_types = ", ".join([ANY] * (1 + nloops))
-        loops = f", {self._fresh('loop')}:{nloops}" if nloops > 1 else f", {self._fresh('loop')}" if nloops else ""
-        self.emit(f"transform.foreach {ops} : {ANY} {{")
-        self.emit(f"^bb0(%each: {ANY}):")
-        self.emit(f"  {self._fresh('t')}{loops} = transform.structured.fuse %each tile_sizes {text} {{apply_cleanup}} "
-                  f": ({in_types}) -> ({out_types})")
         self.emit("}")
 
     def peel_partial_loops(self, root: str) -> str:
@@ -361,7 +352,7 @@ class ScheduleWriter:
         convolution whose kw loop is unrolled whole stored and reloaded its
         accumulators at every kh (the 112x112x32 one, one schedule, 1
         thread, Zen 4: 0.095 ms, 0.086 with them hoisted, 0.072 with its
-        fill fused too, :meth:`fuse_each`)."""
+        fill fused too, :meth:`tile_for`'s `fuse`)."""
         if unit_dims:
             self.apply_patterns(func, ["vector.cast_away_vector_leading_one_dim", "canonicalization"])
         loops = self.match_ops(func, ["scf.for"])

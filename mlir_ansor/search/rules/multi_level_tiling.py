@@ -272,18 +272,19 @@ class MultiLevelTiling(Rule):
         for d in forced:
             r_sizes[d] = 1
         # A decomposed window's register tile takes its accumulator's fill
-        # with it (`ScheduleWriter.fuse_each`), where no packing copy feeds
-        # it: a depthwise convolution, 9 multiply-adds per output, otherwise
-        # spends a fifth of its time in the fill's pass over the output and
-        # in reading it back. The window's loops are tiled after, inside.
-        fuse_fill = is_window and anchor.name in DECOMPOSABLE
+        # with it (`ScheduleWriter.tile_for`'s `fuse`), where no packing copy
+        # feeds it: a depthwise convolution, 9 multiply-adds per output,
+        # otherwise spends a fifth of its time in the fill's pass over the
+        # output and in reading it back. The window's loops are tiled after,
+        # inside.
+        decomposed = is_window and anchor.name in DECOMPOSABLE
 
         def register_tiles(wr: ScheduleWriter, op: str, fuse: bool) -> list[str]:
             if not fuse:
                 wr.tile_each(op, r_sizes)
                 return []
             window = [d for d in forced if d in anchor.reductions]
-            wr.fuse_each(op, [0 if d in window else s for d, s in enumerate(r_sizes)])
+            wr.tile_each(op, [0 if d in window else s for d, s in enumerate(r_sizes)], fuse=True)
             if window:
                 wr.tile_each(wr.match_op_id(forall, anchor.op_id), [1 if d in window else 0 for d in range(len(ranges))])
             return []
@@ -298,11 +299,11 @@ class MultiLevelTiling(Rule):
             w.alternatives(
                 "pack",
                 [lambda wr: register_tiles(wr, wr.pack_operand(cur, reused, n_ops, types, dims), False),
-                 lambda wr: register_tiles(wr, cur, fuse_fill)],
+                 lambda wr: register_tiles(wr, cur, decomposed)],
                 results=0,
             )
         else:
-            register_tiles(w, a_h, fuse_fill)
+            register_tiles(w, a_h, decomposed)
         u_sizes: list[int | str] = [0] * len(ranges)
         for d in anchor.reductions:
             u_sizes[d] = h.get(f"u_d{d}", 1)
@@ -319,7 +320,7 @@ class MultiLevelTiling(Rule):
         # Register tiles that do not divide their loop leave remainders:
         # peel them, so full tiles are static.
         forall = w.peel_partial_loops("%root")
-        if is_window and anchor.name in DECOMPOSABLE:
+        if decomposed:
             w.decompose(w.match_op_id(forall, anchor.op_id))
         if partial_rows:
             # Remainders of a partial thread tile have dynamic shapes: give
@@ -334,7 +335,7 @@ class MultiLevelTiling(Rule):
             func = w.match_func("%root")
             w.lower_masked_transfers(func)
             w.cleanup(func)
-        finish(w, vectorize=True, unit_dims=is_window and anchor.name in DECOMPOSABLE)
+        finish(w, vectorize=True, unit_dims=decomposed)
         forall_knobs = tuple((f"p_d{d}", ranges[d]) for d in anchor.parallel)
         prefer = _preferred(specs, vec, row, inner_red, lanes, narrow=is_window and reused is not None)
         # Without the packing alternative (partial rows), B is read in place.
