@@ -13,6 +13,8 @@ from mlir_ansor.measure.runner import Kernel
 from mlir_ansor.passes.artifacts import emit_shared_library
 from mlir_ansor.passes.lowering import lower_to_llvm
 from mlir_ansor.passes.math_approx import expand_math
+from mlir_ansor.passes.objcode import emit_object, instruction_counts
+from mlir_ansor.target import Target
 
 N = 1024
 KERNEL = f"""
@@ -42,13 +44,49 @@ func.func @f(%x: memref<{N}xf32>, %y: memref<{N}xf32>, %z: memref<{N}xf32>, %w: 
 """
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def test_expand_math_rewrites_every_f32_function():
+    for scalef in (False, True):
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(KERNEL)
+            assert expand_math(module, scalef) == 4  # 2 exp, 1 erf, 1 tanh (rewritten with exp)
+            text = str(module)
+            assert "math.exp" not in text and "math.erf" not in text
+            # The vector exps (the erf's one too) scale by 2^n with ldexp; the scalar one does not.
+            assert text.count("llvm.ldexp.v8f32.v8i32") == (3 if scalef else 0)
+
+
+def test_exp_on_avx512_scales_with_one_vscalefps(tmp_path):
+    """Built for Zen 4, a 16-lane exp is 2^n by `vscalefps` (no libm call,
+    no exponent-bit arithmetic); built for Zen 3 (no AVX-512) it keeps the
+    integer form, since `ldexp` would become a libm call per lane there."""
+    src = """
+    func.func @f(%x: memref<64xf32>, %y: memref<64xf32>) {
+      %c0 = arith.constant 0 : index
+      %p = arith.constant 0.0 : f32
+      %v = vector.transfer_read %x[%c0], %p {in_bounds = [true, true]} : memref<64xf32>, vector<16xf32>
+      %e = math.exp %v : vector<16xf32>
+      vector.transfer_write %e, %y[%c0] {in_bounds = [true]} : vector<16xf32>, memref<64xf32>
+      return
+    }"""
+    counts = {}
+    for cpu in ("znver4", "znver3"):
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(src.replace("[true, true]", "[true]"))
+            lower_to_llvm(module, 1, target=Target.cpu(cpu, cores=1))
+            counts[cpu] = instruction_counts(emit_object(module, tmp_path / f"{cpu}.o", cpu=cpu))
+    assert counts["znver4"].get("vscalefps", 0) == 1 and counts["znver4"].get("vpslld", 0) == 0
+    assert counts["znver3"].get("vscalefps", 0) == 0 and counts["znver3"].get("vpslld", 0) == 4  # two ymm halves
+    for c in counts.values():  # the C-interface wrapper's call to f, no libm call
+        assert sum(n for m, n in c.items() if m.startswith("call")) == 1
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["bits", "ldexp"])
+def results(request, tmp_path_factory):
+    # Both forms run on any host: ldexp without AVX-512 is a (slow) libm call.
+    target = Target.cpu("znver4" if request.param else "znver3", cores=1)
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse(KERNEL)
-        assert expand_math(module) == 4  # 2 exp, 1 erf, 1 tanh (rewritten with exp)
-        assert "math.exp" not in str(module) and "math.erf" not in str(module)
-        lower_to_llvm(module, 1)
+        lower_to_llvm(module, 1, target=target)
         so = emit_shared_library(module, tmp_path_factory.mktemp("math") / "k.so")
     special = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-8, -1e-8, 88.7, 88.8, -87.5, -103.0, -110.0]
     rng = np.random.default_rng(0)

@@ -41,6 +41,7 @@ from mlir_ansor.passes.drivers import (
 )
 from mlir_ansor.passes.math_approx import expand_math
 from mlir_ansor.passes.vector_flatten import flatten_contiguous_transfers
+from mlir_ansor.target import Target
 
 BUFFERIZE = (
     "one-shot-bufferize{bufferize-function-boundaries "
@@ -88,13 +89,14 @@ def mark_c_interface(module: ir.Module) -> None:
             op.operation.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
 
 
-def lower_to_llvm(module: ir.Module, threads: int = 1) -> None:
-    """Lower `module` in place to the LLVM dialect (its context must be current)."""
+def lower_to_llvm(module: ir.Module, threads: int = 1, target: Target | None = None) -> None:
+    """Lower `module` in place to the LLVM dialect (its context must be current),
+    for `target`'s instructions where they differ (None: the host, which the
+    ExecutionEngine builds for)."""
     mark_c_interface(module)
     # Math on bf16/f16 (a GELU's erf in a module lowered untuned) computed in
     # f32: LLVM has no erf, and expand_math handles f32 only.
     passmanager.PassManager.parse("builtin.module(func.func(math-extend-to-supported-types))").run(module.operation)
-    expand_math(module)  # exp/erf/tanh as SIMD arith ops, not one libm call per lane
     passmanager.PassManager.parse(f"builtin.module({_front()})").run(module.operation)
     forward_output_copies(module)
     views_into_kernels(module)
@@ -107,6 +109,9 @@ def lower_to_llvm(module: ir.Module, threads: int = 1) -> None:
     lower_pair_contracts(module)
     if flatten_contiguous_transfers(module):
         passmanager.PassManager.parse("builtin.module(canonicalize,cse)").run(module.operation)
+    # exp/erf/tanh as SIMD arith ops, not one libm call per lane; after
+    # bufferization, which refuses the `ldexp` intrinsic call it may emit.
+    expand_math(module, None if target is None else target.has("avx512f"))
     passmanager.PassManager.parse(f"builtin.module({_TO_LOOPS})").run(module.operation)
     widen_bool_buffers(module)
     passmanager.PassManager.parse(f"builtin.module({_LOOPS_TO_LLVM})").run(module.operation)
