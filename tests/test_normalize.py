@@ -381,3 +381,89 @@ def test_f64_between_f32_values_is_computed_in_f32(tmp_path):
             fn = next(o.operation for o in program.module.body.operations if o.operation.name == "func.func")
             assert narrow_f64_islands(fn) == 0
             assert "tensor<8x96xf64>" in str(program.module)
+
+
+def test_an_exp_two_ops_repeat_is_computed_once():
+    """TVM's softmax spelling (sum of exp(x - max); exp(x - max) / sum)
+    evaluates each exp in two tasks; normalized, one elementwise op computes
+    it and both read it, and the result is still the softmax."""
+    from mlir_ansor.examples.workloads import softmax
+    from mlir_ansor.graph.normalize import normalize
+
+    src = softmax(8, 32)
+    program = load(text=src)
+    normalize(program.module)
+    filecheck(str(program.module), r"""
+CHECK-DAG:   #[[ID:\w+]] = affine_map<(d0, d1) -> (d0, d1)>
+CHECK-DAG:   #[[ROW:\w+]] = affine_map<(d0, d1) -> (d0)>
+CHECK-LABEL: func.func @softmax(
+CHECK-SAME:    %[[X:\w+]]: tensor<8x32xf32>)
+CHECK:         %[[MAX:\w+]] = linalg.generic {{.*}}"reduction"
+CHECK:         %[[EXP:\w+]] = linalg.generic {indexing_maps = [#[[ID]], #[[ROW]], #[[ID]]], iterator_types = ["parallel", "parallel"]}
+CHECK-SAME:      ins(%[[X]], %[[MAX]] : tensor<8x32xf32>, tensor<8xf32>)
+CHECK:           math.exp
+CHECK:         %[[SUM:\w+]] = linalg.generic {indexing_maps = [#[[ID]], #[[ROW]]], iterator_types = ["parallel", "reduction"]}
+CHECK-SAME:      ins(%[[EXP]] : tensor<8x32xf32>)
+CHECK-NOT:       math.exp
+CHECK:         %[[R:\w+]] = linalg.generic
+CHECK-SAME:      ins(%[[SUM]], %[[EXP]] : tensor<8xf32>, tensor<8x32xf32>)
+CHECK-NOT:       math.exp
+CHECK:         return %[[R]]
+""")
+    tasks = extract_tasks(load(text=src))
+    assert [t.kind for t in tasks] == ["reduction", "elementwise", "reduction", "elementwise"]
+    x = np.random.default_rng(3).uniform(-20, 20, size=(8, 32)).astype(np.float32)
+    np.testing.assert_allclose(mlir_ansor.compile(load(text=src))(x), _softmax(x), rtol=1e-5, atol=1e-7)
+
+
+SHARE_NOT = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#tr = affine_map<(d0, d1) -> (d1, d0)>
+#row = affine_map<(d0, d1) -> (d0)>
+func.func @f(%x: tensor<16x16xf32>, %m: tensor<16xf32>) -> (tensor<16x16xf32>, tensor<16x16xf32>, tensor<16x16xf32>) {
+  %e = tensor.empty() : tensor<16x16xf32>
+  // exp(x[i, j])
+  %a = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x : tensor<16x16xf32>) outs(%e : tensor<16x16xf32>) {
+  ^bb0(%v: f32, %o: f32):
+    %r = math.exp %v : f32
+    linalg.yield %r : f32
+  } -> tensor<16x16xf32>
+  // exp(x[j, i]): the same tensor through another map, another value
+  %b = linalg.generic {indexing_maps = [#tr, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x : tensor<16x16xf32>) outs(%e : tensor<16x16xf32>) {
+  ^bb0(%v: f32, %o: f32):
+    %r = math.exp %v : f32
+    %s = arith.addf %r, %o : f32
+    linalg.yield %s : f32
+  } -> tensor<16x16xf32>
+  // exp(m[i]) twice: one value per row, shared it would be a broadcast
+  %c = linalg.generic {indexing_maps = [#row, #id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%m, %a : tensor<16xf32>, tensor<16x16xf32>) outs(%e : tensor<16x16xf32>) {
+  ^bb0(%v: f32, %w: f32, %o: f32):
+    %r = math.exp %v : f32
+    %s = arith.mulf %r, %w : f32
+    linalg.yield %s : f32
+  } -> tensor<16x16xf32>
+  %d = linalg.generic {indexing_maps = [#row, #id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%m, %b : tensor<16xf32>, tensor<16x16xf32>) outs(%e : tensor<16x16xf32>) {
+  ^bb0(%v: f32, %w: f32, %o: f32):
+    %r = math.exp %v : f32
+    %s = arith.addf %r, %w : f32
+    linalg.yield %s : f32
+  } -> tensor<16x16xf32>
+  return %a, %c, %d : tensor<16x16xf32>, tensor<16x16xf32>, tensor<16x16xf32>
+}
+"""
+
+
+def test_exps_of_other_values_or_of_fewer_loops_are_left_alone():
+    from mlir import ir
+
+    from mlir_ansor.graph.share import share_subexpressions
+
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(SHARE_NOT)
+        fn = module.body.operations[0].operation
+        assert share_subexpressions(fn) == 0
+        assert str(module).count("math.exp") == 4
