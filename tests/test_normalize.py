@@ -256,6 +256,8 @@ func.func @mlp(%x: tensor<4x128xf32>) -> tensor<4x64xf32> {{
 
     from mlir_ansor.compiler import _externalize_weights, schedule_module
     from mlir_ansor.ir.program import resource_blobs
+    from mlir_ansor.search.rules.dot_product import lanes_of
+    from mlir_ansor.target import Target
 
     scheduled = schedule_module(load(text=text)).mlir
     with ir.Context():
@@ -263,10 +265,12 @@ func.func @mlp(%x: tensor<4x128xf32>) -> tensor<4x64xf32> {{
         jit_libs, objects = _externalize_weights(module, resource_blobs(scheduled), str(tmp_path))
         globals_ = [o.operation for o in module.body.operations if o.operation.name == "memref.global"]
         assert len(jit_libs) == len(objects) == 1
-        assert sorted(str(ir.TypeAttr(g.attributes["type"]).value) for g in globals_ if "initial_value" not in g.attributes) == [
-            "memref<128x256xf32>",
-            "memref<256x64xf32>",
-        ]
+        # in the column panels the contraction rule reads (`graph.prepack.Panels`)
+        w = 2 * lanes_of(Target.host())
+        assert sorted(str(ir.TypeAttr(g.attributes["type"]).value) for g in globals_ if "initial_value" not in g.attributes) == sorted([
+            f"memref<{256 // w}x128x{w}xf32>",
+            f"memref<{64 // w}x256x{w}xf32>",
+        ])
     x = rng.uniform(-1, 1, size=(4, 128)).astype(np.float32)
     cm = mlir_ansor.compile(load(text=text))
     np.testing.assert_allclose(cm(x), (x @ w1) @ w2, rtol=1e-4, atol=1e-4)
@@ -387,12 +391,19 @@ def test_an_exp_two_ops_repeat_is_computed_once():
     """TVM's softmax spelling (sum of exp(x - max); exp(x - max) / sum)
     evaluates each exp in two tasks; normalized, one elementwise op computes
     it and both read it, and the result is still the softmax."""
+    from mlir import ir
+
     from mlir_ansor.examples.workloads import softmax
     from mlir_ansor.graph.normalize import normalize
+    from mlir_ansor.graph.share import share_subexpressions
+    from mlir_ansor.search.rules.dot_product import weight_packing
+    from mlir_ansor.target import Target
 
     src = softmax(8, 32)
     program = load(text=src)
     normalize(program.module)
+    with program.context, ir.Location.unknown():
+        assert share_subexpressions(program.module.body.operations[0].operation) == 1
     filecheck(str(program.module), r"""
 CHECK-DAG:   #[[ID:\w+]] = affine_map<(d0, d1) -> (d0, d1)>
 CHECK-DAG:   #[[ROW:\w+]] = affine_map<(d0, d1) -> (d0)>
@@ -410,8 +421,12 @@ CHECK-SAME:      ins(%[[SUM]], %[[EXP]] : tensor<8xf32>, tensor<8x32xf32>)
 CHECK-NOT:       math.exp
 CHECK:         return %[[R]]
 """)
-    tasks = extract_tasks(load(text=src))
+    # Tasks for a CPU share it; for a GPU (a softmax bound by memory) and
+    # with no target named, each task computes its own.
+    tasks = extract_tasks(load(text=src), prepack=weight_packing(Target.host()))
     assert [t.kind for t in tasks] == ["reduction", "elementwise", "reduction", "elementwise"]
+    for prepack in (weight_packing(Target.cuda(90)), None):
+        assert [t.kind for t in extract_tasks(load(text=src), prepack=prepack)] == ["reduction", "reduction", "elementwise"]
     x = np.random.default_rng(3).uniform(-20, 20, size=(8, 32)).astype(np.float32)
     np.testing.assert_allclose(mlir_ansor.compile(load(text=src))(x), _softmax(x), rtol=1e-5, atol=1e-7)
 

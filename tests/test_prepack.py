@@ -179,3 +179,96 @@ def test_compiled_module_packs_its_weights_once(tmp_path, ins, out, feature):
     cm = compile(load(text=weight_module(m, n, k, ins, out, b.astype(np.float64))))
     assert [p.task.name.startswith("matmul_packed_") for p in cm.kernels] == [True]
     _check(cm(a), a, b, ins)
+
+
+def _mlp(m: int, k: int, n: int, seed: int = 7):
+    """relu(x @ W1 + b1) @ W2, then y + y: W1, b1 and W2 dense constants."""
+    rng = np.random.default_rng(seed)
+    w1, b1, w2 = rng.uniform(-1, 1, (k, n)), rng.uniform(-1, 1, n), rng.uniform(-1, 1, (n, n))
+
+    def dense(a: np.ndarray) -> str:
+        return f'dense<"0x{a.astype(np.float32).tobytes().hex().upper()}">'
+
+    t, tn = f"tensor<{m}x{n}xf32>", f"tensor<{n}x{n}xf32>"
+    src = f"""
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#col = affine_map<(d0, d1) -> (d1)>
+func.func @mlp(%x: tensor<{m}x{k}xf32>) -> {t} {{
+  %w1 = arith.constant {dense(w1)} : tensor<{k}x{n}xf32>
+  %b1 = arith.constant {dense(b1)} : tensor<{n}xf32>
+  %w2 = arith.constant {dense(w2)} : {tn}
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {t}
+  %c = linalg.fill ins(%z : f32) outs(%e : {t}) -> {t}
+  %h = linalg.matmul ins(%x, %w1 : tensor<{m}x{k}xf32>, tensor<{k}x{n}xf32>) outs(%c : {t}) -> {t}
+  %hb = linalg.generic {{indexing_maps = [#id, #col, #id], iterator_types = ["parallel", "parallel"]}}
+      ins(%h, %b1 : {t}, tensor<{n}xf32>) outs(%e : {t}) {{
+  ^bb0(%v: f32, %b: f32, %o: f32):
+    %s = arith.addf %v, %b : f32
+    %r = arith.maximumf %s, %z : f32
+    linalg.yield %r : f32
+  }} -> {t}
+  %y = linalg.matmul ins(%hb, %w2 : {t}, {tn}) outs(%c : {t}) -> {t}
+  %yy = linalg.generic {{indexing_maps = [#id, #id, #id], iterator_types = ["parallel", "parallel"]}}
+      ins(%y, %y : {t}, {t}) outs(%e : {t}) {{
+  ^bb0(%v: f32, %u: f32, %o: f32):
+    %s = arith.addf %v, %u : f32
+    linalg.yield %s : f32
+  }} -> {t}
+  return %yy : {t}
+}}
+"""
+    f32 = np.float32
+    want = lambda x: 2 * (np.maximum(x @ w1.astype(f32) + b1.astype(f32), 0) @ w2.astype(f32))  # noqa: E731
+    return src, want
+
+
+@pytest.mark.parametrize("target, width", [(ZNVER4, 32), (ZNVER3, 16)])
+def test_f32_weights_are_read_in_column_panels_with_their_epilogue(target, width):
+    """An f32 matmul with a constant B reads it as [n / w, k, w] (w: two
+    vectors); the bias and ReLU after it (and the y + y after the second)
+    are rewritten over the same loops and stay in its task."""
+    m, k, n = 16, 64, 64
+    src, _ = _mlp(m, k, n)
+    tasks = extract_tasks(load(text=src), prepack=weight_packing(target))
+    assert [t.name for t in tasks] == [
+        f"contraction_{m}x{n // width}x{width}x{k}_f32_generic",
+        f"contraction_{m}x{n // width}x{width}x{n}_f32_add",
+    ]
+    filecheck(tasks[0].mlir, f"""
+        CHECK: func.func @kernel(%{{{{.*}}}}: tensor<{m}x{k}xf32>, %{{{{.*}}}}: tensor<{n // width}x{k}x{width}xf32>, %{{{{.*}}}}: tensor<{n // width}x{width}xf32>) -> tensor<{m}x{n // width}x{width}xf32>
+        CHECK: linalg.generic {{indexing_maps = [#map, #map1, #map2], iterator_types = ["parallel", "parallel", "parallel", "reduction"]}}
+        CHECK: arith.mulf
+        CHECK: arith.addf
+        CHECK: linalg.generic
+        CHECK-SAME: ansor.fused
+        CHECK: arith.addf
+        CHECK: arith.maximumf
+    """)
+    assert "#map1 = affine_map<(d0, d1, d2, d3) -> (d1, d3, d2)>" in tasks[0].mlir
+    # The register rows are m (d0), which B's panels do not index, the
+    # vector the panel's columns (d2); not panels x columns.
+    (sketch,) = [s for s in generate_sketches(tasks[0].mlir, target) if s.name == "cpu-contraction"]
+    names = {kn.name for kn in sketch.knobs}
+    assert {"r_d0", "r_d2"} <= names and "r_d1" not in names
+    # B as it is with no target, with B an argument, and where a named
+    # elementwise op follows (the panels would cut it off the task)
+    assert [t.name for t in extract_tasks(load(text=src))] == [f"matmul_{m}x{n}x{k}_f32_generic", f"matmul_{m}x{n}x{n}_f32_add"]
+    assert _task(weight_module(16, 64, 64, "f32", "f32", None), target).name == "matmul_16x64x64_f32"
+    named = weight_module(16, 64, 64, "f32", "f32", _weights(64, 64, "f32")).replace(
+        "  return %r : tensor<16x64xf32>",
+        "  %s = linalg.add ins(%r, %r : tensor<16x64xf32>, tensor<16x64xf32>) outs(%e : tensor<16x64xf32>) -> tensor<16x64xf32>\n"
+        "  return %s : tensor<16x64xf32>",
+    )
+    assert _task(named, target).name == "matmul_16x64x64_f32_add"
+
+
+def test_compiled_module_with_weight_panels(tmp_path):
+    """The panels are folded at compile time and the module computes the MLP."""
+    from mlir_ansor import compile  # noqa: A004
+
+    src, want = _mlp(16, 64, 64)
+    cm = compile(load(text=src))
+    assert [p.task.name.split("_")[0] for p in cm.kernels] == ["contraction", "contraction"]
+    x = np.random.default_rng(8).uniform(-1, 1, (16, 64)).astype(np.float32)
+    np.testing.assert_allclose(cm(x), want(x), rtol=1e-4, atol=1e-4)

@@ -58,11 +58,6 @@ What it does, and why:
   and round once per output (:func:`.precision.compute_wide`): torch's
   numerics, and no bf16 ``math.erf`` left for the lowering, which has none.
 
-* computes once, in an elementwise op of its own, a costly subexpression
-  (an ``exp`` and what it reads) that two ops repeat
-  (:func:`.share.share_subexpressions`): a softmax written as three ops
-  evaluates each ``exp`` twice, once per task, otherwise.
-
 Functions on memrefs are left as they are (the unit-dimension folding would
 introduce memref reshapes, which tasks do not take).
 """
@@ -81,7 +76,6 @@ from mlir_ansor.graph.precision import (
     lower_quantized_ops,
     narrow_f64_islands,
 )
-from mlir_ansor.graph.share import share_subexpressions
 from mlir_ansor.graph.split_conv import split_convolutions
 from mlir_ansor.ir.attrs import NORMALIZED_ATTR
 from mlir_ansor.ir.rewrite import backward_slice, clone_remapped
@@ -288,7 +282,6 @@ def normalize(module: ir.Module, *, layout: bool | None = None) -> None:
             fold_transposes(module, fn)
             accumulate_wide(fn)
             compute_wide(fn)
-            share_subexpressions(fn)
             pm = PassManager.parse(_FUNC_PIPELINE)
             pm.run(fn)
             fn.attributes[NORMALIZED_ATTR] = ir.UnitAttr.get()

@@ -20,7 +20,10 @@ same static loop ranges (loop d_k means the same loop in both). A leaf may
 not be an output's block argument (an accumulator), and the leaves must
 read every loop, so that the new op writes each element it computes once.
 
-Entry point: :func:`share_subexpressions`, run by :func:`.normalize.normalize`.
+Entry point: :func:`share_subexpressions`, run by the task extraction
+(`graph.task`) for the targets whose packing decision asks for it
+(``share_costly``: CPUs, where an exp costs more than a pass over memory;
+not GPUs, where a softmax is bound by memory and recomputing is cheaper).
 """
 
 from __future__ import annotations

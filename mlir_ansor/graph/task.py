@@ -36,6 +36,7 @@ from mlir.passmanager import PassManager
 from mlir_ansor.errors import InputError, UnsupportedError
 from mlir_ansor.graph.normalize import normalize
 from mlir_ansor.graph.prepack import Decide, prepack_weights
+from mlir_ansor.graph.share import share_subexpressions
 from mlir_ansor.ir.attrs import ANCHOR_ATTR, FUSED_ATTR, PACKED_ATTR
 from mlir_ansor.ir.dtypes import EPSILON, element_bytes, tolerance
 from mlir_ansor.ir.program import Program, load, location_str
@@ -1048,7 +1049,9 @@ def extract_tasks(
     each occurrence. Raises :class:`UnsupportedError` for what cannot be tuned
     (dynamic shapes, element types other than those of
     :data:`SUPPORTED_DTYPES`, non-Linalg compute ops, no Linalg op at all).
-    `prepack`: which matmuls with a constant B to read it packed for the
+    `prepack`: the target's rewrites of the graph (its ``share_costly``
+    attribute: compute once a costly subexpression two ops repeat,
+    :mod:`.share`), and which matmuls with a constant B to read it packed for the
     target's dot products (:mod:`.prepack`; the tuner and the compiler pass
     `search.rules.dot_product.weight_packing` of their target); None: none.
     """
@@ -1078,6 +1081,8 @@ def _extract(program: Program, func: str | None, prepack: Decide | None = None) 
             for fn in program.module.body.operations:
                 body = _function_body(fn.operation) if fn.operation.name == "func.func" else None
                 if body is not None:
+                    if getattr(prepack, "share_costly", False):
+                        share_subexpressions(fn.operation)
                     prepack_weights(fn.operation, prepack, constant_values(body))
     funcs = [
         o.operation

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mlir_ansor.graph.prepack import Panels
 from mlir_ansor.schedule.writer import ScheduleWriter
 from mlir_ansor.search.rules.base import (
     Rule,
@@ -132,15 +133,27 @@ def _fitting_tiles(rows: int, cols: int, reduction: int, lanes: int, group: int)
 def weight_packing(target):
     """The :data:`graph.prepack.Decide` of `target`: the group this rule
     packs a matmul's B in when it makes sketches of it (B constant: packed
-    once at compile time, `graph.prepack`), None where it makes none."""
+    once at compile time, `graph.prepack`), None where it makes none; for an
+    f32 matmul on a CPU, the column panels the contraction rule reads B in
+    (`graph.prepack.Panels`). Its ``share_costly`` attribute says whether
+    `graph.task` computes costly repeated subexpressions once (`graph.share`)."""
 
-    def decide(inputs: str, output: str, m: int, n: int, k: int) -> int | None:
+    def decide(inputs: str, output: str, m: int, n: int, k: int) -> int | Panels | None:
+        if (inputs, output) == ("f32", "f32"):
+            # FMA, no dot product: B in panels of two vectors, the width of
+            # the register tiles the contraction rule picks (8 x 32, 6 x 16).
+            width = 2 * lanes_of(target)
+            return Panels(width) if target.kind == "cpu" and n % width == 0 and n > width else None
         v = next((v for v in VARIANTS if (v.inputs, v.output) == (inputs, output)), None)
         if v is None or not _maps_instruction(v, target):
             return None
         group = _group(v, target)
         return group if _fitting_tiles(m, n, k, lanes_of(target), group) else None
 
+    # On a CPU an exp costs more than a pass over memory: a subexpression two
+    # tasks repeat is computed once (`graph.share`). On a GPU the softmax
+    # is bound by memory, and recomputing is the cheaper of the two.
+    decide.share_costly = target.kind == "cpu"
     return decide
 
 

@@ -112,16 +112,28 @@ def forced_unit_loops(anchor: OpStructure) -> set[int]:
 
 def vector_and_row_dims(anchor: OpStructure) -> tuple[int, int | None]:
     """The vectorized loop (the output's contiguous dimension) and the
-    register-row loop (the next output dimension that may be tiled)."""
+    register-row loop: the innermost other output dimension that may be
+    tiled and that an input read along the vector loop does not index, so
+    that its vector loads serve every register row (B's row of C = A.B, the
+    filter's of a convolution). Where each such input indexes every output
+    dimension, the innermost one that may be tiled.
+
+    The second condition decides only where the output has a dimension
+    between the rows and the vector: a matmul whose constant B is packed in
+    column panels (``C[m, n1, n2] += A[m, k] Bp[n1, k, n2]``) tiles its rows
+    along m, not n1, which indexes Bp (1 x 8 panels of 32 would load 16 B
+    vectors per 16 FMAs, where 8 rows x 32 load 2)."""
     out = [d for d in anchor.output_dims if d is not None]
     vec = out[-1]
     if channel_first(anchor):
         return vec, None
     forced = forced_unit_loops(anchor)
-    for d in reversed(out[:-1]):
-        if d not in forced:
+    candidates = [d for d in reversed(out[:-1]) if d not in forced]
+    carriers = [dims for dims in anchor.operand_dims[: anchor.num_inputs] if vec in dims]
+    for d in candidates:
+        if any(d not in dims for dims in carriers):
             return vec, d
-    return vec, None
+    return vec, candidates[0] if candidates else None
 
 
 def reused_operand(anchor: OpStructure, row: int | None) -> int | None:
