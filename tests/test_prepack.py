@@ -102,10 +102,20 @@ def _packed_sketches(src: str, target: Target):
 
 
 def test_packed_sketches_do_not_pack_again():
-    _, sketches = _packed_sketches(weight_module(64, 64, 64, "bf16", "f32", _weights(64, 64, "bf16")), ZNVER4)
+    # int8: B in quads, [k / 4, n, 4]; a copy of its tile or B read in place
+    _, sketches = _packed_sketches(weight_module(64, 64, 64, "i8", "i32", _weights(64, 64, "i8")), ZNVER4)
     assert {s.name for s in sketches} == {"cpu-dot-product-8x32", "cpu-dot-product-4x64"}
     assert all({k.name for k in s.knobs} == {"p_d0", "p_d1", "k_d2", "pack"} for s in sketches)
     assert all("transform.structured.pack " not in s.script for s in sketches)
+    # bf16: pairs in column panels of 32, [n / 32, k / 2, 32, 2] (loops m,
+    # panel, column, pair, element): threads over rows and panels, B read in
+    # place, a register tile a panel wide
+    task, sketches = _packed_sketches(weight_module(64, 64, 64, "bf16", "f32", _weights(64, 64, "bf16")), ZNVER4)
+    assert task.name == "matmul_packed_64x2x32x32x2_bf16_f32"
+    assert [i.shape for i in task.inputs] == [(64, 32, 2), (2, 32, 32, 2)] and task.outputs[0].shape == (64, 2, 32)
+    assert [s.name for s in sketches] == ["cpu-dot-product-8x32"]
+    assert {k.name for k in sketches[0].knobs} == {"p_d0", "p_d1", "p_d2", "k_d3"}
+    assert "transform.structured.pack " not in sketches[0].script
 
 
 @pytest.mark.parametrize("ins, out, instruction, count", [("bf16", "f32", "vdpbf16ps", 16), ("i8", "i32", "vpdpbusd", 18)])
@@ -157,14 +167,18 @@ def test_packed_kernel_results(tmp_path, ins, out, feature):
     so = str(tmp_path / "k.so")
     build(sketch.payload, sketch.concrete(default_assignment(sketch, 2)), 2, so)
     a3 = a.reshape(m, k // g, g)
-    bp = b.reshape(k // g, g, n).transpose(0, 2, 1).copy()
-    got = aligned_full((m, n), np.float32 if out == "f32" else np.int32, 0)
+    if len(task.inputs[1].shape) == 4:  # bf16 in column panels: [n / w, k / g, w, g]
+        w = task.inputs[1].shape[2]
+        bp = b.reshape(k // g, g, n // w, w).transpose(2, 0, 3, 1).copy()
+    else:  # [k / g, n, g]
+        bp = b.reshape(k // g, g, n).transpose(0, 2, 1).copy()
+    got = aligned_full(task.outputs[0].shape, np.float32 if out == "f32" else np.int32, 0)
     kernel = Kernel(so)
     try:
         kernel.bind([aligned_copy(a3), aligned_copy(bp), got])()
     finally:
         kernel.close()
-    _check(got, a, b, ins)
+    _check(got.reshape(m, n), a, b, ins)
 
 
 @pytest.mark.parametrize("ins, out, feature", [("bf16", "f32", "avx512_bf16"), ("i8", "i32", "avx512_vnni")])
@@ -272,3 +286,21 @@ def test_compiled_module_with_weight_panels(tmp_path):
     assert [p.task.name.split("_")[0] for p in cm.kernels] == ["contraction", "contraction"]
     x = np.random.default_rng(8).uniform(-1, 1, (16, 64)).astype(np.float32)
     np.testing.assert_allclose(cm(x), want(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_bf16_result_is_rounded_in_its_panelled_task():
+    """A bf16 matmul with a bf16 result accumulates in f32 and rounds in an
+    elementwise truncf (`graph.precision`), which changes the element type:
+    the panels are carried through it and it stays in the matmul's task."""
+    src = weight_module(16, 64, 64, "bf16", "f32", _weights(64, 64, "bf16"))
+    src = src.replace("tensor<16x64xf32>", "tensor<16x64xbf16>").replace("arith.constant 0.0 : f32", "arith.constant 0.0 : bf16")
+    src = src.replace("%z : f32", "%z : bf16")
+    task = _task(src, ZNVER4)
+    assert task.name == "matmul_packed_16x2x32x32x2_bf16_f32_truncf"
+    assert task.outputs[0].shape == (16, 2, 32) and task.outputs[0].dtype == "bf16"
+    filecheck(task.mlir, """
+        CHECK: iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction"]
+        CHECK: linalg.generic
+        CHECK-SAME: ansor.fused
+        CHECK: arith.truncf
+    """)

@@ -28,7 +28,10 @@ elementwise ops after it (a bias, an activation: the epilogue its task
 fuses) are rewritten over the same three loops, so the view is taken after
 them. Timed with cold caches, as a model runs its weights, a 128 x 768 x 768
 matmul took 1.43 ms with B as it is and 1.32 ms in panels of 32; 128 x 768
-x 3072 6.53 and 5.99 ms (Zen 4, 1 thread, 64 trials each).
+x 3072 6.53 and 5.99 ms (Zen 4, 1 thread, 64 trials each). bf16 weights for
+``vdpbf16ps`` are laid out both ways, pairs in column panels
+(``Bp[n / w, k / 2, w, 2]``, loops (m, n / w, w, k / 2, 2)); int8 ones keep
+the layout `passes.dot_products` lowers from.
 
 Which matmuls, and in which group, is the target's business (the rule
 knows which instructions it maps): the caller passes a :data:`Decide`.
@@ -50,9 +53,12 @@ __all__ = ["Decide", "Panels", "prepack_weights"]
 
 @dataclass(frozen=True)
 class Panels:
-    """Read a matmul's constant B in column panels this wide."""
+    """Read a matmul's constant B in column panels `width` wide, with its
+    reduction in groups of `group` (1: f32 for FMAs; 2: bf16 pairs for
+    ``vdpbf16ps``, ``Bp[n / w, k / 2, w, 2]``)."""
 
     width: int
+    group: int = 1
 
 
 Decide = Callable[[str, str, int, int, int], "int | Panels | None"]
@@ -86,8 +92,10 @@ def _element(v: ir.Value) -> str:
     return str(ir.RankedTensorType(v.type).element_type)
 
 
-def _packed_matmul(op: ir.Operation, group: int) -> ir.Operation:
-    """The rewrite of one matmul (see the module's docstring), at `op`."""
+def _packed_matmul(op: ir.Operation, group: int, width: int = 0, constant: set | None = None) -> ir.Operation:
+    """The rewrite of one matmul (see the module's docstring), at `op`;
+    with `width`, on B in panels too: loops (m, n / w, w, pairs, pair),
+    ``Bp[n / w, pairs, w, pair]``, writing the [m, n / w, w] view of C."""
     from mlir.dialects import arith, linalg, tensor
 
     a, b, c = op.operands
@@ -102,27 +110,41 @@ def _packed_matmul(op: ir.Operation, group: int) -> ir.Operation:
         # expand_shape of a dense constant would be folded by the next
         # greedy rewrite, and the ops of the function's generalized copy
         # would no longer line up with its own).
-        bp_t = ir.RankedTensorType.get([pairs, n, group], b_t.element_type)
-        p_, j_, e_ = (ir.AffineExpr.get_dim(i) for i in range(3))
+        if width:
+            # Bp[q, p, j, e] = B[p * group + e, q * width + j]
+            shape = [n // width, pairs, width, group]
+            q_, p_, j_, e_ = (ir.AffineExpr.get_dim(i) for i in range(4))
+            col = ir.AffineExpr.get_add(ir.AffineExpr.get_mul(q_, ir.AffineConstantExpr.get(width)), j_)
+        else:
+            shape = [pairs, n, group]
+            p_, col, e_ = (ir.AffineExpr.get_dim(i) for i in range(3))
         row = ir.AffineExpr.get_add(ir.AffineExpr.get_mul(p_, ir.AffineConstantExpr.get(group)), e_)
+        bp_t = ir.RankedTensorType.get(shape, b_t.element_type)
         pack = linalg.GenericOp(
-            [bp_t], [b], [tensor.EmptyOp([pairs, n, group], b_t.element_type).result],
-            ir.ArrayAttr.get([ir.AffineMapAttr.get(ir.AffineMap.get(3, 0, [row, j_])), _identity_map(3)]),
-            ir.ArrayAttr.get([ir.Attribute.parse("#linalg.iterator_type<parallel>")] * 3),
+            [bp_t], [b], [tensor.EmptyOp(shape, b_t.element_type).result],
+            ir.ArrayAttr.get([ir.AffineMapAttr.get(ir.AffineMap.get(len(shape), 0, [row, col])), _identity_map(len(shape))]),
+            _parallel(len(shape)),
         )
         pb = pack.regions[0].blocks.append(b_t.element_type, b_t.element_type)
         with ir.InsertionPoint(pb):
             linalg.YieldOp([pb.arguments[0]])
         bp = pack.results[0]
-        dims = [ir.AffineExpr.get_dim(i) for i in range(4)]  # m, n, pair, element of the pair
-        maps = [
-            ir.AffineMap.get(4, 0, [dims[0], dims[2], dims[3]]),
-            ir.AffineMap.get(4, 0, [dims[2], dims[1], dims[3]]),
-            ir.AffineMap.get(4, 0, [dims[0], dims[1]]),
-        ]
-        it = [ir.Attribute.parse(f"#linalg.iterator_type<{t}>") for t in ("parallel", "parallel", "reduction", "reduction")]
+        if width:
+            c = _split(c, 1, width, constant or set())
+            m_, q_, j_, p_, e_ = (ir.AffineExpr.get_dim(i) for i in range(5))
+            maps = [ir.AffineMap.get(5, 0, [m_, p_, e_]), ir.AffineMap.get(5, 0, [q_, p_, j_, e_]), ir.AffineMap.get(5, 0, [m_, q_, j_])]
+            kinds = ("parallel", "parallel", "parallel", "reduction", "reduction")
+        else:
+            dims = [ir.AffineExpr.get_dim(i) for i in range(4)]  # m, n, pair, element of the pair
+            maps = [
+                ir.AffineMap.get(4, 0, [dims[0], dims[2], dims[3]]),
+                ir.AffineMap.get(4, 0, [dims[2], dims[1], dims[3]]),
+                ir.AffineMap.get(4, 0, [dims[0], dims[1]]),
+            ]
+            kinds = ("parallel", "parallel", "reduction", "reduction")
+        it = [ir.Attribute.parse(f"#linalg.iterator_type<{t}>") for t in kinds]
         generic = linalg.GenericOp(
-            [c_t], [a3, bp], [c], ir.ArrayAttr.get([ir.AffineMapAttr.get(mp) for mp in maps]), ir.ArrayAttr.get(it)
+            [c.type], [a3, bp], [c], ir.ArrayAttr.get([ir.AffineMapAttr.get(mp) for mp in maps]), ir.ArrayAttr.get(it)
         )
         generic.operation.attributes[PACKED_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), group)
         block = generic.regions[0].blocks.append(elem_in, b_t.element_type, elem_acc)
@@ -261,8 +283,8 @@ def _elementwise_user(value: ir.Value) -> ir.Operation | None:
         return None
     if any(user.operands[k] == value and str(maps[k]) != identity for k in range(n_ins)):
         return None
-    if user.results[0].type != value.type:
-        return None
+    if ir.RankedTensorType(user.results[0].type).shape != ir.RankedTensorType(value.type).shape:
+        return None  # (its element type may differ: a bf16 result's truncf)
     for inner in user.regions[0].blocks[0].operations:
         if inner.operation.name == "linalg.index":
             return None
@@ -338,14 +360,17 @@ def _panel_chain(op: ir.Operation) -> list[ir.Operation] | None:
     return None if _fused_after(chain[-1].results[0]) else chain
 
 
-def panel_matmul(op: ir.Operation, width: int, constant: set) -> bool:
+def panel_matmul(op: ir.Operation, width: int, constant: set, group: int = 1) -> bool:
     """Rewrite a plain f32 ``linalg.matmul`` with a constant B to read B in
     panels of `width` columns, and the elementwise chain after it over the
     panels (see the module's docstring); returns whether it did."""
     chain = _panel_chain(op)
     if chain is None:
         return False
-    value3 = _panel_matmul(op, width, constant)
+    if group > 1:
+        value3 = _packed_matmul(op, group, width, constant).results[0]
+    else:
+        value3 = _panel_matmul(op, width, constant)
     for prev, user in zip(chain, chain[1:]):
         # Its output map is the identity, so loop d1 is the output's column.
         value3 = _split_elementwise(user, prev.results[0], value3, 1, width, constant)
@@ -379,9 +404,15 @@ def prepack_weights(fn: ir.Operation, decide: Decide, constant: set) -> int:
         (m, k), (_, n) = a_t.shape, b_t.shape
         group = decide(types[0], types[2], m, n, k)
         if isinstance(group, Panels):
-            if n % group.width == 0 and n > group.width and panel_matmul(op, group.width, constant):
+            if (
+                n % group.width == 0
+                and n > group.width
+                and k % group.group == 0
+                and panel_matmul(op, group.width, constant, group.group)
+            ):
                 count += 1
-            continue
+                continue
+            group = group.group if group.group > 1 else None  # pairs without panels
         if not group or k % group:
             continue
         new = _packed_matmul(op, group)

@@ -148,7 +148,14 @@ def weight_packing(target):
         if v is None or not _maps_instruction(v, target):
             return None
         group = _group(v, target)
-        return group if _fitting_tiles(m, n, k, lanes_of(target), group) else None
+        if not _fitting_tiles(m, n, k, lanes_of(target), group):
+            return None
+        width = 2 * lanes_of(target)
+        if v.inputs == "bf16" and n % width == 0 and n > width:
+            # bf16 pairs in column panels (the int8 contractions are lowered
+            # by `passes.dot_products` from their own layout).
+            return Panels(width, group)
+        return group
 
     # On a CPU an exp costs more than a pass over memory: a subexpression two
     # tasks repeat is computed once (`graph.share`). On a GPU the softmax
@@ -202,16 +209,20 @@ def matmul_dims(a: OpStructure) -> tuple[int | None, int, int, int] | None:
     return (lead[0] if lead else None), m, n, k
 
 
-def packed_matmul_dims(a: OpStructure) -> tuple[int, int, int, int] | None:
-    """(m, n, pairs, pair) loops when `a` is `graph.prepack`'s matmul
-    C[m, n] += A[m, pairs, pair] * B[pairs, n, pair] on narrow inputs."""
-    if len(a.loop_ranges) != 4 or a.reductions != (2, 3) or a.compound_dims or not a.is_mul_add:
+def packed_matmul_dims(a: OpStructure) -> tuple[int, int, int, int, int | None] | None:
+    """(m, n, pairs, pair, panel) loops when `a` is `graph.prepack`'s matmul
+    C[m, n] += A[m, pairs, pair] * B[pairs, n, pair] on narrow inputs (panel
+    None), or its form on B in column panels, C[m, q, n] += A[m, pairs, pair]
+    * B[q, pairs, n, pair] (panel the loop q of the panels)."""
+    if a.compound_dims or not a.is_mul_add or a.num_inputs != 2 or variant_of(a) is None:
         return None
-    if a.num_inputs != 2 or variant_of(a) is None:
-        return None
-    if a.operand_dims[0] != (0, 2, 3) or a.operand_dims[1] != (2, 1, 3) or a.output_dims != (0, 1):
-        return None
-    return 0, 1, 2, 3
+    if len(a.loop_ranges) == 4 and a.reductions == (2, 3):
+        if a.operand_dims[0] == (0, 2, 3) and a.operand_dims[1] == (2, 1, 3) and a.output_dims == (0, 1):
+            return 0, 1, 2, 3, None
+    if len(a.loop_ranges) == 5 and a.reductions == (3, 4):
+        if a.operand_dims[0] == (0, 3, 4) and a.operand_dims[1] == (1, 3, 2, 4) and a.output_dims == (0, 1, 2):
+            return 0, 2, 3, 4, 1
+    return None
 
 
 def conv_dims(a: OpStructure) -> tuple[int, int, int] | None:
@@ -323,7 +334,7 @@ class DotProductTiling(Rule):
         r = a.loop_ranges
         packed = packed_matmul_dims(a)
         if packed is not None:
-            m, n, pairs, pair = packed
+            m, n, pairs, pair, _ = packed
             return _fitting_tiles(r[m], r[n], r[pairs] * r[pair], lanes, group) if r[pair] == group else []
         mm = matmul_dims(a)
         dims = mm[1:] if mm else conv_dims(a)
@@ -336,8 +347,8 @@ class DotProductTiling(Rule):
         tiles = self._tiles(ctx.anchor, lanes_of(ctx.target), group_of(ctx.anchor, ctx.target))
         packed = packed_matmul_dims(ctx.anchor)
         if packed is not None:
-            m, n, pairs, _ = packed
-            return [self._sketch(ctx, m, n, pairs, mr, nr, packed=True) for mr, nr in tiles]
+            m, n, pairs, _, panel = packed
+            return [self._sketch(ctx, m, n, pairs, mr, nr, packed=True, panel=panel) for mr, nr in tiles]
         mm = matmul_dims(ctx.anchor)
         if mm is None:
             return [self._conv_sketch(ctx, mr, nr) for mr, nr in tiles]
@@ -345,33 +356,52 @@ class DotProductTiling(Rule):
         return [self._sketch(ctx, m, n, k, mr, nr, batch=batch) for mr, nr in tiles]
 
     def _sketch(
-        self, ctx: SketchContext, m: int, n: int, k: int, mr: int, nr: int, batch: int | None = None, packed: bool = False
+        self,
+        ctx: SketchContext,
+        m: int,
+        n: int,
+        k: int,
+        mr: int,
+        nr: int,
+        batch: int | None = None,
+        packed: bool = False,
+        panel: int | None = None,
     ) -> Sketch:
         """A matmul, or with `batch` (its loop) a batched one: each batch a
         thread step, and its 1 x 16 pieces folded to (16 x 2) . (2) like a
         convolution's (`passes.dot_products` lowers them). `packed`: the
         anchor is `graph.prepack`'s matmul on a packed constant B, loops
-        (m, n, pairs `k`, pair), which the packing here would make."""
+        (m, n, pairs `k`, pair), which the packing here would make; with
+        `panel` (the loop of B's column panels, before n), threads over
+        panels too, a panel a step in the register tile, and B read in
+        place (its panel is already the contiguous tile a copy would make)."""
         lanes = lanes_of(ctx.target)
         anchor = ctx.anchor
         r = anchor.loop_ranges
         group = group_of(anchor, ctx.target)
         pairs = r[k] if packed else r[k] // group
-        pair = 3 if packed else len(r)  # the loop of the two elements of a pair, after packing
+        pair = len(r) - 1 if packed else len(r)  # the loop of the two elements of a pair, after packing
         specs = [
             KnobSpec(f"p_d{m}", tuple(d for d in divisors(r[m]) if d % mr == 0), doc=f"parallel (scf.forall) tile of loop d{m}"),
             KnobSpec(f"p_d{n}", tuple(d for d in divisors(r[n]) if d % nr == 0), doc=f"parallel (scf.forall) tile of loop d{n}"),
             KnobSpec(f"k_d{k}", divisors(pairs), doc=f"reduction (cache) tile of loop d{k}, in pairs"),
+        ]
+        if panel is not None:
+            specs.append(KnobSpec(f"p_d{panel}", divisors(r[panel]), doc=f"parallel (scf.forall) tile of loop d{panel} (panels)"))
+        else:
             # The packed B read in place saves a copy of it per thread tile of
             # rows (B's rows are then N x 4 bytes apart; 4 KiB at N = 1024).
-            KnobSpec("pack", (0, 1), alternatives=True, doc="0: copy the packed B tile to a contiguous buffer; 1: read it in place"),
-        ]
+            specs.append(
+                KnobSpec("pack", (0, 1), alternatives=True, doc="0: copy the packed B tile to a contiguous buffer; 1: read it in place")
+            )
         w = ScheduleWriter()
         h = {sp.name: w.knob(sp.name, sp.options) for sp in specs if not sp.alternatives}
 
         names = {"m": m, "n": n, "k": k, "pair": pair}
         if batch is not None:
             names["b"] = batch
+        if panel is not None:
+            names["q"] = panel
         sizes = _sizes(pair + 1, names)
         lead = [1] if batch is not None else []  # the batch loop, a step at a time
         # The layout: the reduction in pairs (A's pack is a view, B's a copy
@@ -383,16 +413,19 @@ class DotProductTiling(Rule):
         thread = {m: h[f"p_d{m}"], n: h[f"p_d{n}"]}
         if batch is not None:
             thread[batch] = 1
+        if panel is not None:
+            thread[panel] = h[f"p_d{panel}"]
         forall = tile_root_and_fuse(w, ctx, root_sizes_from_anchor(ctx, thread))
         a_h, _ = w.tile_for(w.match_op_id(forall, anchor.op_id), sizes(k=h[f"k_d{k}"]))
         v = variant_of(anchor)
-        cur = a_h
-        (a_h,) = w.alternatives(
-            "pack",
-            [lambda wr: [wr.pack_operand(cur, 1, 3, [v.inputs, v.inputs, v.output], sorted((k, n, pair)))], lambda wr: [cur]],
-        )
+        if panel is None:
+            cur = a_h
+            (a_h,) = w.alternatives(
+                "pack",
+                [lambda wr: [wr.pack_operand(cur, 1, 3, [v.inputs, v.inputs, v.output], sorted((k, n, pair)))], lambda wr: [cur]],
+            )
         # The register tile, the pairs loop inside it, 1 x 16 pieces unrolled.
-        a_h, _ = w.tile_for(a_h, sizes(m=mr, n=nr))
+        a_h, _ = w.tile_for(a_h, sizes(m=mr, n=nr, **({"q": 1} if panel is not None else {})))
         a_h, _ = w.tile_for(a_h, sizes(k=1))
         _register_pieces(w, a_h, sizes(m=1, n=lanes), m, n, mr, nr, lanes)
         # The packed tile's copy a row of 16 pairs per step.
@@ -408,13 +441,13 @@ class DotProductTiling(Rule):
                 w.cleanup(func)
             w.apply_patterns(func, ["linalg.fold_unit_extent_dims_via_slices", "canonicalization"])
             _vectorize(w, w.match_func("%root"), shuffles=v.inputs == "bf16")
-            return self._finish(ctx, w, specs, m, n, k, mr, nr)
+            return self._finish(ctx, w, specs, m, n, k, mr, nr, panel=panel)
         func = _vectorize(w, w.match_func("%root"), shuffles=v.inputs == "bf16")
         if v.inputs != "bf16":
             # The int8 contractions stay as they are: `passes.dot_products`
             # rewrites them when the module is lowered; the rest is plain
             # transfers, lowered there too.
-            return self._finish(ctx, w, specs, m, n, k, mr, nr)
+            return self._finish(ctx, w, specs, m, n, k, mr, nr, panel=panel)
         w.apply_patterns(func, ["x86vector.vector_contract_to_packed_type_dot_product"])
         # The rest (fill, consumers, copies) as in `lower_vectors`, except that
         # transfers stay n-D: `passes.vector_flatten` makes the packed tile's
@@ -430,7 +463,7 @@ class DotProductTiling(Rule):
                 "canonicalization",
             ],
         )
-        return self._finish(ctx, w, specs, m, n, k, mr, nr)
+        return self._finish(ctx, w, specs, m, n, k, mr, nr, panel=panel)
 
     def _conv_sketch(self, ctx: SketchContext, mr: int, nr: int) -> Sketch:
         """A convolution (n, oh, ow, f, kh, kw, c): the channels in pairs
@@ -477,7 +510,7 @@ class DotProductTiling(Rule):
         _vectorize(w, w.match_func("%root"), extra_hoist=True, shuffles=variant_of(anchor).inputs == "bf16")
         return self._finish(ctx, w, specs, oh, f, c, mr, nr, prefer_rows=8)
 
-    def _finish(self, ctx, w, specs, m, n, k, mr, nr, prefer_rows: int = 64) -> Sketch:
+    def _finish(self, ctx, w, specs, m, n, k, mr, nr, prefer_rows: int = 64, panel: int | None = None) -> Sketch:
         r = ctx.anchor.loop_ranges
         prefer = {
             **({"pack": 0} if any(sp.name == "pack" for sp in specs) else {}),
@@ -485,11 +518,15 @@ class DotProductTiling(Rule):
             f"p_d{m}": min(specs[0].options, key=lambda x: abs(x - prefer_rows)),
             f"p_d{n}": min(specs[1].options, key=lambda x: abs(x - 128)),
         }
+        forall = [(f"p_d{m}", r[m]), (f"p_d{n}", r[n])]
+        if panel is not None:  # 128 columns of panels, as the unpanelled default
+            prefer[f"p_d{panel}"] = min(specs[3].options, key=lambda x: abs(x * r[n] - 128))
+            forall.append((f"p_d{panel}", r[panel]))
         return Sketch(
             f"{self.name}-{mr}x{nr}",
             ctx.payload,
             w.text(),
             tuple(specs),
-            forall=((f"p_d{m}", r[m]), (f"p_d{n}", r[n])),
+            forall=tuple(forall),
             prefer=tuple(sorted(prefer.items())),
         )
