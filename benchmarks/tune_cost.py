@@ -28,7 +28,7 @@ Usage:
   python benchmarks/tune_cost.py [--models resnet50,bert_layer] [--threads 1]
                                  [--budgets "resnet50=0,64,128,256;bert_layer=0,16,64,128"]
                                  [--arms cold,builtin] [--goal 1.2] [--stop-at-goal] [--near 0.05]
-                                 [--keep DIR] [--peers eager,compile,iree]
+                                 [--keep DIR] [--peers eager,compile,iree] [--flush-caches on|off]
 Needs the 'torch' extra (torch and torch-mlir); IREE: `bash benchmarks/setup_peers.sh --iree`.
 Run it alone on the machine: it times tuning, and tuning times kernels.
 """
@@ -73,7 +73,7 @@ def parse_budgets(text: str) -> dict[str, list[int]]:
     return out
 
 
-def cli_tune(path: str, db: str, trials: int, threads: int, seed: int, pretrained: str | None) -> dict:
+def cli_tune(path: str, db: str, trials: int, threads: int, seed: int, pretrained: str | None, flush: bool = True) -> dict:
     """`mlir-ansor tune ... --json` in a fresh process, as a user runs it
     (nothing made by an earlier tune of this benchmark is in memory): its
     JSON, with ``wall_s`` (the process's whole time, start-up and import of
@@ -82,6 +82,8 @@ def cli_tune(path: str, db: str, trials: int, threads: int, seed: int, pretraine
            "--threads", str(threads), "--seed", str(seed), "--db", db, "--json", "--progress", "none"]
     if pretrained:
         cmd += ["--pretrained-model", pretrained]
+    if flush:
+        cmd.append("--flush-caches")
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -120,6 +122,10 @@ def main() -> None:
     ap.add_argument("--near", type=float, default=0.05,
                     help="also report the trials to come within this share of the best ratio of the whole run")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--flush-caches", choices=("on", "off"), default="on",
+                    help="tune with `--flush-caches`, as `models.py` does: kernels timed with their weights in "
+                         "memory, as a model runs them (off: warm timings, which pick schedules that run "
+                         "slower in the model: BERT 20.1 ms against 18.2)")
     ap.add_argument("--keep", default=None, help="folder for the MLIR and the databases (default: a temporary one)")
     ap.add_argument("--peers", default="eager,compile,iree", help="of: eager, compile (torch.compile), iree")
     ap.add_argument("--iree-python", default=DEFAULT_IREE_PYTHON, help="python of IREE's env")
@@ -195,7 +201,11 @@ def main() -> None:
                         os.remove(stale)
                 shutil.rmtree(db + ".cache", ignore_errors=True)  # compiled cold: no objects of an earlier run
                 # Budget 0: no tuning; compile gives every task its default schedule.
-                res = cli_tune(path, db, trials, args.threads, args.seed, ARMS[arm]) if trials else None
+                res = (
+                    cli_tune(path, db, trials, args.threads, args.seed, ARMS[arm], args.flush_caches == "on")
+                    if trials
+                    else None
+                )
                 tune_s = res["tuning_time_s"] if res else 0.0
                 compile_s = compile_in_fresh_process(path, db, args.threads)  # cold: the cache was emptied
                 warm_s = compile_in_fresh_process(path, db, args.threads)
