@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from mlir import ir
 
 from mlir_ansor.ir.attrs import PACKED_ATTR
-from mlir_ansor.ir.rewrite import clone_remapped
+from mlir_ansor.ir.rewrite import clone_remapped, indexing_maps, segments
 
 __all__ = ["Decide", "Panels", "prepack_weights"]
 
@@ -92,6 +92,33 @@ def _element(v: ir.Value) -> str:
     return str(ir.RankedTensorType(v.type).element_type)
 
 
+def _relayout(value: ir.Value, shape: list[int], source: list[ir.AffineExpr]) -> ir.Value:
+    """A generic copying `value` into a new tensor of `shape`: element
+    (d0, d1, ...) is `value`'s element at `source` (its indices as affine
+    expressions of the d's). On constants it is evaluated once at compile
+    time; an ``expand_shape`` of a dense constant would be folded by the
+    next greedy rewrite, and the ops of the function's generalized copy
+    would no longer line up with its own."""
+    from mlir.dialects import linalg, tensor
+
+    elem = ir.RankedTensorType(value.type).element_type
+    rank = len(shape)
+    copy = linalg.GenericOp(
+        [ir.RankedTensorType.get(shape, elem)], [value], [tensor.EmptyOp(shape, elem).result],
+        ir.ArrayAttr.get([ir.AffineMapAttr.get(ir.AffineMap.get(rank, 0, source)), _identity_map(rank)]),
+        _parallel(rank),
+    )
+    block = copy.regions[0].blocks.append(elem, elem)
+    with ir.InsertionPoint(block):
+        linalg.YieldOp([block.arguments[0]])
+    return copy.results[0]
+
+
+def _times_plus(a: ir.AffineExpr, factor: int, b: ir.AffineExpr) -> ir.AffineExpr:
+    """a * factor + b."""
+    return ir.AffineExpr.get_add(ir.AffineExpr.get_mul(a, ir.AffineConstantExpr.get(factor)), b)
+
+
 def _packed_matmul(op: ir.Operation, group: int, width: int = 0, constant: set | None = None) -> ir.Operation:
     """The rewrite of one matmul (see the module's docstring), at `op`;
     with `width`, on B in panels too: loops (m, n / w, w, pairs, pair),
@@ -106,29 +133,15 @@ def _packed_matmul(op: ir.Operation, group: int, width: int = 0, constant: set |
     with op.location, ir.InsertionPoint(op):
         a3_t = ir.RankedTensorType.get([m, pairs, group], elem_in)
         a3 = tensor.ExpandShapeOp(a3_t, a, [[0], [1, 2]], [], [m, pairs, group]).result
-        # Bp[p, j, e] = B[p * group + e, j]: one generic on constants (an
-        # expand_shape of a dense constant would be folded by the next
-        # greedy rewrite, and the ops of the function's generalized copy
-        # would no longer line up with its own).
+        # Bp[p, j, e] = B[p * group + e, j], or in panels
+        # Bp[q, p, j, e] = B[p * group + e, q * width + j]
         if width:
-            # Bp[q, p, j, e] = B[p * group + e, q * width + j]
-            shape = [n // width, pairs, width, group]
             q_, p_, j_, e_ = (ir.AffineExpr.get_dim(i) for i in range(4))
-            col = ir.AffineExpr.get_add(ir.AffineExpr.get_mul(q_, ir.AffineConstantExpr.get(width)), j_)
+            shape, col = [n // width, pairs, width, group], _times_plus(q_, width, j_)
         else:
-            shape = [pairs, n, group]
             p_, col, e_ = (ir.AffineExpr.get_dim(i) for i in range(3))
-        row = ir.AffineExpr.get_add(ir.AffineExpr.get_mul(p_, ir.AffineConstantExpr.get(group)), e_)
-        bp_t = ir.RankedTensorType.get(shape, b_t.element_type)
-        pack = linalg.GenericOp(
-            [bp_t], [b], [tensor.EmptyOp(shape, b_t.element_type).result],
-            ir.ArrayAttr.get([ir.AffineMapAttr.get(ir.AffineMap.get(len(shape), 0, [row, col])), _identity_map(len(shape))]),
-            _parallel(len(shape)),
-        )
-        pb = pack.regions[0].blocks.append(b_t.element_type, b_t.element_type)
-        with ir.InsertionPoint(pb):
-            linalg.YieldOp([pb.arguments[0]])
-        bp = pack.results[0]
+            shape = [pairs, n, group]
+        bp = _relayout(b, shape, [_times_plus(p_, group, e_), col])
         if width:
             c = _split(c, 1, width, constant or set())
             m_, q_, j_, p_, e_ = (ir.AffineExpr.get_dim(i) for i in range(5))
@@ -176,9 +189,7 @@ def _split_reassociation(rank: int, pos: int) -> list[list[int]]:
 def _split(value: ir.Value, pos: int, width: int, constant: set) -> ir.Value:
     """`value` with its dimension `pos` split into (size / width, width), at
     the current insertion point: a fresh tensor.empty or fill for one, a
-    copying generic for a constant (folded at compile time like the packed
-    B; a reshape of a dense constant would be folded by later rewrites,
-    which the generalized copy of the function does not see), else a view."""
+    copying generic for a constant (:func:`_relayout`), else a view."""
     from mlir.dialects import linalg, tensor
 
     t = ir.RankedTensorType(value.type)
@@ -192,21 +203,10 @@ def _split(value: ir.Value, pos: int, width: int, constant: set) -> ir.Value:
         empty = tensor.EmptyOp(list(new_t.shape), new_t.element_type).result
         return linalg.fill(owner.operands[0], outs=[empty])
     if value in constant:
-        rank = t.rank
-        dims = [ir.AffineExpr.get_dim(i) for i in range(rank + 1)]
-        src = [dims[j] if j < pos else dims[j + 1] for j in range(rank)]
-        src[pos] = ir.AffineExpr.get_add(
-            ir.AffineExpr.get_mul(dims[pos], ir.AffineConstantExpr.get(width)), dims[pos + 1]
-        )
-        copy = linalg.GenericOp(
-            [new_t], [value], [tensor.EmptyOp(list(new_t.shape), new_t.element_type).result],
-            ir.ArrayAttr.get([ir.AffineMapAttr.get(ir.AffineMap.get(rank + 1, 0, src)), _identity_map(rank + 1)]),
-            _parallel(rank + 1),
-        )
-        block = copy.regions[0].blocks.append(t.element_type, t.element_type)
-        with ir.InsertionPoint(block):
-            linalg.YieldOp([block.arguments[0]])
-        return copy.results[0]
+        dims = [ir.AffineExpr.get_dim(i) for i in range(t.rank + 1)]
+        src = [dims[j] if j < pos else dims[j + 1] for j in range(t.rank)]
+        src[pos] = _times_plus(dims[pos], width, dims[pos + 1])
+        return _relayout(value, list(new_t.shape), src)
     return tensor.ExpandShapeOp(new_t, value, _split_reassociation(t.rank, pos), [], list(new_t.shape)).result
 
 
@@ -219,26 +219,16 @@ def _collapse(value: ir.Value, pos: int, like: ir.Type) -> ir.Value:
 
 def _panel_matmul(op: ir.Operation, width: int, constant: set) -> ir.Value:
     """C[m, n] = A[m, k] B[k, n] as a generic on B in panels (see the
-    module's docstring), at `op`; returns the [m, n] view of its result."""
-    from mlir.dialects import arith, linalg, tensor
+    module's docstring), at `op`; returns its [m, n / w, w] result."""
+    from mlir.dialects import arith, linalg
 
     a, b, c = op.operands
     b_t, c_t = ir.RankedTensorType(b.type), ir.RankedTensorType(c.type)
     k, n = b_t.shape
-    panels = n // width
     with op.location, ir.InsertionPoint(op):
         # Bp[q, k, e] = B[k, q * width + e]
-        bp_t = ir.RankedTensorType.get([panels, k, width], b_t.element_type)
         q_, k_, e_ = (ir.AffineExpr.get_dim(i) for i in range(3))
-        col = ir.AffineExpr.get_add(ir.AffineExpr.get_mul(q_, ir.AffineConstantExpr.get(width)), e_)
-        pack = linalg.GenericOp(
-            [bp_t], [b], [tensor.EmptyOp([panels, k, width], b_t.element_type).result],
-            ir.ArrayAttr.get([ir.AffineMapAttr.get(ir.AffineMap.get(3, 0, [k_, col])), _identity_map(3)]),
-            _parallel(3),
-        )
-        pb = pack.regions[0].blocks.append(b_t.element_type, b_t.element_type)
-        with ir.InsertionPoint(pb):
-            linalg.YieldOp([pb.arguments[0]])
+        bp = _relayout(b, [n // width, k, width], [k_, _times_plus(q_, width, e_)])
         c3 = _split(c, 1, width, constant)
         m_, q_, e_, r_ = (ir.AffineExpr.get_dim(i) for i in range(4))
         maps = [
@@ -248,7 +238,7 @@ def _panel_matmul(op: ir.Operation, width: int, constant: set) -> ir.Value:
         ]
         it = [ir.Attribute.parse(f"#linalg.iterator_type<{t}>") for t in ("parallel", "parallel", "parallel", "reduction")]
         generic = linalg.GenericOp(
-            [c3.type], [a, pack.results[0]], [c3], ir.ArrayAttr.get([ir.AffineMapAttr.get(mp) for mp in maps]),
+            [c3.type], [a, bp], [c3], ir.ArrayAttr.get([ir.AffineMapAttr.get(mp) for mp in maps]),
             ir.ArrayAttr.get(it),
         )
         block = generic.regions[0].blocks.append(c_t.element_type, b_t.element_type, c_t.element_type)
@@ -274,8 +264,8 @@ def _elementwise_user(value: ir.Value) -> ir.Operation | None:
     user = _single_owner(value)
     if user is None or user.name != "linalg.generic" or len(user.results) != 1:
         return None
-    n_ins, n_outs = list(ir.DenseI32ArrayAttr(user.attributes["operandSegmentSizes"]))
-    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(user.attributes["indexing_maps"])]
+    n_ins, n_outs = segments(user)
+    maps = indexing_maps(user)
     if n_outs != 1 or any("reduction" in str(t) for t in ir.ArrayAttr(user.attributes["iterator_types"])):
         return None
     identity = str(ir.AffineMap.get_identity(maps[-1].n_dims))
@@ -317,8 +307,8 @@ def _split_elementwise(user: ir.Operation, value: ir.Value, value3: ir.Value, po
     split at `pos`) for `value`; returns the new op's result."""
     from mlir.dialects import linalg
 
-    n_ins = list(ir.DenseI32ArrayAttr(user.attributes["operandSegmentSizes"]))[0]
-    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(user.attributes["indexing_maps"])]
+    n_ins, _ = segments(user)
+    maps = indexing_maps(user)
     rank = maps[0].n_dims
     dims = [ir.AffineExpr.get_dim(i) for i in range(rank + 1)]
     with user.location, ir.InsertionPoint(user):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from mlir_ansor.ir.rewrite import clone_remapped
+from mlir_ansor.ir.rewrite import backward_slice, clone_remapped, indexing_maps, segments
 
 __all__ = ["COSTLY", "share_subexpressions"]
 
@@ -38,15 +38,6 @@ COSTLY = frozenset(
     {"math.exp", "math.exp2", "math.expm1", "math.erf", "math.tanh", "math.log", "math.log1p", "math.log2"}
 )
 """Body ops worth a pass over memory to compute once: a polynomial each."""
-
-
-def _segments(op: ir.Operation) -> tuple[int, int]:
-    sizes = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
-    return sizes[0], sizes[1]
-
-
-def _maps(op: ir.Operation) -> list[ir.AffineMap]:
-    return [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
 
 
 def _static_ranges(op: ir.Operation, maps: list[ir.AffineMap]) -> tuple[int, ...] | None:
@@ -74,8 +65,8 @@ class _Generic:
 
     def __init__(self, op: ir.Operation) -> None:
         self.op = op
-        self.n_ins, self.n_outs = _segments(op)
-        self.maps = _maps(op)
+        self.n_ins, self.n_outs = segments(op)
+        self.maps = indexing_maps(op)
         self.ranges = _static_ranges(op, self.maps)
         self.block = op.regions[0].blocks[0]
         self.args = list(self.block.arguments)
@@ -157,21 +148,6 @@ def _covers_all_loops(g: _Generic, leaves: list) -> bool:
     return len(dims) == len(g.ranges)
 
 
-def _body_slice(g: _Generic, root: ir.Operation) -> list[ir.Operation]:
-    """The body ops `root` depends on, `root` included, in body order."""
-    needed: set = set()
-    stack = [root]
-    while stack:
-        op = stack.pop()
-        if op in needed:
-            continue
-        needed.add(op)
-        for v in op.operands:
-            if v in g.owner:
-                stack.append(g.owner[v])
-    return [o.operation for o in g.block.operations if o.operation in needed]
-
-
 def _materialize(g: _Generic, root: ir.Operation, leaves: list, before: ir.Operation) -> ir.Value:
     """A new all-parallel generic before `before` computing `root`'s
     expression over `g`'s loops from `leaves`; returns its result."""
@@ -201,8 +177,10 @@ def _materialize(g: _Generic, root: ir.Operation, leaves: list, before: ir.Opera
         block = ir.Block.create_at_start(new.regions[0], arg_types, [before.location] * len(arg_types))
         mapping = {g.args[k]: block.arguments[j] for j, k in enumerate(slots)}
         with ir.InsertionPoint(block):
-            for op in _body_slice(g, root):
-                clone_remapped(op, mapping)
+            needed = backward_slice(g.block, [root.results[0]])
+            for inner in g.block.operations:
+                if inner.operation in needed:
+                    clone_remapped(inner.operation, mapping)
             ir.Operation.create("linalg.yield", operands=[mapping[root.results[0]]])
     return new.results[0]
 

@@ -40,6 +40,7 @@ from mlir_ansor.graph.share import share_subexpressions
 from mlir_ansor.ir.attrs import ANCHOR_ATTR, FUSED_ATTR, PACKED_ATTR
 from mlir_ansor.ir.dtypes import EPSILON, element_bytes, tolerance
 from mlir_ansor.ir.program import Program, load, location_str
+from mlir_ansor.ir.rewrite import segments as _segments
 
 log = logging.getLogger(__name__)
 
@@ -251,15 +252,6 @@ def _isa(cls: type, obj: object) -> bool:
 def _iterator_name(attr: ir.Attribute) -> str:
     text = str(attr)  # "#linalg.iterator_type<parallel>"
     return "reduction" if "reduction" in text else "parallel"
-
-
-def _segments(op: ir.Operation) -> tuple[int, int]:
-    """(number of ins, number of outs) of a Linalg op."""
-    if "operandSegmentSizes" in op.attributes:
-        sizes = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
-        return sizes[0], sizes[1]
-    n = len(op.operands)
-    return n - 1, 1  # pragma: no cover - every Linalg structured op has segments
 
 
 def _shape_of(t: ir.Type) -> list[int] | None:

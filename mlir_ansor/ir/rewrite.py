@@ -61,6 +61,20 @@ def clone_remapped(op: ir.Operation, mapping: dict) -> ir.Operation:
     return clone
 
 
+def segments(op: ir.Operation) -> tuple[int, int]:
+    """(number of ins, number of outs) of a Linalg op."""
+    if "operandSegmentSizes" in op.attributes:
+        sizes = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
+        return sizes[0], sizes[1]
+    n = len(op.operands)
+    return n - 1, 1  # pragma: no cover - every Linalg structured op has segments
+
+
+def indexing_maps(op: ir.Operation) -> list[ir.AffineMap]:
+    """The indexing maps of a ``linalg.generic`` (ins, then outs)."""
+    return [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+
+
 def inverse_permutation(perm: list[int]) -> list[int]:
     """The permutation that undoes `perm`."""
     inv = [0] * len(perm)
