@@ -393,6 +393,7 @@ def test_an_exp_two_ops_repeat_is_computed_once():
     it and both read it, and the result is still the softmax."""
     from mlir import ir
 
+    import mlir_ansor.graph.task as graph_task
     from mlir_ansor.examples.workloads import softmax
     from mlir_ansor.graph.normalize import normalize
     from mlir_ansor.graph.share import share_subexpressions
@@ -421,9 +422,16 @@ CHECK-SAME:      ins(%[[SUM]], %[[EXP]] : tensor<8xf32>, tensor<8x32xf32>)
 CHECK-NOT:       math.exp
 CHECK:         return %[[R]]
 """)
-    # Tasks for a CPU share it; for a GPU (a softmax bound by memory) and
+    # Tasks for a CPU share it (and are one task, computed row by row:
+    # `graph.task._merge_rows`); for a GPU (a softmax bound by memory) and
     # with no target named, each task computes its own.
     tasks = extract_tasks(load(text=src), prepack=weight_packing(Target.host()))
+    assert [t.kind for t in tasks] == ["reduction"] and tasks[0].flops == 8 * 32 * 5
+    graph_task.FUSE_ROWS = False
+    try:
+        tasks = extract_tasks(load(text=src), prepack=weight_packing(Target.host()))
+    finally:
+        graph_task.FUSE_ROWS = True
     assert [t.kind for t in tasks] == ["reduction", "elementwise", "reduction", "elementwise"]
     for prepack in (weight_packing(Target.cuda(90)), None):
         assert [t.kind for t in extract_tasks(load(text=src), prepack=prepack)] == ["reduction", "reduction", "elementwise"]

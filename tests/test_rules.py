@@ -116,6 +116,15 @@ def test_every_rule_applies_somewhere():
             for ctx in (cpu_ctx, dataclasses.replace(cpu_ctx, target=znver4)):
                 applied |= {r.name for r in CPU_RULES if r.condition(ctx) is not RuleResult.SKIP}
             applied |= {r.name for r in GPU_RULES if r.condition(cuda_ctx) is not RuleResult.SKIP}
+    # A softmax cut for a CPU is one task, computed row by row.
+    from mlir_ansor.search.rules import SketchContext
+    from mlir_ansor.search.rules.dot_product import weight_packing
+    from mlir_ansor.search.sketch import prepare_payload
+
+    (task,) = extract_tasks(mlir_ansor.load(text=workloads.softmax(16, 64)), prepack=weight_packing(AVX2))
+    payload, ops = prepare_payload(task.mlir)
+    anchor = next(o for o in ops if o.role == "anchor")
+    applied |= {r.name for r in CPU_RULES if r.condition(SketchContext(payload, ops, anchor, AVX2)) is not RuleResult.SKIP}
     assert applied == {r.name for r in CPU_RULES + GPU_RULES}
 
 

@@ -10,6 +10,9 @@ What it does, and why:
   ops only they need. torch-mlir lowers ``max`` along a dimension (softmax)
   to a generic computing the maximum *and* its i64 index; the index is never
   used, and an i64 output would make the whole softmax untunable.
+* forwards identity gathers (:func:`forward_identity_gathers`): a generic
+  that only copies a tensor of its own type through ``tensor.extract``,
+  which is what torch-mlir's dynamic ``expand`` becomes at a static size.
 * drops the unit dimensions an operand is indexed by the constant 0 in
   (:func:`drop_unit_broadcasts`): torch-mlir broadcasts through them
   (``tensor<64x1x1xf32>`` read with the map ``(n, c, h, w) -> (c, 0, 0)``,
@@ -78,9 +81,9 @@ from mlir_ansor.graph.precision import (
 )
 from mlir_ansor.graph.split_conv import split_convolutions
 from mlir_ansor.ir.attrs import NORMALIZED_ATTR
-from mlir_ansor.ir.rewrite import backward_slice, clone_remapped
+from mlir_ansor.ir.rewrite import backward_slice, clone_remapped, indexing_maps, segments
 
-__all__ = ["CONVERT_LAYOUT", "drop_dead_results", "drop_unit_broadcasts", "normalize"]
+__all__ = ["CONVERT_LAYOUT", "drop_dead_results", "drop_unit_broadcasts", "forward_identity_gathers", "normalize"]
 
 _FUNC_PIPELINE = "func.func(canonicalize,cse)"
 
@@ -243,6 +246,161 @@ def _drop_unit_broadcasts_of(op: ir.Operation) -> bool:
     return True
 
 
+def _gathered_source(op: ir.Operation) -> ir.Value | None:
+    """The tensor a ``linalg.generic`` copies unchanged, if it is an identity
+    gather: no inputs, every loop parallel, an identity output map, and a
+    body that yields ``tensor.extract %src[i0, ..., in]`` where each index
+    is ``linalg.index k`` at position k (or the constant 0 where the
+    dimension is 1) and ``%src`` has the result's static type."""
+    if op.name != "linalg.generic" or len(op.results) != 1:
+        return None
+    n_ins, n_outs = segments(op)
+    if n_ins != 0 or n_outs != 1:
+        return None
+    (amap,) = indexing_maps(op)
+    if not amap.is_permutation or list(amap.results) != [ir.AffineExpr.get_dim(k) for k in range(amap.n_dims)]:
+        return None
+    result_t = op.results[0].type
+    if not isinstance(result_t, ir.RankedTensorType) or not ir.RankedTensorType(result_t).has_static_shape:
+        return None
+    body = [o.operation for o in op.regions[0].blocks[0].operations]
+    yield_op = body[-1]
+    if len(yield_op.operands) != 1 or not isinstance(yield_op.operands[0].owner, ir.OpView):
+        return None
+    extract = yield_op.operands[0].owner.operation
+    if extract.name != "tensor.extract" or extract not in body:
+        return None
+    src, *indices = list(extract.operands)
+    if src.type != result_t:
+        return None
+    shape = list(ir.RankedTensorType(result_t).shape)
+    for k, index in enumerate(indices):
+        owner = index.owner
+        if not isinstance(owner, ir.OpView):
+            return None
+        owner = owner.operation
+        if owner.name == "linalg.index" and ir.IntegerAttr(owner.attributes["dim"]).value == k:
+            continue
+        if owner.name == "arith.constant" and shape[k] == 1 and ir.IntegerAttr(owner.attributes["value"]).value == 0:
+            continue
+        return None
+    if any(o.name not in ("linalg.index", "arith.constant", "tensor.extract", "linalg.yield") for o in body):
+        return None
+    return src
+
+
+def forward_identity_gathers(fn: ir.Operation) -> int:
+    """Replace every identity gather directly in ``fn``'s body
+    (:func:`_gathered_source`) by the tensor it copies; returns how many.
+    torch-mlir writes ``expand`` to a dynamic size as such a gather (each
+    index ``select(dim == 1, 0, i)``); once the size is static and not 1,
+    canonicalization leaves a copy, which would be a task reading and
+    writing the whole tensor (BERT's attention scores at sequence length
+    384: 0.5 ms)."""
+    count = 0
+    for block in fn.regions[0].blocks:
+        for opview in list(block.operations):
+            op = opview.operation
+            src = _gathered_source(op)
+            if src is not None:
+                op.results[0].replace_all_uses_with(src)
+                op.erase()
+                count += 1
+    return count
+
+
+def _drop_trailing_unit_loop_of(op: ir.Operation) -> bool:
+    from mlir.dialects import tensor as tensor_d
+
+    if op.name != "linalg.generic":
+        return False
+    if any("reduction" in str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])):
+        return False
+    n_ins, n_outs = segments(op)
+    maps = indexing_maps(op)
+    operands = list(op.operands)
+    if not maps or any(not isinstance(v.type, ir.RankedTensorType) for v in operands):
+        return False
+    last = maps[0].n_dims - 1
+    if last < 1 or any(m.n_symbols for m in maps):
+        return False
+    d_last = ir.AffineExpr.get_dim(last)
+    uses_last = []
+    for v, m in zip(operands, maps):
+        if not m.is_projected_permutation:
+            return False
+        results = list(m.results)
+        if d_last in results:
+            if results[-1] != d_last or ir.RankedTensorType(v.type).shape[-1] != 1:
+                return False
+            uses_last.append(True)
+        else:
+            uses_last.append(False)
+    if not all(uses_last[n_ins:]):
+        return False
+    if not any(isinstance(v.owner, ir.OpView) and v.owner.operation.name == "tensor.expand_shape" for v in operands[:n_ins]):
+        return False
+    with op.context, op.location, ir.InsertionPoint(op):
+        new_operands, new_maps = [], []
+        for v, m, used in zip(operands, maps, uses_last):
+            t = ir.RankedTensorType(v.type)
+            results = list(m.results)
+            if used:
+                rank = len(t.shape)
+                if rank < 2:
+                    return False
+                groups = [[j] for j in range(rank - 2)] + [[rank - 2, rank - 1]]
+                nt = ir.RankedTensorType.get(list(t.shape)[:-1], t.element_type)
+                v = tensor_d.CollapseShapeOp(nt, v, _reassoc_attr(groups)).result
+                results = results[:-1]
+            new_operands.append(v)
+            new_maps.append(ir.AffineMap.get(last, 0, results))
+        attrs = {op.attributes[k].name: op.attributes[k].attr for k in range(len(op.attributes))}
+        attrs["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in new_maps])
+        iters = list(ir.ArrayAttr(op.attributes["iterator_types"]))
+        attrs["iterator_types"] = ir.ArrayAttr.get(iters[:-1])
+        new = ir.Operation.create(
+            "linalg.generic", results=[v.type for v in new_operands[n_ins:]], operands=new_operands, attributes=attrs, regions=1
+        )
+        op.regions[0].blocks[0].append_to(new.regions[0])
+    body = new.regions[0].blocks[0]
+    for inner in list(body.operations):
+        if inner.operation.name == "linalg.index" and ir.IntegerAttr(inner.operation.attributes["dim"]).value == last:
+            return _undo(new, op)
+    with op.context, op.location, ir.InsertionPoint.after(new):
+        for old, res in zip(op.results, new.results):
+            t = ir.RankedTensorType(old.type)
+            rank = len(t.shape)
+            groups = [[j] for j in range(rank - 2)] + [[rank - 2, rank - 1]]
+            old.replace_all_uses_with(tensor_d.ExpandShapeOp(t, res, _reassoc_attr(groups), [], list(t.shape)).result)
+    op.erase()
+    return True
+
+
+def _undo(new: ir.Operation, op: ir.Operation) -> bool:
+    new.regions[0].blocks[0].append_to(op.regions[0])
+    new.erase()
+    return False
+
+
+def drop_trailing_unit_loops(fn: ir.Operation) -> int:
+    """Rewrite every elementwise ``linalg.generic`` directly in ``fn``'s body
+    whose last loop has extent 1, is the last dimension of each operand
+    that it indexes, and that reads a ``tensor.expand_shape``: the loop and
+    those unit dimensions go (operands collapsed, results expanded back).
+    This is ``keepdim``: a layer norm's mean, ``sum(x, -1, keepdim) / n``,
+    is a reduction to ``[b, s]`` expanded to ``[b, s, 1]`` and divided
+    there; after the rewrite canonicalization folds the reshape pair, so
+    the division reads the reduction directly and the partitioner can join
+    the layer norm's ops into one task (``_merge_rows``). Returns how many."""
+    count = 0
+    for block in fn.regions[0].blocks:
+        for opview in list(block.operations):
+            if _drop_trailing_unit_loop_of(opview.operation):
+                count += 1
+    return count
+
+
 def drop_unit_broadcasts(fn: ir.Operation) -> int:
     """Rewrite every ``linalg.generic`` directly in ``fn``'s body whose maps
     index a unit dimension by the constant 0: that operand is collapsed
@@ -272,12 +430,16 @@ def normalize(module: ir.Module, *, layout: bool | None = None) -> None:
             if NORMALIZED_ATTR in fn.attributes or not _on_tensors(fn):
                 continue
             drop_dead_results(fn)
+            forward_identity_gathers(fn)
             narrow_f64_islands(fn)
             lower_quantized_ops(fn)
             if layout:
                 convert_layout(fn)
             split_convolutions(fn)
             drop_unit_broadcasts(fn)
+            pm = PassManager.parse(_FUNC_PIPELINE)
+            if drop_trailing_unit_loops(fn):
+                pm.run(fn)
             fold_widening(fn)
             fold_transposes(module, fn)
             accumulate_wide(fn)

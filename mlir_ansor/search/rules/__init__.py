@@ -21,9 +21,10 @@ from mlir_ansor.search.rules.gpu_staged_matmul import StagedMatmul
 from mlir_ansor.search.rules.gpu_warp_reduction import WarpReduction
 from mlir_ansor.search.rules.multi_level_tiling import MultiLevelTiling
 from mlir_ansor.search.rules.reduction import ReductionVectorize
+from mlir_ansor.search.rules.row_fused import RowFused
 from mlir_ansor.target import Target
 
-CPU_RULES: list[Rule] = [DotProductTiling(), MultiLevelTiling(), ReductionVectorize(), ElementwiseVectorize()]
+CPU_RULES: list[Rule] = [RowFused(), DotProductTiling(), MultiLevelTiling(), ReductionVectorize(), ElementwiseVectorize()]
 """Rules that produce specialized CPU sketches, in priority order."""
 
 GPU_RULES: list[Rule] = [StagedMatmul(), TensorCoreMatmul(), WarpReduction(), GpuContraction()]

@@ -136,7 +136,9 @@ def weight_packing(target):
     once at compile time, `graph.prepack`), None where it makes none; for an
     f32 matmul on a CPU, the column panels the contraction rule reads B in
     (`graph.prepack.Panels`). Its ``share_costly`` attribute says whether
-    `graph.task` computes costly repeated subexpressions once (`graph.share`)."""
+    `graph.task` computes costly repeated subexpressions once (`graph.share`),
+    its ``fuse_rows`` whether it joins row-wise chains of reductions into one
+    task (`graph.task._merge_rows`)."""
 
     def decide(inputs: str, output: str, m: int, n: int, k: int) -> int | Panels | None:
         if (inputs, output) == ("f32", "f32"):
@@ -161,6 +163,10 @@ def weight_packing(target):
     # tasks repeat is computed once (`graph.share`). On a GPU the softmax
     # is bound by memory, and recomputing is the cheaper of the two.
     decide.share_costly = target.kind == "cpu"
+    # On a CPU a softmax's or a layer norm's ops are one task computed row
+    # by row (`graph.task._merge_rows`, the `cpu-row-fused` rule); the GPU
+    # rules take them one by one (warp reductions).
+    decide.fuse_rows = target.kind == "cpu"
     return decide
 
 
