@@ -1,7 +1,7 @@
 """A softmax or a layer norm is one task on a CPU, computed row by row
 (`graph.task._merge_rows`, the ``cpu-row-fused`` rule), and the rewrites of
 normalization that let torch-mlir's spelling of them join
-(`graph.normalize.forward_identity_gathers`, `drop_trailing_unit_loops`)."""
+(`graph.normalize.forward_identity_gathers`, `drop_unit_loops`)."""
 
 from __future__ import annotations
 
@@ -266,3 +266,35 @@ def test_an_identity_gather_is_forwarded():
     (task,) = extract_tasks(mlir_ansor.load(text=text))
     x = np.arange(32, dtype=np.float32).reshape(1, 4, 8)
     np.testing.assert_array_equal(mlir_ansor.compile(mlir_ansor.load(text=text))(x), 2 * x)
+
+
+ACTIVATION_AFTER_EXPAND = """
+#m = affine_map<(d0, d1, d2) -> (d0, d1, d2)>
+func.func @ffn(%x: tensor<8x16xf32>, %w: tensor<16x32xf32>) -> tensor<1x8x32xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<8x32xf32>
+  %z = linalg.fill ins(%zero : f32) outs(%e : tensor<8x32xf32>) -> tensor<8x32xf32>
+  %mm = linalg.matmul ins(%x, %w : tensor<8x16xf32>, tensor<16x32xf32>) outs(%z : tensor<8x32xf32>) -> tensor<8x32xf32>
+  %ex = tensor.expand_shape %mm [[0, 1], [2]] output_shape [1, 8, 32] : tensor<8x32xf32> into tensor<1x8x32xf32>
+  %e3 = tensor.empty() : tensor<1x8x32xf32>
+  %g = linalg.generic {indexing_maps = [#m, #m], iterator_types = ["parallel", "parallel", "parallel"]} ins(%ex : tensor<1x8x32xf32>) outs(%e3 : tensor<1x8x32xf32>) {
+  ^bb0(%p: f32, %o: f32):
+    %t = math.tanh %p : f32
+    linalg.yield %t : f32
+  } -> tensor<1x8x32xf32>
+  return %g : tensor<1x8x32xf32>
+}
+"""
+
+
+def test_an_activation_after_an_expand_joins_its_matmul():
+    """torch-mlir expands a linear layer's [s, n] result to [1, s, n] for
+    the activation after it (BERT's GELU); normalized (`drop_unit_loops`),
+    the activation reads the matmul's result and is fused into its task,
+    instead of a task that reads and writes the whole tensor again."""
+    (task,) = extract_tasks(mlir_ansor.load(text=ACTIVATION_AFTER_EXPAND))
+    assert task.kind == "contraction" and "math.tanh" in task.mlir, task.name
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((8, 16)).astype(np.float32), rng.standard_normal((16, 32)).astype(np.float32)
+    got = mlir_ansor.compile(mlir_ansor.load(text=ACTIVATION_AFTER_EXPAND))(x, w)
+    np.testing.assert_allclose(got, np.tanh(x @ w)[None], rtol=1e-5, atol=1e-5)

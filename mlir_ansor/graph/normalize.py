@@ -309,94 +309,133 @@ def forward_identity_gathers(fn: ir.Operation) -> int:
     return count
 
 
-def _drop_trailing_unit_loop_of(op: ir.Operation) -> bool:
+def _added_unit_dims(expand: ir.Operation) -> list[int]:
+    """The dimensions of size 1 a ``tensor.expand_shape`` adds: in each
+    group of its reassociation of more than one dimension, those of size 1
+    (all but the last if the whole group is)."""
+    shape = list(ir.RankedTensorType(expand.results[0].type).shape)
+    added = []
+    for group in ir.ArrayAttr(expand.attributes["reassociation"]):
+        dims = [ir.IntegerAttr(x).value for x in ir.ArrayAttr(group)]
+        if len(dims) < 2:
+            continue
+        units = [j for j in dims if shape[j] == 1]
+        added += units[:-1] if len(units) == len(dims) else units
+    return added
+
+
+def _unit_loop(op: ir.Operation, maps: list[ir.AffineMap], operands: list) -> int | None:
+    """A parallel loop of `op` that indexes a unit dimension an input's
+    ``tensor.expand_shape`` added, that every operand indexing it indexes at
+    a dimension of size 1, and that every output indexes; None if none."""
+    n_ins, _ = segments(op)
+    iterators = list(ir.ArrayAttr(op.attributes["iterator_types"]))
+    candidates: list[int] = []
+    for v, m in zip(operands[:n_ins], maps[:n_ins]):
+        if isinstance(v.owner, ir.OpView) and v.owner.operation.name == "tensor.expand_shape":
+            for j in _added_unit_dims(v.owner.operation):
+                e = list(m.results)[j]
+                if isinstance(e, ir.AffineDimExpr) or ir.AffineDimExpr.isinstance(e):
+                    candidates.append(ir.AffineDimExpr(e).position)
+    for d in dict.fromkeys(candidates):
+        if "reduction" in str(iterators[d]):
+            continue
+        dim = ir.AffineExpr.get_dim(d)
+        ok = True
+        for k, (v, m) in enumerate(zip(operands, maps)):
+            results = list(m.results)
+            if dim in results:
+                if ir.RankedTensorType(v.type).shape[results.index(dim)] != 1 or len(results) < 2:
+                    ok = False
+            elif k >= n_ins:
+                ok = False
+        if ok:
+            return d
+    return None
+
+
+def _drop_unit_loop_of(op: ir.Operation) -> bool:
     from mlir.dialects import tensor as tensor_d
 
     if op.name != "linalg.generic":
         return False
-    if any("reduction" in str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])):
-        return False
     n_ins, n_outs = segments(op)
     maps = indexing_maps(op)
     operands = list(op.operands)
-    if not maps or any(not isinstance(v.type, ir.RankedTensorType) for v in operands):
+    if not maps or maps[0].n_dims < 2 or any(not isinstance(v.type, ir.RankedTensorType) for v in operands):
         return False
-    last = maps[0].n_dims - 1
-    if last < 1 or any(m.n_symbols for m in maps):
-        return False
-    d_last = ir.AffineExpr.get_dim(last)
-    uses_last = []
-    for v, m in zip(operands, maps):
-        if not m.is_projected_permutation:
-            return False
-        results = list(m.results)
-        if d_last in results:
-            if results[-1] != d_last or ir.RankedTensorType(v.type).shape[-1] != 1:
-                return False
-            uses_last.append(True)
-        else:
-            uses_last.append(False)
-    if not all(uses_last[n_ins:]):
+    if any(m.n_symbols or not m.is_projected_permutation for m in maps):
         return False
     if not any(isinstance(v.owner, ir.OpView) and v.owner.operation.name == "tensor.expand_shape" for v in operands[:n_ins]):
         return False
+    if any(o.operation.name == "linalg.index" for o in op.regions[0].blocks[0].operations):
+        return False
+    d = _unit_loop(op, maps, operands)
+    if d is None or "reduction" in str(ir.ArrayAttr(op.attributes["iterator_types"])[d]):
+        return False
+    dim = ir.AffineExpr.get_dim(d)
+    n = maps[0].n_dims
+
+    def renumber(e: ir.AffineExpr) -> ir.AffineExpr:
+        pos = ir.AffineDimExpr(e).position
+        return ir.AffineExpr.get_dim(pos - 1 if pos > d else pos)
+
+    expand_back = []
     with op.context, op.location, ir.InsertionPoint(op):
         new_operands, new_maps = [], []
-        for v, m, used in zip(operands, maps, uses_last):
+        for v, m in zip(operands, maps):
             t = ir.RankedTensorType(v.type)
             results = list(m.results)
-            if used:
-                rank = len(t.shape)
-                if rank < 2:
-                    return False
-                groups = [[j] for j in range(rank - 2)] + [[rank - 2, rank - 1]]
-                nt = ir.RankedTensorType.get(list(t.shape)[:-1], t.element_type)
-                v = tensor_d.CollapseShapeOp(nt, v, _reassoc_attr(groups)).result
-                results = results[:-1]
+            if dim in results:
+                j = results.index(dim)
+                groups = _reassociation(len(t.shape), [j])
+                nt = ir.RankedTensorType.get([x for i, x in enumerate(t.shape) if i != j], t.element_type)
+                if isinstance(v.owner, ir.OpView) and v.owner.operation.name == "tensor.empty":
+                    # (canonicalization leaves a collapsed empty tensor)
+                    v = tensor_d.EmptyOp(list(nt.shape), nt.element_type).result
+                else:
+                    v = tensor_d.CollapseShapeOp(nt, v, _reassoc_attr(groups)).result
+                results = results[:j] + results[j + 1 :]
+                if len(new_operands) >= n_ins:
+                    expand_back.append((t, groups))
             new_operands.append(v)
-            new_maps.append(ir.AffineMap.get(last, 0, results))
+            new_maps.append(ir.AffineMap.get(n - 1, 0, [renumber(e) for e in results]))
         attrs = {op.attributes[k].name: op.attributes[k].attr for k in range(len(op.attributes))}
         attrs["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in new_maps])
         iters = list(ir.ArrayAttr(op.attributes["iterator_types"]))
-        attrs["iterator_types"] = ir.ArrayAttr.get(iters[:-1])
+        attrs["iterator_types"] = ir.ArrayAttr.get(iters[:d] + iters[d + 1 :])
         new = ir.Operation.create(
             "linalg.generic", results=[v.type for v in new_operands[n_ins:]], operands=new_operands, attributes=attrs, regions=1
         )
         op.regions[0].blocks[0].append_to(new.regions[0])
-    body = new.regions[0].blocks[0]
-    for inner in list(body.operations):
-        if inner.operation.name == "linalg.index" and ir.IntegerAttr(inner.operation.attributes["dim"]).value == last:
-            return _undo(new, op)
     with op.context, op.location, ir.InsertionPoint.after(new):
-        for old, res in zip(op.results, new.results):
-            t = ir.RankedTensorType(old.type)
-            rank = len(t.shape)
-            groups = [[j] for j in range(rank - 2)] + [[rank - 2, rank - 1]]
+        for old, res, (t, groups) in zip(op.results, new.results, expand_back):
             old.replace_all_uses_with(tensor_d.ExpandShapeOp(t, res, _reassoc_attr(groups), [], list(t.shape)).result)
     op.erase()
     return True
 
 
-def _undo(new: ir.Operation, op: ir.Operation) -> bool:
-    new.regions[0].blocks[0].append_to(op.regions[0])
-    new.erase()
-    return False
+def drop_unit_loops(fn: ir.Operation) -> int:
+    """Rewrite every ``linalg.generic`` directly in ``fn``'s body that reads
+    a ``tensor.expand_shape`` and has a parallel loop of extent 1 that each
+    operand indexes at a unit dimension (every output does): the loop
+    and those dimensions go (operands collapsed, results expanded back), and
+    canonicalization then folds the reshape pairs this leaves. Returns how
+    many ops were rewritten (one unit loop each; call again for more).
 
-
-def drop_trailing_unit_loops(fn: ir.Operation) -> int:
-    """Rewrite every elementwise ``linalg.generic`` directly in ``fn``'s body
-    whose last loop has extent 1, is the last dimension of each operand
-    that it indexes, and that reads a ``tensor.expand_shape``: the loop and
-    those unit dimensions go (operands collapsed, results expanded back).
-    This is ``keepdim``: a layer norm's mean, ``sum(x, -1, keepdim) / n``,
-    is a reduction to ``[b, s]`` expanded to ``[b, s, 1]`` and divided
-    there; after the rewrite canonicalization folds the reshape pair, so
-    the division reads the reduction directly and the partitioner can join
-    the layer norm's ops into one task (``_merge_rows``). Returns how many."""
+    Two of torch-mlir's spellings need it:
+    - a keepdim mean, ``sum(x, -1, keepdim) / n``, is a reduction to
+      ``[b, s]`` expanded to ``[b, s, 1]`` and divided there: after the
+      rewrite the division reads the reduction directly, and the
+      partitioner can join the layer norm's ops into one task
+      (``graph.task._merge_rows``);
+    - a linear layer's result ``[s, n]`` is expanded to ``[1, s, n]`` for
+      the activation after it (BERT's GELU): after the rewrite the
+      activation reads the matmul's result, and is fused into its task."""
     count = 0
     for block in fn.regions[0].blocks:
         for opview in list(block.operations):
-            if _drop_trailing_unit_loop_of(opview.operation):
+            if _drop_unit_loop_of(opview.operation):
                 count += 1
     return count
 
@@ -438,7 +477,9 @@ def normalize(module: ir.Module, *, layout: bool | None = None) -> None:
             split_convolutions(fn)
             drop_unit_broadcasts(fn)
             pm = PassManager.parse(_FUNC_PIPELINE)
-            if drop_trailing_unit_loops(fn):
+            for _ in range(4):  # one unit loop per op each time
+                if not drop_unit_loops(fn):
+                    break
                 pm.run(fn)
             fold_widening(fn)
             fold_transposes(module, fn)
