@@ -148,6 +148,11 @@ def _softmax_text(ret: str = "return %o : tensor<2x16x32xf32>") -> str:
     return SOFTMAX.replace("RETURN", ret)
 
 
+def _case(name: str):
+    """(MLIR, numpy reference) of the softmax or the layer norm."""
+    return (_softmax_text(), _softmax_ref) if name == "softmax" else (LAYER_NORM, _layer_norm_ref)
+
+
 def _inputs(text: str, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     if "@ln" in text:
@@ -159,7 +164,7 @@ def _inputs(text: str, seed: int = 0) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("name", ["softmax", "layer_norm"])
 def test_one_task_on_a_cpu_several_elsewhere(name):
-    text = _softmax_text() if name == "softmax" else LAYER_NORM
+    text, _ = _case(name)
     (task,) = extract_tasks(mlir_ansor.load(text=text), prepack=weight_packing(CPU))
     assert task.kind == "reduction"
     # every op of the chain is in it: 6 (softmax) or 8 (layer norm)
@@ -200,16 +205,15 @@ def test_a_value_read_outside_the_chain_stops_the_merge():
 @pytest.mark.parametrize("name", ["softmax", "layer_norm"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_row_fused_default_schedule_matches_numpy(name, threads):
-    text = _softmax_text() if name == "softmax" else LAYER_NORM
+    text, ref = _case(name)
     args = _inputs(text)
     got = mlir_ansor.compile(mlir_ansor.load(text=text), threads=threads)(*args)
-    want = _softmax_ref(*args) if name == "softmax" else _layer_norm_ref(*args)
-    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(got, ref(*args), rtol=2e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("name", ["softmax", "layer_norm"])
 def test_row_fused_candidates_build_and_match(tmp_path, name):
-    text = _softmax_text() if name == "softmax" else LAYER_NORM
+    text, ref = _case(name)
     path = tmp_path / f"{name}.mlir"
     path.write_text(text)
     db = tmp_path / "t.db"
@@ -222,8 +226,7 @@ def test_row_fused_candidates_build_and_match(tmp_path, name):
     assert np.isfinite(r.best_latency_s) and not r.errors, dict(r.errors)
     args = _inputs(text, seed=1)
     got = mlir_ansor.compile(str(path), db=db)(*args)
-    want = _softmax_ref(*args) if name == "softmax" else _layer_norm_ref(*args)
-    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(got, ref(*args), rtol=2e-5, atol=2e-6)
 
 
 GATHER = """

@@ -215,7 +215,6 @@ def _drop_unit_broadcasts_of(op: ir.Operation) -> bool:
         return False
     new_maps = list(maps)
     new_operands = list(operands)
-    result_types = [r.type for r in op.results]
     expand_back: dict[int, tuple[ir.Type, list[list[int]]]] = {}
     with op.context, op.location, ir.InsertionPoint(op):
         for i, dropped in changes.items():
@@ -229,11 +228,30 @@ def _drop_unit_broadcasts_of(op: ir.Operation) -> bool:
             new_operands[i] = tensor_d.CollapseShapeOp(new_t, operands[i], _reassoc_attr(groups)).result
             if i >= n_ins:
                 expand_back[i - n_ins] = (t, groups)
-                result_types[i - n_ins] = new_t
-        attrs = {op.attributes[k].name: op.attributes[k].attr for k in range(len(op.attributes))}
-        attrs["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in new_maps])
+    _replace_generic(op, new_operands, new_maps, expand_back)
+    return True
+
+
+def _replace_generic(
+    op: ir.Operation,
+    operands: list[ir.Value],
+    maps: list[ir.AffineMap],
+    expand_back: dict[int, tuple[ir.Type, list[list[int]]]],
+    iterators: list[ir.Attribute] | None = None,
+) -> None:
+    """Replace the ``linalg.generic`` `op` by one on `operands` with `maps`
+    (and `iterators`), its body moved over; result k in `expand_back`
+    (its old type, the reassociation) is expanded back to the old type."""
+    from mlir.dialects import tensor as tensor_d
+
+    n_ins, _ = segments(op)
+    attrs = {op.attributes[k].name: op.attributes[k].attr for k in range(len(op.attributes))}
+    attrs["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps])
+    if iterators is not None:
+        attrs["iterator_types"] = ir.ArrayAttr.get(iterators)
+    with op.context, op.location, ir.InsertionPoint(op):
         new = ir.Operation.create(
-            "linalg.generic", results=result_types, operands=new_operands, attributes=attrs, regions=1
+            "linalg.generic", results=[v.type for v in operands[n_ins:]], operands=operands, attributes=attrs, regions=1
         )
         op.regions[0].blocks[0].append_to(new.regions[0])
     with op.context, op.location, ir.InsertionPoint.after(new):
@@ -243,7 +261,11 @@ def _drop_unit_broadcasts_of(op: ir.Operation) -> bool:
     for old, rep in zip(op.results, replacements):
         old.replace_all_uses_with(rep)
     op.erase()
-    return True
+
+
+def _made_by(v: ir.Value, name: str) -> bool:
+    """Whether `v` is a result of an op named `name`."""
+    return isinstance(v.owner, ir.OpView) and v.owner.operation.name == name
 
 
 def _gathered_source(op: ir.Operation) -> ir.Value | None:
@@ -258,7 +280,7 @@ def _gathered_source(op: ir.Operation) -> ir.Value | None:
     if n_ins != 0 or n_outs != 1:
         return None
     (amap,) = indexing_maps(op)
-    if not amap.is_permutation or list(amap.results) != [ir.AffineExpr.get_dim(k) for k in range(amap.n_dims)]:
+    if list(amap.results) != [ir.AffineExpr.get_dim(k) for k in range(amap.n_dims)]:
         return None
     result_t = op.results[0].type
     if not isinstance(result_t, ir.RankedTensorType) or not ir.RankedTensorType(result_t).has_static_shape:
@@ -332,11 +354,11 @@ def _unit_loop(op: ir.Operation, maps: list[ir.AffineMap], operands: list) -> in
     iterators = list(ir.ArrayAttr(op.attributes["iterator_types"]))
     candidates: list[int] = []
     for v, m in zip(operands[:n_ins], maps[:n_ins]):
-        if isinstance(v.owner, ir.OpView) and v.owner.operation.name == "tensor.expand_shape":
+        if _made_by(v, "tensor.expand_shape"):
             for j in _added_unit_dims(v.owner.operation):
                 e = list(m.results)[j]
-                if isinstance(e, ir.AffineDimExpr) or ir.AffineDimExpr.isinstance(e):
-                    candidates.append(ir.AffineDimExpr(e).position)
+                if isinstance(e, ir.AffineDimExpr):
+                    candidates.append(e.position)
     for d in dict.fromkeys(candidates):
         if "reduction" in str(iterators[d]):
             continue
@@ -359,19 +381,17 @@ def _drop_unit_loop_of(op: ir.Operation) -> bool:
 
     if op.name != "linalg.generic":
         return False
-    n_ins, n_outs = segments(op)
+    n_ins, _ = segments(op)
     maps = indexing_maps(op)
     operands = list(op.operands)
     if not maps or maps[0].n_dims < 2 or any(not isinstance(v.type, ir.RankedTensorType) for v in operands):
         return False
     if any(m.n_symbols or not m.is_projected_permutation for m in maps):
         return False
-    if not any(isinstance(v.owner, ir.OpView) and v.owner.operation.name == "tensor.expand_shape" for v in operands[:n_ins]):
-        return False
     if any(o.operation.name == "linalg.index" for o in op.regions[0].blocks[0].operations):
         return False
     d = _unit_loop(op, maps, operands)
-    if d is None or "reduction" in str(ir.ArrayAttr(op.attributes["iterator_types"])[d]):
+    if d is None:
         return False
     dim = ir.AffineExpr.get_dim(d)
     n = maps[0].n_dims
@@ -380,38 +400,28 @@ def _drop_unit_loop_of(op: ir.Operation) -> bool:
         pos = ir.AffineDimExpr(e).position
         return ir.AffineExpr.get_dim(pos - 1 if pos > d else pos)
 
-    expand_back = []
+    expand_back: dict[int, tuple[ir.Type, list[list[int]]]] = {}
+    new_operands, new_maps = [], []
     with op.context, op.location, ir.InsertionPoint(op):
-        new_operands, new_maps = [], []
-        for v, m in zip(operands, maps):
+        for k, (v, m) in enumerate(zip(operands, maps)):
             t = ir.RankedTensorType(v.type)
             results = list(m.results)
             if dim in results:
                 j = results.index(dim)
                 groups = _reassociation(len(t.shape), [j])
                 nt = ir.RankedTensorType.get([x for i, x in enumerate(t.shape) if i != j], t.element_type)
-                if isinstance(v.owner, ir.OpView) and v.owner.operation.name == "tensor.empty":
+                if _made_by(v, "tensor.empty"):
                     # (canonicalization leaves a collapsed empty tensor)
                     v = tensor_d.EmptyOp(list(nt.shape), nt.element_type).result
                 else:
                     v = tensor_d.CollapseShapeOp(nt, v, _reassoc_attr(groups)).result
                 results = results[:j] + results[j + 1 :]
-                if len(new_operands) >= n_ins:
-                    expand_back.append((t, groups))
+                if k >= n_ins:
+                    expand_back[k - n_ins] = (t, groups)
             new_operands.append(v)
             new_maps.append(ir.AffineMap.get(n - 1, 0, [renumber(e) for e in results]))
-        attrs = {op.attributes[k].name: op.attributes[k].attr for k in range(len(op.attributes))}
-        attrs["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in new_maps])
-        iters = list(ir.ArrayAttr(op.attributes["iterator_types"]))
-        attrs["iterator_types"] = ir.ArrayAttr.get(iters[:d] + iters[d + 1 :])
-        new = ir.Operation.create(
-            "linalg.generic", results=[v.type for v in new_operands[n_ins:]], operands=new_operands, attributes=attrs, regions=1
-        )
-        op.regions[0].blocks[0].append_to(new.regions[0])
-    with op.context, op.location, ir.InsertionPoint.after(new):
-        for old, res, (t, groups) in zip(op.results, new.results, expand_back):
-            old.replace_all_uses_with(tensor_d.ExpandShapeOp(t, res, _reassoc_attr(groups), [], list(t.shape)).result)
-    op.erase()
+    iters = list(ir.ArrayAttr(op.attributes["iterator_types"]))
+    _replace_generic(op, new_operands, new_maps, expand_back, iters[:d] + iters[d + 1 :])
     return True
 
 
@@ -485,6 +495,5 @@ def normalize(module: ir.Module, *, layout: bool | None = None) -> None:
             fold_transposes(module, fn)
             accumulate_wide(fn)
             compute_wide(fn)
-            pm = PassManager.parse(_FUNC_PIPELINE)
             pm.run(fn)
             fn.attributes[NORMALIZED_ATTR] = ir.UnitAttr.get()

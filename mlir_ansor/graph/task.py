@@ -617,35 +617,35 @@ where the target asks for it (``fuse_rows`` of the extraction's `prepack`:
 CPUs). Off: the ops are tasks of their own, as before."""
 
 
-def _leads_with_rows(m: ir.AffineMap, p: int) -> bool:
-    return len(m.results) >= p and all(str(m.results[k]) == f"d{k}" for k in range(p))
-
-
-def _row_rank(info: _OpInfo) -> int:
-    """How many leading loops of `info` are its rows: parallel loops that
+def row_rank(iterators, operand_dims, num_inputs: int) -> int:
+    """How many leading loops of an op are its rows: parallel loops that
     index the leading dimensions of its outputs in order, and of each input
     either the same way or not at all (a bias or a scale read by every
-    row)."""
+    row). `operand_dims`: per operand, the loop each dimension is indexed
+    by (None for anything else). The partitioner joins ops over such rows
+    (:func:`_merge_rows`), and the ``cpu-row-fused`` rule tiles them."""
     p = 0
-    while p < len(info.iterators) and info.iterators[p] == "parallel":
-        q = p + 1
-        outs_ok = all(_leads_with_rows(m, q) for m in info.maps[info.n_ins :])
-        ins_ok = all(
-            _leads_with_rows(m, q) or not any(str(e) in {f"d{k}" for k in range(q)} for e in m.results)
-            for m in info.maps[: info.n_ins]
-        )
-        if not (outs_ok and ins_ok):
+    while p < len(iterators) and iterators[p] == "parallel":
+        lead = tuple(range(p + 1))
+        if not all(tuple(d[: p + 1]) == lead for d in operand_dims[num_inputs:]):
             break
-        p = q
+        if not all(tuple(d[: p + 1]) == lead or not set(lead) & set(d) for d in operand_dims[:num_inputs]):
+            break
+        p += 1
     return p
+
+
+def _map_dims(m: ir.AffineMap) -> tuple[int | None, ...]:
+    """The loop each result of `m` is, None where it is not a loop."""
+    return tuple(e.position if isinstance(e, ir.AffineDimExpr) else None for e in m.results)
 
 
 def _rows_of(members: list[_OpInfo]) -> tuple[int, ...]:
     """The row extents the ops share: the longest common prefix of their
-    loop ranges over loops that are rows of every op (see
-    :func:`_row_rank`), such that every op reads what another of them made
-    row by row (its map leads with the rows); () if none."""
-    p = min(_row_rank(m) for m in members)
+    loop ranges over loops that are rows of every op (:func:`row_rank`),
+    such that every op reads what another of them made row by row (its map
+    leads with the rows); () if none."""
+    p = min(row_rank(m.iterators, [_map_dims(a) for a in m.maps], m.n_ins) for m in members)
     rows = members[0].ranges[:p]
     for m in members[1:]:
         k = 0
@@ -653,9 +653,10 @@ def _rows_of(members: list[_OpInfo]) -> tuple[int, ...]:
             k += 1
         rows = rows[:k]
     made = {r for m in members for r in m.op.results}
+    lead = tuple(range(len(rows)))
     for m in members:
         for v, amap in zip(list(m.op.operands)[: m.n_ins], m.maps):
-            if v in made and not _leads_with_rows(amap, len(rows)):
+            if v in made and _map_dims(amap)[: len(rows)] != lead:
                 return ()
     return rows
 

@@ -17,8 +17,11 @@ whole row as one vector value instead spilled exp's polynomial (1.98 ms).
 
 from __future__ import annotations
 
+import math
+
 from mlir import ir
 
+from mlir_ansor.graph.task import row_rank
 from mlir_ansor.schedule.writer import ScheduleWriter
 from mlir_ansor.search.rules.base import Rule, RuleResult, SketchContext, finish, tile_root_and_fuse
 from mlir_ansor.search.sketch import OpStructure, Sketch, nearest_option
@@ -31,27 +34,10 @@ f32), and longer rows leave the L1 cache the rule is made for."""
 
 
 def row_loops(ops: tuple[OpStructure, ...]) -> int:
-    """How many leading loops every op of `ops` computes row by row: loops
-    that are parallel, index the leading dimensions of each output in
-    order, and of each input the same way or not at all; and whose extents
+    """How many leading loops every op of `ops` computes row by row
+    (`graph.task.row_rank`, the partitioner's rows), with extents that
     agree across the ops."""
-
-    def rank(o: OpStructure) -> int:
-        p = 0
-        while p < len(o.iterator_types) and o.iterator_types[p] == "parallel":
-            q = p + 1
-            lead = tuple(range(q))
-            ok = all(tuple(d[:q]) == lead for d in o.operand_dims[o.num_inputs :])
-            ok = ok and all(
-                tuple(d[:q]) == lead or not set(lead) & {x for x in d if x is not None}
-                for d in o.operand_dims[: o.num_inputs]
-            )
-            if not ok:
-                break
-            p = q
-        return p
-
-    p = min(rank(o) for o in ops)
+    p = min(row_rank(o.iterator_types, o.operand_dims, o.num_inputs) for o in ops)
     first = ops[0].loop_ranges
     while p and any(o.loop_ranges[:p] != first[:p] for o in ops):
         p -= 1
@@ -70,7 +56,7 @@ class RowFused(Rule):
         p = row_loops(tuple(compute))
         if p == 0:
             return RuleResult.SKIP
-        row = max(_prod(o.loop_ranges[p:]) for o in compute)
+        row = max(math.prod(o.loop_ranges[p:]) for o in compute)
         if row > LONGEST_ROW:
             return RuleResult.SKIP
         return RuleResult.APPLY_AND_SKIP_REST
@@ -146,10 +132,3 @@ def _step(extent: int, lanes: int) -> int:
         if extent % x == 0:
             return x
     return extent
-
-
-def _prod(xs) -> int:
-    n = 1
-    for x in xs:
-        n *= x
-    return n
