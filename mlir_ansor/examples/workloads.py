@@ -10,6 +10,7 @@ tests on awkward shapes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -259,6 +260,49 @@ def softmax(m: int, n: int) -> str:
     return _func("softmax", [("X", (m, n))], (m, n), body)
 
 
+_NEG_INF = {"f32": "0xFF800000", "bf16": "0xFF80", "f16": "0xFC00"}
+
+
+def attention(h: int, s: int, d: int, dtype: str = "f32") -> str:
+    """Scaled dot-product attention over `h` heads of `s` positions: the
+    scores ``Q.K^T / sqrt(d)`` (K given transposed, [h, d, s]), a softmax
+    over each row of keys, then ``P.V``; as torch-mlir writes it (batch
+    matmuls, a division by the scale, the softmax's four generics)."""
+    t, r, o = _t((h, s, s), dtype), _t((h, s), dtype), _t((h, s, d), dtype)
+    m3, m2 = "affine_map<(b, i, j) -> (b, i, j)>", "affine_map<(b, i, j) -> (b, i)>"
+
+    def generic(ins: list[tuple[str, str, str]], out: tuple[str, str, str], body: str, reduce: bool = False) -> str:
+        maps = ", ".join(m for _, _, m in ins + [out])
+        its = '"parallel", "parallel", ' + ('"reduction"' if reduce else '"parallel"')
+        args = ", ".join(f"%{n}_in: {dtype}" for n, _, _ in ins) + f", %acc: {dtype}"
+        return (
+            f"linalg.generic {{indexing_maps = [{maps}], iterator_types = [{its}]}}\n"
+            f"      ins({', '.join('%' + n for n, _, _ in ins)} : {', '.join(ty for _, ty, _ in ins)}) outs(%{out[0]} : {out[1]}) {{\n"
+            f"  ^bb0({args}):\n{body}  }} -> {out[1]}\n"
+        )
+
+    body = (
+        f"  %zero = arith.constant 0.0 : {dtype}\n  %ninf = arith.constant {_NEG_INF[dtype]} : {dtype}\n"
+        f"  %scale = arith.constant {math.sqrt(d)!r} : {dtype}\n"
+        f"  %e = tensor.empty() : {t}\n  %er = tensor.empty() : {r}\n  %eo = tensor.empty() : {o}\n"
+        f"  %f = linalg.fill ins(%zero : {dtype}) outs(%e : {t}) -> {t}\n"
+        f"  %S = linalg.batch_matmul ins(%Q, %Kt : {o}, {_t((h, d, s), dtype)}) outs(%f : {t}) -> {t}\n"
+        f"  %s = " + generic([("S", t, m3)], ("e", t, m3), f"    %v = arith.divf %S_in, %scale : {dtype}\n    linalg.yield %v : {dtype}\n")
+        + f"  %mi = linalg.fill ins(%ninf : {dtype}) outs(%er : {r}) -> {r}\n"
+        f"  %mx = " + generic([("s", t, m3)], ("mi", r, m2), f"    %v = arith.maximumf %s_in, %acc : {dtype}\n    linalg.yield %v : {dtype}\n", True)
+        + "  %ex = " + generic(
+            [("s", t, m3), ("mx", r, m2)], ("e", t, m3),
+            f"    %c = arith.subf %s_in, %mx_in : {dtype}\n    %v = math.exp %c : {dtype}\n    linalg.yield %v : {dtype}\n",
+        )
+        + f"  %si = linalg.fill ins(%zero : {dtype}) outs(%er : {r}) -> {r}\n"
+        f"  %sm = " + generic([("ex", t, m3)], ("si", r, m2), f"    %v = arith.addf %ex_in, %acc : {dtype}\n    linalg.yield %v : {dtype}\n", True)
+        + "  %p = " + generic([("ex", t, m3), ("sm", r, m2)], ("e", t, m3), f"    %v = arith.divf %ex_in, %sm_in : {dtype}\n    linalg.yield %v : {dtype}\n")
+        + f"  %fo = linalg.fill ins(%zero : {dtype}) outs(%eo : {o}) -> {o}\n"
+        f"  %O = linalg.batch_matmul ins(%p, %V : {t}, {o}) outs(%fo : {o}) -> {o}\n  return %O : {o}\n"
+    )
+    return _func("attention", [("Q", (h, s, d)), ("Kt", (h, d, s)), ("V", (h, s, d))], (h, s, d), body, dtype)
+
+
 def conv_bias_relu(n: int, h: int, w: int, c: int, f: int, k: int) -> str:
     """conv2d NHWC + per-channel bias (folded batch norm) + ReLU: one task."""
     oh, ow = h - k + 1, w - k + 1
@@ -336,7 +380,14 @@ def numpy_reference(name: str) -> Callable[..., np.ndarray]:
         "softmax": lambda x: np.exp(x - x.max(1, keepdims=True)) / np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True),
         "conv_bias_relu": lambda x, k, b: np.maximum(_conv_nhwc_ref(x, k) + b, 0),
         "transpose_batch_matmul": lambda q, k: np.matmul(q.astype(np.float64).transpose(1, 0, 2), k.transpose(1, 2, 0)),
+        "attention": _attention_ref,
     }[name]
+
+
+def _attention_ref(q: np.ndarray, kt: np.ndarray, v: np.ndarray) -> np.ndarray:
+    s = np.matmul(q.astype(np.float64), kt) / math.sqrt(q.shape[-1])
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.matmul(p / p.sum(-1, keepdims=True), v)
 
 
 # Ansor's single-operator set (batch 1), as our workloads. T2D, which has no

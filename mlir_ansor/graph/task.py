@@ -34,7 +34,8 @@ from mlir.dialects import func as func_d
 from mlir.passmanager import PassManager
 
 from mlir_ansor.errors import InputError, UnsupportedError
-from mlir_ansor.graph.normalize import normalize
+from mlir_ansor.graph import normalize as normalize_mod
+from mlir_ansor.graph.normalize import normalize, reciprocal_divisors
 from mlir_ansor.graph.prepack import Decide, prepack_weights
 from mlir_ansor.graph.share import share_subexpressions
 from mlir_ansor.ir.attrs import ANCHOR_ATTR, FUSED_ATTR, PACKED_ATTR
@@ -523,7 +524,11 @@ class _Group:
     anchor: _OpInfo
     fused: list[_OpInfo] = field(default_factory=list)
     pre: list[_OpInfo] = field(default_factory=list)
-    """Member ops emitted before the anchor (a memref fill of its output)."""
+    """Member ops emitted before the anchor (a memref fill of its output;
+    an attention's scores and softmax)."""
+    label: _OpInfo | None = None
+    """The op that names the task in place of the anchor (an attention's
+    first matmul: ``attention_<batch>x<rows>x<keys>x<head dim>``)."""
 
     @property
     def members(self) -> list[_OpInfo]:
@@ -607,7 +612,10 @@ def _partition(linalg_infos: list[_OpInfo], fuse_rows: bool = False) -> list[_Gr
         groups.append(group)
     order = {info.op: k for k, info in enumerate(linalg_infos)}
     groups.sort(key=lambda g: order[g.anchor.op])
-    return _merge_rows(groups, order) if fuse_rows and FUSE_ROWS else groups
+    if not (fuse_rows and FUSE_ROWS):
+        return groups
+    groups = _merge_rows(groups, order)
+    return _merge_attention(groups, order) if FUSE_ATTENTION else groups
 
 
 FUSE_ROWS = True
@@ -727,6 +735,100 @@ def _joined(run: list[_Group], order: dict) -> _Group:
     anchor = next(m for m in members if m.has_reduction)
     k = members.index(anchor)
     return _Group(anchor, fused=members[k + 1 :], pre=members[:k])
+
+
+def _merge_attention(groups: list[_Group], order: dict) -> list[_Group]:
+    """Join an attention into one task: a batch matmul of scores (Q.K^T and
+    its scaling), the softmax over their rows (a group of
+    :func:`_merge_rows`) and the batch matmul of the probabilities with V.
+    Apart, the scores go to memory twice and come back twice: at sequence
+    length 384, 7 MB per head set. Joined, the ``cpu-attention`` rule
+    computes a block of query rows at a time (scores, softmax, P.V) while
+    the block's scores stay in cache. The whole row of keys is in the block
+    (no online softmax): rows up to ``row_fused.LONGEST_ROW``.
+
+    Joined when, in f32 on tensors: the softmax group reads exactly one
+    contraction's result, which nothing else reads; its result is read only
+    by a second contraction, as that one's first input, reduced along the
+    softmax rows' last loop; both contractions compute the softmax's rows
+    (:func:`_attention_rows`)."""
+    maker: dict = {}
+    for k, g in enumerate(groups):
+        for m in g.members:
+            for r in m.op.results:
+                maker[r] = k
+    merged: dict[int, _Group] = {}
+    gone: set[int] = set()
+    for k, rows in enumerate(groups):
+        members = rows.members
+        if k in gone or sum(1 for m in members if m.has_reduction) < 2:
+            continue
+        if any(m.is_fill or m.on_memref or m.kind not in ("reduction", "elementwise") for m in members):
+            continue
+        made = {r for m in members for r in m.op.results}
+        sources = {maker.get(v) for m in members for v in list(m.op.operands)[: m.n_ins] if v not in made}
+        producers = [j for j in sources if j is not None and groups[j].anchor.kind == "contraction"]
+        if len(producers) != 1 or producers[0] in gone or producers[0] in merged:
+            continue
+        first = groups[producers[0]]
+        scores = first.members[-1].op.results
+        ops = {m.op for m in members}
+        if len(scores) != 1 or any(u.owner.operation not in ops for u in scores[0].uses):
+            continue
+        probs = members[-1].op.results
+        users = list(probs[0].uses) if len(probs) == 1 else []
+        if len(users) != 1 or users[0].operand_number != 0:
+            continue
+        second = next((j for j, g in enumerate(groups) if g.anchor.op == users[0].owner.operation), None)
+        if second is None or second in gone or groups[second].anchor.kind != "contraction":
+            continue
+        last = groups[second]
+        shape = ir.ShapedType(probs[0].type).shape
+        if not _attention_rows(first.anchor, shape) or not _attention_rows(last.anchor, shape, keys=shape[-1]):
+            continue
+        every = [m for g in (first, rows, last) for m in g.members]
+        if any(g.pre for g in (first, last)) or any(m.on_memref or not _all_f32(m) for m in every):
+            continue
+        pre = sorted(first.members + members, key=lambda m: order[m.op])
+        merged[second] = _Group(last.anchor, fused=list(last.fused), pre=pre, label=first.anchor)
+        gone |= {producers[0], k}
+    return [merged.get(k, g) for k, g in enumerate(groups) if k not in gone]
+
+
+FUSE_ATTENTION = True
+"""Whether the partitioner joins an attention (scores, softmax, P.V) into
+one task where it joins rows (:func:`_merge_attention`)."""
+
+
+def _attention_rows(info: _OpInfo, shape: list[int], keys: int | None = None) -> bool:
+    """Whether the contraction `info` computes the rows of a softmax over
+    `shape` ([batch..., rows, keys]): its loops are the batch loops, the
+    rows, one more parallel loop and one reduction (over the keys where
+    `keys` is given), its output and first input lead with the batch loops
+    and the rows, and its second input leads with the batch loops and is
+    read by every row."""
+    nr = len(shape) - 1
+    its = info.iterators
+    if len(its) != nr + 2 or its[: nr + 1] != ["parallel"] * (nr + 1) or its[-1] != "reduction":
+        return False
+    if info.n_ins != 2 or info.n_outs != 1 or list(info.ranges[:nr]) != list(shape[:nr]):
+        return False
+    if keys is not None and info.ranges[-1] != keys:
+        return False
+    a, b, out = (_map_dims(m) for m in info.maps)
+    lead = tuple(range(nr))
+    batch = lead[:-1]
+    return a[:nr] == lead and out[:nr] == lead and b[: nr - 1] == batch and nr - 1 not in b
+
+
+def _all_f32(info: _OpInfo) -> bool:
+    """Whether every shaped operand of `info` holds f32 (the attention rule
+    computes with FMAs; bf16's dot-product layouts are the matmul rules')."""
+    return all(
+        isinstance(ir.ShapedType(v.type).element_type, ir.F32Type)
+        for v in info.op.operands
+        if _isa(ir.ShapedType, v.type)
+    )
 
 
 # --------------------------------------------------------------------------
@@ -1107,6 +1209,8 @@ def _accumulator_dtype(info: _OpInfo) -> str:
 
 def _task_name(group: _Group, dtype: str) -> str:
     a = group.anchor
+    if group.label is not None:
+        return "_".join(["attention", "x".join(str(r) for r in group.label.ranges), dtype])
     parts = [_short(a), "x".join(str(r) for r in a.ranges), dtype]
     parts += [_short(f) for f in group.fused]
     return "_".join(p for p in parts if p)
@@ -1195,6 +1299,8 @@ def _extract(program: Program, func: str | None, prepack: Decide | None = None) 
                 if body is not None:
                     if getattr(prepack, "share_costly", False):
                         share_subexpressions(fn.operation)
+                    if getattr(prepack, "reciprocals", False) and normalize_mod.RECIPROCAL_DIVISORS:
+                        reciprocal_divisors(fn.operation)
                     prepack_weights(fn.operation, prepack, constant_values(body))
     funcs = [
         o.operation

@@ -10,6 +10,7 @@ More rules are registered by name with `mlir_ansor.search.registry.register_rule
 """
 
 from mlir_ansor.errors import UnsupportedError
+from mlir_ansor.search.rules.attention import Attention
 from mlir_ansor.search.rules.base import Rule, RuleResult, SketchContext
 from mlir_ansor.search.rules.default import DefaultSchedule
 from mlir_ansor.search.rules.dot_product import DotProductTiling
@@ -24,7 +25,7 @@ from mlir_ansor.search.rules.reduction import ReductionVectorize
 from mlir_ansor.search.rules.row_fused import RowFused
 from mlir_ansor.target import Target
 
-CPU_RULES: list[Rule] = [RowFused(), DotProductTiling(), MultiLevelTiling(), ReductionVectorize(), ElementwiseVectorize()]
+CPU_RULES: list[Rule] = [Attention(), RowFused(), DotProductTiling(), MultiLevelTiling(), ReductionVectorize(), ElementwiseVectorize()]
 """Rules that produce specialized CPU sketches, in priority order."""
 
 GPU_RULES: list[Rule] = [StagedMatmul(), TensorCoreMatmul(), WarpReduction(), GpuContraction()]

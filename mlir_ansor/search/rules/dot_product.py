@@ -138,7 +138,9 @@ def weight_packing(target):
     (`graph.prepack.Panels`). Its ``share_costly`` attribute says whether
     `graph.task` computes costly repeated subexpressions once (`graph.share`),
     its ``fuse_rows`` whether it joins row-wise chains of reductions into one
-    task (`graph.task._merge_rows`)."""
+    task (`graph.task._merge_rows`), and attentions too (`_merge_attention`),
+    its ``reciprocals`` whether a division by a broadcast value becomes a
+    multiplication by its reciprocal (`graph.normalize.reciprocal_divisors`)."""
 
     def decide(inputs: str, output: str, m: int, n: int, k: int) -> int | Panels | None:
         if (inputs, output) == ("f32", "f32"):
@@ -167,6 +169,11 @@ def weight_packing(target):
     # by row (`graph.task._merge_rows`, the `cpu-row-fused` rule); the GPU
     # rules take them one by one (warp reductions).
     decide.fuse_rows = target.kind == "cpu"
+    # On a CPU a division by a row's value (a softmax's sum) is a
+    # multiplication by its reciprocal (`graph.normalize.reciprocal_divisors`):
+    # vdivps costs 5-10 multiplications. The GPU's warp reductions take a
+    # reduction without an epilogue, and its softmax is bound by memory.
+    decide.reciprocals = target.kind == "cpu"
     return decide
 
 

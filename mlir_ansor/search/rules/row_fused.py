@@ -70,35 +70,39 @@ class RowFused(Rule):
         specs: list[KnobSpec] = []
         for d in range(p):
             specs.append(KnobSpec(f"p_d{d}", divisors(ranges[d]), doc=f"parallel (scf.forall) tile of row loop d{d}"))
-        # rfactor: each reduction along the row's last loop accumulates
-        # partial results two vectors wide, elementwise, and combines them
-        # once (a knob would need `transform.tune.alternatives`: the width
-        # of tile_reduction_using_for is an attribute).
-        extents = {o.loop_ranges[-1] for o in compute if o.reductions == (len(o.loop_ranges) - 1,)}
-        widths = tuple(x for x in (lanes, 2 * lanes, 4 * lanes) if all(e % x == 0 for e in extents))
-        width = nearest_option(widths, 2 * lanes) if extents and widths else 0
         w = ScheduleWriter()
         h = {sp.name: w.knob(sp.name, sp.options) for sp in specs}
         forall = tile_root_and_fuse(w, ctx, [h[f"p_d{d}"] if d < p else 0 for d in range(len(ranges))])
-        # One row at a time for every op: each op its own loop over the block.
-        for o in compute:
-            n = len(o.loop_ranges)
-            t = w.match_op_id(forall, o.op_id)
-            sizes = [1] * p + [0] * (n - p)
-            if not o.reductions and n > p:
-                # register-sized steps along the row: a whole row as one
-                # vector value spilled most of exp's polynomial
-                sizes = [1] * (n - 1) + [_step(o.loop_ranges[-1], lanes)]
-            if any(s == 1 and o.loop_ranges[d] > 1 or s > 1 for d, s in enumerate(sizes)):
-                t = w.tile_for(t, sizes)[0]
-            if width and o.reductions == (n - 1,) and n - 1 >= p:
-                w.tile_reduction(t, [0] * (n - 1) + [width])
+        row_steps(w, forall, compute, p, lanes)
         finish(w, vectorize=True)
         inner = p - 1
         prefer = tuple((f"p_d{d}", 1 if d < inner else nearest_option(divisors(ranges[d]), 8)) for d in range(p))
         forall_dims = tuple((f"p_d{d}", ranges[d]) for d in range(p))
         payload = own_inits(ctx.payload)
         return [Sketch(self.name, payload, w.text(), tuple(specs), forall=forall_dims, prefer=prefer)]
+
+
+def row_steps(w: ScheduleWriter, forall: str, ops: tuple[OpStructure, ...], p: int, lanes: int) -> None:
+    """Tile each op of `ops` inside `forall` one row (of its first `p`
+    loops) at a time: an elementwise op in register-sized steps along the
+    row (a whole row as one vector value spilled most of exp's polynomial),
+    a reduction along the row's last loop in partial results two vectors
+    wide, combined once (rfactor; a knob would need
+    `transform.tune.alternatives`: the width of tile_reduction_using_for is
+    an attribute)."""
+    extents = {o.loop_ranges[-1] for o in ops if o.reductions == (len(o.loop_ranges) - 1,)}
+    widths = tuple(x for x in (lanes, 2 * lanes, 4 * lanes) if all(e % x == 0 for e in extents))
+    width = nearest_option(widths, 2 * lanes) if extents and widths else 0
+    for o in ops:
+        n = len(o.loop_ranges)
+        t = w.match_op_id(forall, o.op_id)
+        sizes = [1] * p + [0] * (n - p)
+        if not o.reductions and n > p:
+            sizes = [1] * (n - 1) + [_step(o.loop_ranges[-1], lanes)]
+        if any(s == 1 and o.loop_ranges[d] > 1 or s > 1 for d, s in enumerate(sizes)):
+            t = w.tile_for(t, sizes)[0]
+        if width and o.reductions == (n - 1,) and n - 1 >= p:
+            w.tile_reduction(t, [0] * (n - 1) + [width])
 
 
 def own_inits(payload: str) -> str:
