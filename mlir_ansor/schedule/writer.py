@@ -371,8 +371,13 @@ class ScheduleWriter:
         )
         return h
 
-    def lower_vectors(self, func: str, *, contraction: str = "outerproduct") -> None:
-        """Lower vector contractions to FMAs and transfers to plain loads/stores."""
+    def lower_vectors(self, func: str, *, contraction: str = "outerproduct", reduction: str = "innerparallel") -> None:
+        """Lower vector contractions to FMAs and transfers to plain loads/stores.
+        `reduction`: how `vector.multi_reduction` is lowered, "innerparallel"
+        (elementwise ops across the reduced dimension, for reductions over
+        outer dimensions) or "innerreduction" (a `vector.reduction` across
+        the lanes, for reductions along the innermost one: the rows of a
+        softmax, where "innerparallel" makes a chain of scalar ops)."""
         self.emit(f"transform.apply_patterns to {func} {{")
         self.emit("  transform.apply_patterns.memref.fold_memref_alias_ops")
         self.emit("  transform.apply_patterns.canonicalization")
@@ -398,7 +403,7 @@ class ScheduleWriter:
         self.emit(f"transform.apply_patterns to {func} {{")
         for p in (
             "transform.apply_patterns.vector.transfer_permutation_patterns",
-            'transform.apply_patterns.vector.lower_multi_reduction lowering_strategy = "innerparallel"',
+            f'transform.apply_patterns.vector.lower_multi_reduction lowering_strategy = "{reduction}"',
             'transform.apply_patterns.vector.split_transfer_full_partial split_transfer_strategy = "linalg-copy"',
             "transform.apply_patterns.vector.transfer_to_scf max_transfer_rank = 1 full_unroll = true",
             "transform.apply_patterns.vector.lower_transfer max_transfer_rank = 1",

@@ -107,7 +107,7 @@ class Attention(Rule):
         w.tile_for(w.match_op_id(forall, out.op_id), [0] * nr + [h["r_out"], 0], fuse=True)
         w.tile_for(w.match_op_id(forall, out.op_id), ones + [h["r_rows"], 0, 0], fuse=True)
         w.tile_each(w.match_op_id(forall, out.op_id), [0] * (nr + 1) + [h["u_keys"]])
-        finish(w, vectorize=True)
+        finish(w, vectorize=True, reduction="innerreduction")
         block = nearest_option(divisors(ranges[rows_d]), 16)
         prefer = (
             ("r_rows", nearest_option(specs[0].options, 4)),

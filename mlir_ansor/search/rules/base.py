@@ -104,10 +104,11 @@ def tile_others_like(
     return tiled
 
 
-def finish(w: ScheduleWriter, *, vectorize: bool, unit_dims: bool = False) -> None:
+def finish(w: ScheduleWriter, *, vectorize: bool, unit_dims: bool = False, reduction: str = "innerparallel") -> None:
     """Vectorize (optionally), keep accumulators in registers, bufferize,
     and lower vector ops to what LLVM maps to SIMD instructions.
-    `unit_dims`: see `ScheduleWriter.hoist_accumulators`."""
+    `unit_dims`: see `ScheduleWriter.hoist_accumulators`; `reduction`: see
+    `ScheduleWriter.lower_vectors`."""
     func = w.match_func("%root")
     if vectorize:
         func = w.vectorize_children(func)
@@ -116,7 +117,7 @@ def finish(w: ScheduleWriter, *, vectorize: bool, unit_dims: bool = False) -> No
         w.cleanup(func)
     buf = w.bufferize("%root")
     func = w.match_func(buf)
-    w.lower_vectors(func)
+    w.lower_vectors(func, reduction=reduction)
 
 
 def vector_tile_options(extent: int, lanes: int, *, partial: bool = False) -> tuple[int, ...]:

@@ -74,7 +74,7 @@ class RowFused(Rule):
         h = {sp.name: w.knob(sp.name, sp.options) for sp in specs}
         forall = tile_root_and_fuse(w, ctx, [h[f"p_d{d}"] if d < p else 0 for d in range(len(ranges))])
         row_steps(w, forall, compute, p, lanes)
-        finish(w, vectorize=True)
+        finish(w, vectorize=True, reduction="innerreduction")
         inner = p - 1
         prefer = tuple((f"p_d{d}", 1 if d < inner else nearest_option(divisors(ranges[d]), 8)) for d in range(p))
         forall_dims = tuple((f"p_d{d}", ranges[d]) for d in range(p))
