@@ -88,6 +88,13 @@ def test_task_without_measurement_goes_first_and_failing_task_uses_baseline():
     failing = TaskStats("failing", 1, 10**7, "x", math.inf, [math.inf] * 4, baseline_s=2e-3)
     g, why = s.gradient(0, [failing])
     assert g == pytest.approx(0.8 * (-2e-3 / 4)) and "forward" in why
+    # ... until NO_VALID_AFTER trials: then it waits behind every task that
+    # can still gain (its untuned latency promised 100x here)
+    from mlir_ansor.search.task_scheduler import NO_VALID_AFTER
+
+    hopeless = TaskStats("failing", 1, 10**7, "x", math.inf, [math.inf] * NO_VALID_AFTER, baseline_s=1e-1)
+    assert s.gradient(0, [hopeless]) == (0.0, f"no valid candidate in {NO_VALID_AFTER} trials")
+    assert s.choose([hopeless, _stats("done", 1, 10**7, [1e-3] * 5)]).task == 1
 
 
 def test_epsilon_explores_and_everything_is_logged(caplog):

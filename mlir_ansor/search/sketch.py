@@ -237,6 +237,7 @@ def prepare_payload(task_mlir: str, *, fuse: bool = False) -> tuple[str, tuple[O
         module = ir.Module.parse(task_mlir)
         if fuse:
             module = fuse_epilogue(module) or module
+        _fill_per_use(module)
         ops = _linalg_ops(module)
         returned = _returned_values(module)
         meta = []
@@ -253,6 +254,30 @@ def prepare_payload(task_mlir: str, *, fuse: bool = False) -> tuple[str, tuple[O
         for i, ((name, role, is_root), gop) in enumerate(zip(meta, _linalg_ops(generic))):
             structures.append(_structure(gop, i, name, role, is_root))
     return payload, tuple(structures)
+
+
+def _fill_per_use(module: ir.Module) -> None:
+    """Give each op that reads a ``linalg.fill`` a copy of its own.
+
+    Why: the task's CSE makes one fill of two accumulators of one type
+    (an attention whose head dimension is its sequence length: the scores
+    and the output both start from zeros). A rule that tiles the output
+    with ``scf.forall`` fuses the fill through the forall's output, and the
+    scores inside then accumulated into the output's block (wrong results
+    at 12x64x64x64)."""
+    fills: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "linalg.fill" and len(list(op.results[0].uses)) > 1:
+            fills.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    for op in fills:
+        for use in list(op.results[0].uses)[1:]:
+            with ir.InsertionPoint(op), op.location:
+                clone = op.clone()
+            use.owner.operands[use.operand_number] = clone.results[0]
 
 
 def _structure(op: ir.Operation, op_id: int, name: str, role: str, is_root: bool) -> OpStructure:
