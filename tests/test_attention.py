@@ -50,11 +50,9 @@ def test_one_task_on_a_cpu_three_elsewhere():
     for prepack in (weight_packing(Target.cuda(90)), None):
         tasks = extract_tasks(mlir_ansor.load(text=text), prepack=prepack)
         assert sum(1 for t in tasks if t.kind == "contraction") == 2, [t.name for t in tasks]
-    graph_task.FUSE_ATTENTION = False
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(graph_task, "FUSE_ATTENTION", False)
         tasks = extract_tasks(mlir_ansor.load(text=text), prepack=weight_packing(AVX2))
-    finally:
-        graph_task.FUSE_ATTENTION = True
     assert [t.kind for t in tasks] == ["contraction", "reduction", "contraction"], [t.name for t in tasks]
 
 

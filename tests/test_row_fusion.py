@@ -181,11 +181,9 @@ def test_one_task_on_a_cpu_several_elsewhere(name):
     for prepack in (weight_packing(Target.cuda(90)), None):
         tasks = extract_tasks(mlir_ansor.load(text=text), prepack=prepack)
         assert sum(1 for t in tasks if t.kind == "reduction") == 2, [t.name for t in tasks]
-    graph_task.FUSE_ROWS = False
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(graph_task, "FUSE_ROWS", False)
         tasks = extract_tasks(mlir_ansor.load(text=text), prepack=weight_packing(CPU))
-    finally:
-        graph_task.FUSE_ROWS = True
     assert sum(1 for t in tasks if t.kind == "reduction") == 2
 
 

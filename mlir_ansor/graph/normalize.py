@@ -81,11 +81,10 @@ from mlir_ansor.graph.precision import (
 )
 from mlir_ansor.graph.split_conv import split_convolutions
 from mlir_ansor.ir.attrs import NORMALIZED_ATTR
-from mlir_ansor.ir.rewrite import backward_slice, clone_remapped, indexing_maps, segments
+from mlir_ansor.ir.rewrite import backward_slice, clone_remapped, indexing_maps, parallel_generic, segments
 
 __all__ = [
     "CONVERT_LAYOUT",
-    "RECIPROCAL_DIVISORS",
     "drop_dead_results",
     "drop_unit_broadcasts",
     "forward_identity_gathers",
@@ -202,12 +201,6 @@ def _reassociation(rank: int, dropped: list[int]) -> list[list[int]]:
 def _reassoc_attr(groups: list[list[int]]) -> ir.ArrayAttr:
     i64 = ir.IntegerType.get_signless(64)
     return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, j) for j in g]) for g in groups])
-
-
-RECIPROCAL_DIVISORS = True
-"""Whether the task extraction for a CPU turns divisions by a broadcast
-input into multiplications by its reciprocal (:func:`reciprocal_divisors`;
-``reciprocals`` of `search.rules.dot_product.weight_packing`)."""
 
 
 def _drop_unit_broadcasts_of(op: ir.Operation) -> bool:
@@ -487,7 +480,6 @@ def _reciprocal_divisor_of(op: ir.Operation) -> bool:
     partitioner fuses into the task that makes ``s``. Returns whether it
     did (one input each time)."""
     from mlir.dialects import arith
-    from mlir.dialects import tensor as tensor_d
 
     if op.name != "linalg.generic" or "reduction" in str(op.attributes["iterator_types"]):
         return False
@@ -509,24 +501,11 @@ def _reciprocal_divisor_of(op: ir.Operation) -> bool:
         if len(list(v.uses)) != 1 or not _made_by(v, "linalg.generic"):
             continue
         t = ir.RankedTensorType(v.type)
-        ident = ir.AffineMap.get_identity(t.rank)
         with op.context, op.location, ir.InsertionPoint(op):
-            empty = tensor_d.EmptyOp(list(t.shape), t.element_type).result
-            recip = ir.Operation.create(
-                "linalg.generic",
-                results=[t],
-                operands=[v, empty],
-                attributes={
-                    "indexing_maps": ir.ArrayAttr.get([ir.AffineMapAttr.get(ident)] * 2),
-                    "iterator_types": ir.ArrayAttr.get([ir.Attribute.parse("#linalg.iterator_type<parallel>")] * t.rank),
-                    "operandSegmentSizes": ir.DenseI32ArrayAttr.get([1, 1]),
-                },
-                regions=1,
-            )
-            body = recip.regions[0].blocks.append(t.element_type, t.element_type)
-        with op.context, op.location, ir.InsertionPoint(body):
-            one = arith.ConstantOp(t.element_type, 1.0).result
-            ir.Operation.create("linalg.yield", operands=[arith.DivFOp(one, body.arguments[0]).result])
+            recip, body = parallel_generic([v], [ir.AffineMap.get_identity(t.rank)], t)
+            with ir.InsertionPoint(body):
+                one = arith.ConstantOp(t.element_type, 1.0).result
+                ir.Operation.create("linalg.yield", operands=[arith.DivFOp(one, body.arguments[0]).result])
         op.operands[k] = recip.results[0]
         for u in uses:
             div = u.owner

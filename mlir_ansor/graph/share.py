@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from mlir import ir
 
-from mlir_ansor.ir.rewrite import backward_slice, clone_remapped, indexing_maps, segments
+from mlir_ansor.ir.rewrite import backward_slice, clone_remapped, indexing_maps, parallel_generic, segments
 
 __all__ = ["COSTLY", "share_subexpressions"]
 
@@ -151,30 +151,10 @@ def _covers_all_loops(g: _Generic, leaves: list) -> bool:
 def _materialize(g: _Generic, root: ir.Operation, leaves: list, before: ir.Operation) -> ir.Value:
     """A new all-parallel generic before `before` computing `root`'s
     expression over `g`'s loops from `leaves`; returns its result."""
-    n = len(g.ranges)
-    elem = root.results[0].type
-    out_type = ir.RankedTensorType.get(list(g.ranges), elem)
-    identity = ir.AffineMap.get_identity(n)
+    out_type = ir.RankedTensorType.get(list(g.ranges), root.results[0].type)
     slots = [_input_slot(g, leaf) for leaf in leaves]
-    leaf_maps = [g.maps[k] for k in slots]
     with ir.InsertionPoint(before), before.location:
-        empty = ir.Operation.create("tensor.empty", results=[out_type])
-        attrs = {
-            "indexing_maps": ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in leaf_maps + [identity]]),
-            "iterator_types": ir.ArrayAttr.get(
-                [ir.Attribute.parse("#linalg.iterator_type<parallel>") for _ in range(n)]
-            ),
-            "operandSegmentSizes": ir.DenseI32ArrayAttr.get([len(leaves), 1]),
-        }
-        new = ir.Operation.create(
-            "linalg.generic",
-            results=[out_type],
-            operands=[leaf[1] for leaf in leaves] + [empty.results[0]],
-            attributes=attrs,
-            regions=1,
-        )
-        arg_types = [ir.RankedTensorType(leaf[1].type).element_type for leaf in leaves] + [elem]
-        block = ir.Block.create_at_start(new.regions[0], arg_types, [before.location] * len(arg_types))
+        new, block = parallel_generic([leaf[1] for leaf in leaves], [g.maps[k] for k in slots], out_type)
         mapping = {g.args[k]: block.arguments[j] for j, k in enumerate(slots)}
         with ir.InsertionPoint(block):
             needed = backward_slice(g.block, [root.results[0]])

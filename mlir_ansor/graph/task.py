@@ -34,7 +34,6 @@ from mlir.dialects import func as func_d
 from mlir.passmanager import PassManager
 
 from mlir_ansor.errors import InputError, UnsupportedError
-from mlir_ansor.graph import normalize as normalize_mod
 from mlir_ansor.graph.normalize import normalize, reciprocal_divisors
 from mlir_ansor.graph.prepack import Decide, prepack_weights
 from mlir_ansor.graph.share import share_subexpressions
@@ -708,12 +707,18 @@ def _merge_rows(groups: list[_Group], order: dict) -> list[_Group]:
 
 def _joins(run: list[_Group], nxt: _Group) -> bool:
     members = [m for g in run for m in g.members] + nxt.members
-    if any(m.on_memref or m.is_fill or m.kind not in ("reduction", "elementwise") for m in members):
-        return False  # contractions, convolutions and poolings keep their rules
+    if not all(_row_op(m) for m in members):
+        return False
     if not _rows_of(members):
         return False
     made = {r for g in run for m in g.members for r in m.op.results}
     return any(v in made for m in nxt.members for v in m.op.operands)
+
+
+def _row_op(m: _OpInfo) -> bool:
+    """Whether `m` may join a row-wise task: a reduction or an elementwise op
+    on tensors (contractions, convolutions and poolings keep their rules)."""
+    return not (m.on_memref or m.is_fill) and m.kind in ("reduction", "elementwise")
 
 
 def _closed(run: list[_Group]) -> bool:
@@ -761,9 +766,7 @@ def _merge_attention(groups: list[_Group], order: dict) -> list[_Group]:
     gone: set[int] = set()
     for k, rows in enumerate(groups):
         members = rows.members
-        if k in gone or sum(1 for m in members if m.has_reduction) < 2:
-            continue
-        if any(m.is_fill or m.on_memref or m.kind not in ("reduction", "elementwise") for m in members):
+        if k in gone or sum(1 for m in members if m.has_reduction) < 2 or not all(_row_op(m) for m in members):
             continue
         made = {r for m in members for r in m.op.results}
         sources = {maker.get(v) for m in members for v in list(m.op.operands)[: m.n_ins] if v not in made}
@@ -798,6 +801,12 @@ def _merge_attention(groups: list[_Group], order: dict) -> list[_Group]:
 FUSE_ATTENTION = True
 """Whether the partitioner joins an attention (scores, softmax, P.V) into
 one task where it joins rows (:func:`_merge_attention`)."""
+
+RECIPROCAL_DIVISORS = True
+"""Whether the extraction turns divisions by a broadcast input into
+multiplications by its reciprocal where the target asks for it
+(``reciprocals`` of the extraction's `prepack`: CPUs;
+`graph.normalize.reciprocal_divisors`)."""
 
 
 def _attention_rows(info: _OpInfo, shape: list[int], keys: int | None = None) -> bool:
@@ -1299,7 +1308,7 @@ def _extract(program: Program, func: str | None, prepack: Decide | None = None) 
                 if body is not None:
                     if getattr(prepack, "share_costly", False):
                         share_subexpressions(fn.operation)
-                    if getattr(prepack, "reciprocals", False) and normalize_mod.RECIPROCAL_DIVISORS:
+                    if getattr(prepack, "reciprocals", False) and RECIPROCAL_DIVISORS:
                         reciprocal_divisors(fn.operation)
                     prepack_weights(fn.operation, prepack, constant_values(body))
     funcs = [

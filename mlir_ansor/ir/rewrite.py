@@ -169,3 +169,39 @@ def walk_op(root: ir.Operation, name: str) -> list[ir.Operation]:
 
     root.walk(visit)
     return found
+
+
+def one_per_use(root: ir.Operation, name: str) -> int:
+    """Give each use of every single-result op named `name` inside `root` a
+    clone of that op of its own, placed before it (a ``linalg.fill`` or a
+    ``tensor.empty`` that several ops read); returns how many clones."""
+    count = 0
+    for op in walk_op(root, name):
+        for use in list(op.results[0].uses)[1:]:
+            with ir.InsertionPoint(op), op.location:
+                clone = op.clone()
+            use.owner.operands[use.operand_number] = clone.results[0]
+            count += 1
+    return count
+
+
+def parallel_generic(inputs: list[ir.Value], maps: list[ir.AffineMap], out_type: ir.RankedTensorType) -> tuple[ir.Operation, ir.Block]:
+    """At the current insertion point and location: a ``tensor.empty`` of
+    `out_type` and an all-parallel ``linalg.generic`` over its loops that
+    reads `inputs` through `maps` and writes it (identity map). Returns the
+    generic and its body block, with the element arguments and no ops: the
+    caller fills it and ends it with ``linalg.yield``."""
+    n = out_type.rank
+    elem = out_type.element_type
+    empty = ir.Operation.create("tensor.empty", results=[out_type])
+    attrs = {
+        "indexing_maps": ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in list(maps) + [ir.AffineMap.get_identity(n)]]),
+        "iterator_types": ir.ArrayAttr.get([ir.Attribute.parse("#linalg.iterator_type<parallel>") for _ in range(n)]),
+        "operandSegmentSizes": ir.DenseI32ArrayAttr.get([len(inputs), 1]),
+    }
+    new = ir.Operation.create(
+        "linalg.generic", results=[out_type], operands=list(inputs) + [empty.results[0]], attributes=attrs, regions=1
+    )
+    arg_types = [ir.RankedTensorType(v.type).element_type for v in inputs] + [elem]
+    block = ir.Block.create_at_start(new.regions[0], arg_types, [ir.Location.current] * len(arg_types))
+    return new, block

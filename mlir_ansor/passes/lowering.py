@@ -30,6 +30,7 @@ from __future__ import annotations
 from mlir import ir, passmanager
 
 from mlir_ansor.ir.attrs import FLOPS_ATTR
+from mlir_ansor.ir.rewrite import walk_op
 from mlir_ansor.passes.dot_products import lower_pair_contracts
 from mlir_ansor.passes.drivers import (
     accumulate_in_place,
@@ -133,16 +134,11 @@ def tree_reductions(module: ir.Module) -> int:
     one more choice of the same kind."""
     reassoc = ir.Attribute.parse("#arith.fastmath<reassoc,contract>")
     count = 0
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        nonlocal count
-        if op.name == "vector.reduction" and str(op.attributes["kind"]) in ("#vector.kind<add>", "#vector.kind<mul>"):
-            if isinstance(op.results[0].type, ir.FloatType):
-                op.attributes["fastmath"] = reassoc
-                count += 1
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
+    for op in walk_op(module.operation, "vector.reduction"):
+        kind = str(op.attributes["kind"])
+        if kind in ("#vector.kind<add>", "#vector.kind<mul>") and isinstance(op.results[0].type, ir.FloatType):
+            op.attributes["fastmath"] = reassoc
+            count += 1
     return count
 
 

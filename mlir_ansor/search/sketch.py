@@ -33,6 +33,7 @@ from mlir import ir, passmanager
 
 from mlir_ansor.errors import UnsupportedError
 from mlir_ansor.ir.attrs import ANCHOR_ATTR, FUSED_ATTR, OP_ATTR
+from mlir_ansor.ir.rewrite import one_per_use
 from mlir_ansor.search.space import Assignment, KnobSpec, make_assignment
 from mlir_ansor.search.space import sample as sample_knobs
 
@@ -265,19 +266,7 @@ def _fill_per_use(module: ir.Module) -> None:
     with ``scf.forall`` fuses the fill through the forall's output, and the
     scores inside then accumulated into the output's block (wrong results
     at 12x64x64x64)."""
-    fills: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "linalg.fill" and len(list(op.results[0].uses)) > 1:
-            fills.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    for op in fills:
-        for use in list(op.results[0].uses)[1:]:
-            with ir.InsertionPoint(op), op.location:
-                clone = op.clone()
-            use.owner.operands[use.operand_number] = clone.results[0]
+    one_per_use(module.operation, "linalg.fill")
 
 
 def _structure(op: ir.Operation, op_id: int, name: str, role: str, is_root: bool) -> OpStructure:

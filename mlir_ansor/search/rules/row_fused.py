@@ -22,6 +22,7 @@ import math
 from mlir import ir
 
 from mlir_ansor.graph.task import row_rank
+from mlir_ansor.ir.rewrite import one_per_use
 from mlir_ansor.schedule.writer import ScheduleWriter
 from mlir_ansor.search.rules.base import Rule, RuleResult, SketchContext, finish, tile_root_and_fuse
 from mlir_ansor.search.sketch import OpStructure, Sketch, nearest_option
@@ -113,21 +114,7 @@ def own_inits(payload: str) -> str:
     buffer before every op (values never read)."""
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse(payload)
-        changed = False
-
-        def visit(op: ir.Operation) -> ir.WalkResult:
-            nonlocal changed
-            if op.name == "tensor.empty":
-                uses = [u for u in op.results[0].uses]
-                for use in uses[1:]:
-                    with ir.InsertionPoint(op), op.location:
-                        clone = op.clone()
-                    use.owner.operands[use.operand_number] = clone.results[0]
-                    changed = True
-            return ir.WalkResult.ADVANCE
-
-        module.operation.walk(visit)
-        return str(module) if changed else payload
+        return str(module) if one_per_use(module.operation, "tensor.empty") else payload
 
 
 def _step(extent: int, lanes: int) -> int:
