@@ -697,3 +697,33 @@ def test_llvm_does_not_unroll_a_vector_loop_partially(tmp_path):
         subprocess.run([sys.executable, str(script), str(obj)], check=True, env={**os.environ, **env}, timeout=120)
         sizes[name] = obj.stat().st_size
     assert sizes["ours"] * 1.5 < sizes["llvm"], sizes
+
+
+def test_divisions_by_constants_may_use_the_reciprocal():
+    """A GELU's ``x / sqrt(2)`` (scalar and splat divisors) gets ``arcp``, so
+    LLVM multiplies by the reciprocal as PyTorch does; a division by a
+    value stays exact, and other flags on the op are kept."""
+    from mlir_ansor.passes.lowering import constant_divisors
+
+    text = """
+func.func @f(%x: f32, %y: f32, %v: vector<16xf32>) -> (f32, f32, vector<16xf32>, vector<16xf32>) {
+  %c = arith.constant 1.41421354 : f32
+  %s = arith.constant dense<3.0> : vector<16xf32>
+  %b = vector.broadcast %c : f32 to vector<16xf32>
+  %0 = arith.divf %x, %c fastmath<contract> : f32
+  %1 = arith.divf %x, %y : f32
+  %2 = arith.divf %v, %s : vector<16xf32>
+  %3 = arith.divf %v, %b : vector<16xf32>
+  return %0, %1, %2, %3 : f32, f32, vector<16xf32>, vector<16xf32>
+}
+"""
+    with ir.Context(), ir.Location.unknown():
+        m = ir.Module.parse(text)
+        assert constant_divisors(m) == 3
+        out = str(m)
+    filecheck(out, r"""
+CHECK: arith.divf %{{\w+}}, %{{\w+}} fastmath<arcp,contract> : f32
+CHECK: arith.divf %{{\w+}}, %{{\w+}} : f32
+CHECK: arith.divf %{{\w+}}, %{{\w+}} fastmath<arcp> : vector<16xf32>
+CHECK: arith.divf %{{\w+}}, %{{\w+}} fastmath<arcp> : vector<16xf32>
+""")
