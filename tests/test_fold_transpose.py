@@ -10,7 +10,7 @@ from mlir import ir
 
 from mlir_ansor import TuneConfig, compile, load, tune
 from mlir_ansor.examples import workloads
-from mlir_ansor.graph.fold_transpose import fold_transposes
+from mlir_ansor.graph.fold_transpose import fold_output_transposes, fold_transposes
 from mlir_ansor.graph.task import extract_tasks
 from mlir_ansor.measure.runner import TimingPolicy
 
@@ -123,3 +123,75 @@ def test_depends_on_arguments_on_a_chain_deeper_than_the_stack():
         assert depends_on_arguments(ret.operands[0], seen) is True
         assert depends_on_arguments(ret.operands[1], seen) is False  # constants only
         assert depends_on_arguments(ret.operands[0], {}) is True  # and without a warm cache
+
+
+def test_attention_block_reads_q_v_and_writes_its_output_in_place():
+    """torch-mlir's heads split and merge around an attention: Q's and V's
+    transposes fold through the collapse of their unit batch, the output's
+    into P.V's output map; K's stays (its fold would stride the scores'
+    vector loop)."""
+    with ir.Context(), ir.Location.unknown():
+        m = ir.Module.parse(workloads.attention_block(2, 32, 16))
+        fn = m.body.operations[0].operation
+        assert fold_transposes(m, fn) == 2
+        assert fold_output_transposes(m, fn) == 1
+        assert m.operation.verify()
+        text = str(m)
+    filecheck(text, r"""
+CHECK-DAG:   #[[MAP_Q:\w+]] = affine_map<(d0, d1, d2, d3) -> (d1, d0, d3)>
+CHECK-DAG:   #[[MAP_V:\w+]] = affine_map<(d0, d1, d2, d3) -> (d3, d0, d2)>
+CHECK-DAG:   #[[MAP_O:\w+]] = affine_map<(d0, d1, d2, d3) -> (d1, d0, d2)>
+CHECK-LABEL: func.func @attention_block(
+CHECK:         %[[Q:\w+]] = tensor.collapse_shape %{{\w+}} {{\[\[}}0, 1], [2], [3]] : tensor<1x32x2x16xf32> into tensor<32x2x16xf32>
+CHECK:         linalg.transpose ins(%{{\w+}} : tensor<1x32x2x16xf32>) outs(%{{\w+}} : tensor<1x2x16x32xf32>) permutation = [0, 2, 3, 1]
+CHECK:         %[[V:\w+]] = tensor.collapse_shape %{{\w+}} {{\[\[}}0, 1], [2], [3]] : tensor<1x32x2x16xf32> into tensor<32x2x16xf32>
+CHECK:         linalg.generic {indexing_maps = [#[[MAP_Q]],
+CHECK-SAME:      ins(%[[Q]],
+CHECK:         %[[INIT:\w+]] = linalg.fill ins(%{{\w+}} : f32) outs(%{{\w+}} : tensor<32x2x16xf32>)
+CHECK:         %[[O:\w+]] = linalg.generic {indexing_maps = [#{{\w+}}, #[[MAP_V]], #[[MAP_O]]]
+CHECK-SAME:      ins(%{{\w+}}, %[[V]] : tensor<2x32x32xf32>, tensor<32x2x16xf32>) outs(%[[INIT]] : tensor<32x2x16xf32>)
+CHECK:         %[[E:\w+]] = tensor.expand_shape %[[O]] {{\[\[}}0, 1], [2], [3]] output_shape [1, 32, 2, 16]
+CHECK:         %[[R:\w+]] = tensor.collapse_shape %[[E]] {{\[\[}}0, 1], [2, 3]] : tensor<1x32x2x16xf32> into tensor<32x32xf32>
+CHECK:         return %[[R]]
+""")
+    filecheck(text, "CHECK-COUNT-1: linalg.transpose\nCHECK-NOT: linalg.transpose")
+
+
+def test_a_transpose_that_moves_the_last_dimension_of_a_result_stays():
+    """A contraction's result transposed so its last dimension moves: folded,
+    the contraction would write its vector loop across a stride."""
+    text = """
+func.func @f(%a: tensor<8x16xf32>, %b: tensor<16x4xf32>) -> tensor<4x8xf32> {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<8x4xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<8x4xf32>) -> tensor<8x4xf32>
+  %r = linalg.matmul ins(%a, %b : tensor<8x16xf32>, tensor<16x4xf32>) outs(%f : tensor<8x4xf32>) -> tensor<8x4xf32>
+  %e2 = tensor.empty() : tensor<4x8xf32>
+  %t = linalg.transpose ins(%r : tensor<8x4xf32>) outs(%e2 : tensor<4x8xf32>) permutation = [1, 0]
+  return %t : tensor<4x8xf32>
+}
+"""
+    with ir.Context(), ir.Location.unknown():
+        m = ir.Module.parse(text)
+        assert fold_output_transposes(m, m.body.operations[0].operation) == 0
+        assert m.operation.verify()
+        filecheck(str(m), "CHECK: linalg.transpose ins(%{{\\w+}} : tensor<8x4xf32>)")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_block_is_one_task_and_matches_numpy(threads):
+    """On a CPU the block is K's transpose and one attention task, and its
+    default schedule (Q, V and the output read and written with the heads'
+    stride) matches numpy."""
+    from mlir_ansor.search.rules.dot_product import weight_packing
+    from mlir_ansor.target import Target
+
+    h, s, d = 2, 32, 16
+    text = workloads.attention_block(h, s, d)
+    names = [t.name for t in extract_tasks(load(text=text), prepack=weight_packing(Target.host()))]
+    assert names == [f"transpose_1x{h}x{d}x{s}_f32", f"attention_{h}x{s}x{s}x{d}_f32"]
+    fn = compile(load(text=text), threads=threads)
+    rng = np.random.default_rng(threads)
+    q, k, v = (rng.standard_normal((s, h * d)).astype(np.float32) for _ in range(3))
+    want = workloads.attention_block_reference(h)(q, k, v)
+    np.testing.assert_allclose(fn(q, k, v), want, rtol=1e-4, atol=1e-5)

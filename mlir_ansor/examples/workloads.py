@@ -303,6 +303,48 @@ def attention(h: int, s: int, d: int, dtype: str = "f32") -> str:
     return _func("attention", [("Q", (h, s, d)), ("Kt", (h, d, s)), ("V", (h, s, d))], (h, s, d), body, dtype)
 
 
+def attention_block(h: int, s: int, d: int) -> str:
+    """:func:`attention` as it sits in a torch-mlir BERT layer: Q, K and V
+    arrive as the projections' ``[s, h*d]`` results, are split into heads
+    (``expand_shape`` to ``[1, s, h, d]``, ``linalg.transpose`` to ``[1, h,
+    s, d]`` or ``[1, h, d, s]`` for K, ``collapse_shape`` of the unit
+    batch), and the attention's ``[h, s, d]`` output goes back to ``[s,
+    h*d]`` the same way, for the output projection."""
+    e, o = _t((1, s, h, d)), _t((h, s, d))
+    inner = attention(h, s, d)
+    inner = inner[inner.index("{", inner.index("func.func")) + 1 : inner.rindex("return")]
+    split = "".join(
+        f"  %{n}e = tensor.expand_shape %{n}p [[0, 1], [2, 3]] output_shape [1, {s}, {h}, {d}] : {_t((s, h * d))} into {e}\n"
+        f"  %{n}0 = tensor.empty() : {_t((1, *shape))}\n"
+        f"  %{n}t = linalg.transpose ins(%{n}e : {e}) outs(%{n}0 : {_t((1, *shape))}) permutation = {perm}\n"
+        f"  %{name} = tensor.collapse_shape %{n}t [[0, 1], [2], [3]] : {_t((1, *shape))} into {_t(shape)}\n"
+        for n, name, shape, perm in (
+            ("q", "Q", (h, s, d), [0, 2, 1, 3]),
+            ("k", "Kt", (h, d, s), [0, 2, 3, 1]),
+            ("v", "V", (h, s, d), [0, 2, 1, 3]),
+        )
+    )
+    merge = (
+        f"  %oe = tensor.expand_shape %O [[0, 1], [2], [3]] output_shape [1, {h}, {s}, {d}] : {o} into {_t((1, h, s, d))}\n"
+        f"  %o0 = tensor.empty() : {e}\n"
+        f"  %ot = linalg.transpose ins(%oe : {_t((1, h, s, d))}) outs(%o0 : {e}) permutation = [0, 2, 1, 3]\n"
+        f"  %r = tensor.collapse_shape %ot [[0, 1], [2, 3]] : {e} into {_t((s, h * d))}\n  return %r : {_t((s, h * d))}\n"
+    )
+    return _func("attention_block", [("qp", (s, h * d)), ("kp", (s, h * d)), ("vp", (s, h * d))], (s, h * d), split + inner + merge)
+
+
+def attention_block_reference(h: int) -> Callable[..., np.ndarray]:
+    """A numpy implementation of :func:`attention_block` with `h` heads."""
+
+    def ref(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        s, hd = q.shape
+        heads = [x.reshape(s, h, hd // h).transpose(1, 0, 2) for x in (q, k, v)]
+        out = _attention_ref(heads[0], heads[1].transpose(0, 2, 1), heads[2])
+        return out.transpose(1, 0, 2).reshape(s, hd)
+
+    return ref
+
+
 def conv_bias_relu(n: int, h: int, w: int, c: int, f: int, k: int) -> str:
     """conv2d NHWC + per-channel bias (folded batch norm) + ReLU: one task."""
     oh, ow = h - k + 1, w - k + 1

@@ -7,7 +7,15 @@ trials on it. Reading the untransposed tensor through a permuted indexing
 map costs the contraction nothing its sketch cannot fix (packing copies the
 reused operand's tile to a contiguous buffer anyway). Ansor's TBG subgraph
 (transpose + batch matmul, BERT's attention scores) and every attention
-layer torch-mlir imports have this shape.
+layer torch-mlir imports have this shape. torch-mlir puts a
+``tensor.collapse_shape`` of the unit batch between an attention's
+transposes and its batch matmuls; the fold looks through one that only
+drops unit dimensions. The same holds for a transpose of a contraction's
+result (the attention's heads merged back before the output projection):
+:func:`fold_output_transposes` makes the contraction write the permuted
+tensor itself. In a BERT layer on a CPU, the attention task then reads Q
+and V and writes its output with the heads' stride (a row of 64 floats
+at a time), and three of its four transposes are gone.
 
 Not folded: a transpose whose fold would make the consumer read its vector
 loop (the output's last dimension) across a stride, where it read it
@@ -22,10 +30,12 @@ and a named consumer (`linalg.batch_matmul`) is generalized first, alone.
 from __future__ import annotations
 
 from mlir import ir
+from mlir.dialects import linalg as linalg_d
+from mlir.dialects import tensor as tensor_d
 
-from mlir_ansor.ir.rewrite import depends_on_arguments
+from mlir_ansor.ir.rewrite import depends_on_arguments, reassociation_attr, unit_reassociation
 
-__all__ = ["fold_transposes"]
+__all__ = ["fold_output_transposes", "fold_transposes"]
 
 _TAG = "ansor.generalize"
 
@@ -83,29 +93,67 @@ def _generalize(module: ir.Module) -> None:
     interpreter.apply_named_sequence(module.operation, script.body.operations[0], script)
 
 
+def _unit_collapse(op: ir.Operation, sigma: list[int]) -> tuple[ir.Operation, list[list[int]], list[int]] | None:
+    """Where the permutation `op`'s only reader is a ``tensor.collapse_shape``
+    that drops unit dimensions only (each of its groups holds one dimension
+    of size > 1: torch-mlir's ``[1, 12, s, 64] -> [12, s, 64]`` between an
+    attention's transpose and its batch matmul): (that collapse, the
+    reassociation that drops the unit dimensions of `op`'s input, and the
+    permutation from the collapsed input's dimensions to the collapse's);
+    None otherwise."""
+    uses = list(op.results[0].uses)
+    if len(uses) != 1 or uses[0].owner.name != "tensor.collapse_shape":
+        return None
+    collapse = uses[0].owner
+    t_shape = ir.RankedTensorType(op.results[0].type).shape
+    x_shape = ir.RankedTensorType(op.operands[0].type).shape
+    group_of: dict[int, int] = {}
+    for g, dims in enumerate(ir.ArrayAttr(collapse.attributes["reassociation"])):
+        big = [ir.IntegerAttr(d).value for d in ir.ArrayAttr(dims) if t_shape[ir.IntegerAttr(d).value] != 1]
+        if len(big) != 1:
+            return None
+        group_of[big[0]] = g
+    kept = [j for j, n in enumerate(x_shape) if n != 1]
+    groups = unit_reassociation(len(x_shape), [j for j in range(len(x_shape)) if j not in kept])
+    return collapse, groups, [group_of[sigma[j]] for j in kept]
+
+
+def _reads_only(value: ir.Value) -> bool:
+    """Whether every use of `value` is an input of a linalg op with a reduction loop."""
+    uses = list(value.uses)
+    return bool(uses) and all(
+        u.owner.name.startswith("linalg.") and _has_reduction(u.owner) and u.operand_number < _num_inputs(u.owner)
+        for u in uses
+    )
+
+
 def fold_transposes(module: ir.Module, fn: ir.Operation) -> int:
     """Fold every permutation op directly in `fn`'s body (on tensors) of a
-    value computed from the function's arguments, whose every use is an input of a linalg op with a reduction loop into those
-    consumers' indexing maps; returns how many permutations were folded.
+    value computed from the function's arguments, whose every use is an
+    input of a linalg op with a reduction loop, into those consumers'
+    indexing maps; also through a ``tensor.collapse_shape`` that only drops
+    unit dimensions (the consumers then read the input with its unit
+    dimensions dropped). Returns how many permutations were folded.
     Named consumers are generalized (they keep their structure, which is
     what the sketch rules read)."""
     body = fn.regions[0].blocks[0]
-    folds: list[tuple[ir.Operation, list[int]]] = []
+    # (permutation op, sigma over the value read, the value its consumers read, the unit collapse or None)
+    folds: list[tuple[ir.Operation, list[int], ir.Value, tuple | None]] = []
     seen: dict = {}
     for opview in body.operations:
         op = opview.operation
         sigma = _source_of_dim(op)
-        if sigma is None:
+        if sigma is None or not depends_on_arguments(op.operands[0], seen):
             continue
-        uses = list(op.results[0].uses)
-        if uses and depends_on_arguments(op.operands[0], seen) and all(
-            u.owner.name.startswith("linalg.") and _has_reduction(u.owner) and u.operand_number < _num_inputs(u.owner)
-            for u in uses
-        ):
-            folds.append((op, sigma))
+        if _reads_only(op.results[0]):
+            folds.append((op, sigma, op.results[0], None))
+            continue
+        through = _unit_collapse(op, sigma)
+        if through is not None and _reads_only(through[0].results[0]):
+            folds.append((op, through[2], through[0].results[0], through))
     if not folds:
         return 0
-    named = {u.owner for op, _ in folds for u in op.results[0].uses if u.owner.name != "linalg.generic"}
+    named = {u.owner for _, _, read, _ in folds for u in read.uses if u.owner.name != "linalg.generic"}
     for c in named:
         c.attributes[_TAG] = ir.UnitAttr.get()
     if named:
@@ -114,10 +162,9 @@ def fold_transposes(module: ir.Module, fn: ir.Operation) -> int:
         if _TAG in opview.operation.attributes:
             del opview.operation.attributes[_TAG]
     folded = 0
-    for op, sigma in folds:
-        src = op.operands[0]
+    for op, sigma, read, through in folds:
         edits = []
-        for u in list(op.results[0].uses):
+        for u in list(read.uses):
             consumer, i = u.owner, u.operand_number
             maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(consumer.attributes["indexing_maps"])]
             m = maps[i]
@@ -125,12 +172,154 @@ def fold_transposes(module: ir.Module, fn: ir.Operation) -> int:
             edits.append((consumer, i, maps, m))
         if any(_strides_the_vector_loop(old, maps[i], maps[-1]) for _, i, maps, old in edits):
             continue
+        src = op.operands[0]
+        if through is not None:
+            collapse, groups, _ = through
+            x_type = ir.RankedTensorType(src.type)
+            shape = [n for n in x_type.shape if n != 1]
+            with ir.InsertionPoint(collapse), collapse.location:
+                src = tensor_d.CollapseShapeOp(
+                    ir.RankedTensorType.get(shape, x_type.element_type), src, reassociation_attr(groups)
+                ).result
         for consumer, i, maps, _ in edits:
             consumer.attributes["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(x) for x in maps])
             consumer.operands[i] = src
+        if through is not None:
+            through[0].erase()
         op.erase()
         folded += 1
     return folded
+
+
+def _owner(v: ir.Value) -> ir.Operation | None:
+    owner = v.owner
+    return owner.operation if isinstance(owner, (ir.Operation, ir.OpView)) else None
+
+
+def _only_use(v: ir.Value) -> ir.Operation | None:
+    uses = list(v.uses)
+    return uses[0].owner if len(uses) == 1 else None
+
+
+def _written_transposed(op: ir.Operation) -> tuple[ir.Operation, ir.Operation | None, ir.Operation] | None:
+    """For a permutation `op` (a transpose) of a contraction's result, read
+    by nothing else, directly or through a ``tensor.expand_shape`` that
+    only adds unit dimensions (torch-mlir's ``[12, s, 64] -> [1, 12, s,
+    64]`` before an attention's output transpose): (the contraction, the
+    expand or None, `op`); the contraction's init is a ``tensor.empty`` or a
+    fill of one that nothing else reads. None otherwise."""
+    x = op.operands[0]
+    expand = _owner(x)
+    if expand is not None and expand.name == "tensor.expand_shape":
+        shape = ir.RankedTensorType(x.type).shape
+        for dims in ir.ArrayAttr(expand.attributes["reassociation"]):
+            if sum(1 for d in ir.ArrayAttr(dims) if shape[ir.IntegerAttr(d).value] != 1) != 1:
+                return None
+        x = expand.operands[0]
+    else:
+        expand = None
+    producer = _owner(x)
+    if producer is None or not producer.name.startswith("linalg.") or not _has_reduction(producer):
+        return None
+    if len(producer.results) != 1 or _only_use(producer.results[0]) != (expand or op):
+        return None
+    if expand is not None and _only_use(expand.results[0]) != op:
+        return None
+    init = _owner(producer.operands[_num_inputs(producer)])
+    if init is not None and init.name == "linalg.fill" and _only_use(init.results[0]) == producer:
+        init = _owner(init.operands[1])
+    if init is None or init.name != "tensor.empty" or len(list(init.results[0].uses)) != 1:
+        return None
+    return producer, expand, op
+
+
+def _fold_into_producer(producer: ir.Operation, expand: ir.Operation | None, op: ir.Operation, sigma: list[int]) -> bool:
+    """Make the contraction `producer` write its result in the order the
+    permutation `op` reads it (its output map permuted, its init
+    re-created in the new shape) and replace `op`'s result with it
+    (expanded back to `op`'s unit dimensions). Refused (False) where the
+    output's last dimension would change: the vector loop would write
+    across a stride."""
+    t_shape = ir.RankedTensorType(op.results[0].type).shape
+    perm = [0] * len(sigma)
+    for j, k in enumerate(sigma):  # T dim k is X dim j
+        perm[k] = j
+    # X (the transpose's input) dim -> producer result dim
+    if expand is not None:
+        x_shape = ir.RankedTensorType(expand.results[0].type).shape
+        to_p: dict[int, int] = {}
+        for g, dims in enumerate(ir.ArrayAttr(expand.attributes["reassociation"])):
+            for d in ir.ArrayAttr(dims):
+                j = ir.IntegerAttr(d).value
+                if x_shape[j] != 1:
+                    to_p[j] = g
+    else:
+        to_p = {j: j for j in range(len(t_shape))}
+    kept = [k for k, n in enumerate(t_shape) if n != 1] if expand is not None else list(range(len(t_shape)))
+    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(producer.attributes["indexing_maps"])]
+    out = maps[-1]
+    new_out = ir.AffineMap.get(out.n_dims, out.n_symbols, [out.results[to_p[perm[k]]] for k in kept])
+    if new_out.results[-1] != out.results[-1]:
+        return False
+    elem = ir.RankedTensorType(producer.results[0].type).element_type
+    new_type = ir.RankedTensorType.get([t_shape[k] for k in kept], elem)
+    init_index = _num_inputs(producer)
+    with ir.InsertionPoint(producer), producer.location:
+        init = _owner(producer.operands[init_index])
+        fill = init if init.name == "linalg.fill" else None
+        empty = _owner(fill.operands[1]) if fill is not None else init
+        value = tensor_d.EmptyOp(new_type.shape, elem).result
+        if fill is not None:
+            value = linalg_d.fill(fill.operands[0], outs=[value])
+        producer.operands[init_index] = value
+    producer.results[0].set_type(new_type)
+    producer.attributes["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in [*maps[:-1], new_out]])
+    result = producer.results[0]
+    if expand is not None:
+        with ir.InsertionPoint(op), op.location:
+            units = [k for k, n in enumerate(t_shape) if n == 1]
+            result = tensor_d.ExpandShapeOp(
+                op.results[0].type, result, reassociation_attr(unit_reassociation(len(t_shape), units)), [], list(t_shape)
+            ).result
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+    if expand is not None:
+        expand.erase()
+    if fill is not None:
+        fill.erase()
+    empty.erase()
+    return True
+
+
+def fold_output_transposes(module: ir.Module, fn: ir.Operation) -> int:
+    """Fold every permutation op directly in `fn`'s body that only
+    reorders a contraction's result (read by nothing else; through a
+    ``tensor.expand_shape`` that adds unit dimensions) into that
+    contraction's output map: the contraction writes the permuted tensor
+    itself, where the transpose was a task of its own that read and wrote
+    the whole result again (an attention's ``[heads, s, d] -> [s, heads,
+    d]`` before the output projection). Not where the output's last
+    dimension would change. Returns how many were folded."""
+    body = fn.regions[0].blocks[0]
+
+    def found() -> list[tuple[ir.Operation, ir.Operation | None, ir.Operation, list[int]]]:
+        out = []
+        for opview in body.operations:
+            sigma = _source_of_dim(opview.operation)
+            hit = None if sigma is None else _written_transposed(opview.operation)
+            if hit is not None:
+                out.append((*hit, sigma))
+        return out
+
+    named = [producer for producer, _, _, _ in found() if producer.name != "linalg.generic"]
+    if named:
+        for producer in named:
+            producer.attributes[_TAG] = ir.UnitAttr.get()
+        _generalize(module)
+        for opview in body.operations:
+            if _TAG in opview.operation.attributes:
+                del opview.operation.attributes[_TAG]
+    return sum(_fold_into_producer(*hit) for hit in found())
 
 
 def _strides_the_vector_loop(before: ir.AffineMap, after: ir.AffineMap, out: ir.AffineMap) -> bool:

@@ -39,7 +39,10 @@ What it does, and why:
 
 * folds transposes into the contractions and reductions that read them
   (:mod:`.fold_transpose`): a transpose feeding a matmul would otherwise be
-  a task of its own with no arithmetic (BERT's attention scores, TBG).
+  a task of its own with no arithmetic (BERT's attention scores, TBG),
+  also through torch-mlir's collapse of a unit batch (an attention's Q and
+  V), and folds a transpose of a contraction's result into its output map
+  (the attention's heads merged back: ``[h, s, d] -> [s, h, d]``).
 
 * rewrites ``linalg.quantized_matmul`` (batch too) and the ``_q``
   convolutions as the plain int8 contraction and its zero points' terms
@@ -70,7 +73,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.passmanager import PassManager
 
-from mlir_ansor.graph.fold_transpose import fold_transposes
+from mlir_ansor.graph.fold_transpose import fold_output_transposes, fold_transposes
 from mlir_ansor.graph.layout import convert_layout
 from mlir_ansor.graph.precision import (
     accumulate_wide,
@@ -81,7 +84,15 @@ from mlir_ansor.graph.precision import (
 )
 from mlir_ansor.graph.split_conv import split_convolutions
 from mlir_ansor.ir.attrs import NORMALIZED_ATTR
-from mlir_ansor.ir.rewrite import backward_slice, clone_remapped, indexing_maps, parallel_generic, segments
+from mlir_ansor.ir.rewrite import (
+    backward_slice,
+    clone_remapped,
+    indexing_maps,
+    parallel_generic,
+    reassociation_attr,
+    segments,
+    unit_reassociation,
+)
 
 __all__ = [
     "CONVERT_LAYOUT",
@@ -185,24 +196,6 @@ def _is_zero(expr: ir.AffineExpr) -> bool:
     return isinstance(expr, ir.AffineConstantExpr) and expr.value == 0
 
 
-def _reassociation(rank: int, dropped: list[int]) -> list[list[int]]:
-    """Contiguous groups of ``range(rank)`` with one kept dimension each (the
-    dropped unit dimensions join a neighbour); [] when all are dropped."""
-    kept = [j for j in range(rank) if j not in dropped]
-    if not kept:
-        return []
-    groups: list[list[int]] = [[j] for j in kept]
-    for j in dropped:
-        after = [g for g in groups if g[0] > j]
-        (after[0] if j < kept[0] else [g for g in groups if g[-1] < j][-1]).append(j)
-    return [sorted(g) for g in groups]
-
-
-def _reassoc_attr(groups: list[list[int]]) -> ir.ArrayAttr:
-    i64 = ir.IntegerType.get_signless(64)
-    return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, j) for j in g]) for g in groups])
-
-
 def _drop_unit_broadcasts_of(op: ir.Operation) -> bool:
     from mlir.dialects import tensor as tensor_d
 
@@ -228,11 +221,11 @@ def _drop_unit_broadcasts_of(op: ir.Operation) -> bool:
             amap = maps[i]
             t = ir.RankedTensorType(operands[i].type)
             shape = list(t.shape)
-            groups = _reassociation(len(shape), dropped)
+            groups = unit_reassociation(len(shape), dropped)
             kept = [j for j in range(len(shape)) if j not in dropped]
             new_maps[i] = ir.AffineMap.get(amap.n_dims, amap.n_symbols, [amap.results[j] for j in kept])
             new_t = ir.RankedTensorType.get([shape[j] for j in kept], t.element_type)
-            new_operands[i] = tensor_d.CollapseShapeOp(new_t, operands[i], _reassoc_attr(groups)).result
+            new_operands[i] = tensor_d.CollapseShapeOp(new_t, operands[i], reassociation_attr(groups)).result
             if i >= n_ins:
                 expand_back[i - n_ins] = (t, groups)
     _replace_generic(op, new_operands, new_maps, expand_back)
@@ -264,7 +257,7 @@ def _replace_generic(
     with op.context, op.location, ir.InsertionPoint.after(new):
         replacements = list(new.results)
         for k, (t, groups) in expand_back.items():
-            replacements[k] = tensor_d.ExpandShapeOp(t, new.results[k], _reassoc_attr(groups), [], list(t.shape)).result
+            replacements[k] = tensor_d.ExpandShapeOp(t, new.results[k], reassociation_attr(groups), [], list(t.shape)).result
     for old, rep in zip(op.results, replacements):
         old.replace_all_uses_with(rep)
     op.erase()
@@ -415,13 +408,13 @@ def _drop_unit_loop_of(op: ir.Operation) -> bool:
             results = list(m.results)
             if dim in results:
                 j = results.index(dim)
-                groups = _reassociation(len(t.shape), [j])
+                groups = unit_reassociation(len(t.shape), [j])
                 nt = ir.RankedTensorType.get([x for i, x in enumerate(t.shape) if i != j], t.element_type)
                 if _made_by(v, "tensor.empty"):
                     # (canonicalization leaves a collapsed empty tensor)
                     v = tensor_d.EmptyOp(list(nt.shape), nt.element_type).result
                 else:
-                    v = tensor_d.CollapseShapeOp(nt, v, _reassoc_attr(groups)).result
+                    v = tensor_d.CollapseShapeOp(nt, v, reassociation_attr(groups)).result
                 results = results[:j] + results[j + 1 :]
                 if k >= n_ins:
                     expand_back[k - n_ins] = (t, groups)
@@ -565,6 +558,7 @@ def normalize(module: ir.Module, *, layout: bool | None = None) -> None:
                 pm.run(fn)
             fold_widening(fn)
             fold_transposes(module, fn)
+            fold_output_transposes(module, fn)
             accumulate_wide(fn)
             compute_wide(fn)
             pm.run(fn)

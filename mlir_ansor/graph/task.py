@@ -814,8 +814,9 @@ def _attention_rows(info: _OpInfo, shape: list[int], keys: int | None = None) ->
     `shape` ([batch..., rows, keys]): its loops are the batch loops, the
     rows, one more parallel loop and one reduction (over the keys where
     `keys` is given), its output and first input lead with the batch loops
-    and the rows, and its second input leads with the batch loops and is
-    read by every row."""
+    and the rows in any order (Q read and the output written through a
+    folded transpose: ``Q[row, head, d]``), and its second input is indexed
+    by the batch loops and read by every row."""
     nr = len(shape) - 1
     its = info.iterators
     if len(its) != nr + 2 or its[: nr + 1] != ["parallel"] * (nr + 1) or its[-1] != "reduction":
@@ -826,8 +827,7 @@ def _attention_rows(info: _OpInfo, shape: list[int], keys: int | None = None) ->
         return False
     a, b, out = (_map_dims(m) for m in info.maps)
     lead = tuple(range(nr))
-    batch = lead[:-1]
-    return a[:nr] == lead and out[:nr] == lead and b[: nr - 1] == batch and nr - 1 not in b
+    return sorted(out[:nr]) == sorted(a[:nr]) == list(lead) and set(lead[:-1]) <= set(b) and nr - 1 not in b
 
 
 def _all_f32(info: _OpInfo) -> bool:
@@ -1339,11 +1339,15 @@ def _extract(program: Program, func: str | None, prepack: Decide | None = None) 
         if not linalg_ops:
             continue
         gen_body = gen_funcs[_func_name(fn)].regions[0].blocks[0]
-        gen_ops = list(gen_body.operations)
         positions = {op.operation: k for k, op in enumerate(body.operations)}
+        # The k-th Linalg op of the body is the k-th of its generalized copy
+        # (the generalization's folding may drop reshapes, never a Linalg op).
+        gen_linalg = [o.operation for o in gen_body.operations if o.operation.name.startswith("linalg.")]
+        nth = {op: k for k, op in enumerate(o.operation for o in body.operations if o.operation.name.startswith("linalg."))}
+        assert len(gen_linalg) == len(nth), "generalization changed the number of Linalg ops"
         infos = []
         for op in linalg_ops:
-            gen = gen_ops[positions[op]].operation
+            gen = gen_linalg[nth[op]]
             if gen.name != "linalg.generic":
                 raise UnsupportedError(
                     f"{location_str(op)}: {op.name} cannot be generalized to linalg.generic; "

@@ -205,3 +205,22 @@ def parallel_generic(inputs: list[ir.Value], maps: list[ir.AffineMap], out_type:
     arg_types = [ir.RankedTensorType(v.type).element_type for v in inputs] + [elem]
     block = ir.Block.create_at_start(new.regions[0], arg_types, [ir.Location.current] * len(arg_types))
     return new, block
+
+
+def unit_reassociation(rank: int, dropped: list[int]) -> list[list[int]]:
+    """Contiguous groups of ``range(rank)`` with one kept dimension each (the
+    dropped unit dimensions join a neighbour); [] when all are dropped."""
+    kept = [j for j in range(rank) if j not in dropped]
+    if not kept:
+        return []
+    groups: list[list[int]] = [[j] for j in kept]
+    for j in dropped:
+        after = [g for g in groups if g[0] > j]
+        (after[0] if j < kept[0] else [g for g in groups if g[-1] < j][-1]).append(j)
+    return [sorted(g) for g in groups]
+
+
+def reassociation_attr(groups: list[list[int]]) -> ir.ArrayAttr:
+    """`groups` as the reassociation attribute of a ``tensor`` reshape."""
+    i64 = ir.IntegerType.get_signless(64)
+    return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, j) for j in g]) for g in groups])
