@@ -93,6 +93,25 @@ def _generalize(module: ir.Module) -> None:
     interpreter.apply_named_sequence(module.operation, script.body.operations[0], script)
 
 
+def _owner(v: ir.Value) -> ir.Operation | None:
+    owner = v.owner
+    return owner.operation if isinstance(owner, (ir.Operation, ir.OpView)) else None
+
+
+def _only_use(v: ir.Value) -> ir.Operation | None:
+    uses = list(v.uses)
+    return uses[0].owner.operation if len(uses) == 1 else None
+
+
+def _read_only_by(v: ir.Value, op: ir.Operation) -> bool:
+    reader = _only_use(v)
+    return reader is not None and reader == op
+
+
+def _static(v: ir.Value) -> bool:
+    return isinstance(v.type, ir.RankedTensorType) and v.type.has_static_shape
+
+
 def _unit_collapse(op: ir.Operation, sigma: list[int]) -> tuple[ir.Operation, list[list[int]], list[int]] | None:
     """Where the permutation `op`'s only reader is a ``tensor.collapse_shape``
     that drops unit dimensions only (each of its groups holds one dimension
@@ -101,10 +120,9 @@ def _unit_collapse(op: ir.Operation, sigma: list[int]) -> tuple[ir.Operation, li
     reassociation that drops the unit dimensions of `op`'s input, and the
     permutation from the collapsed input's dimensions to the collapse's);
     None otherwise."""
-    uses = list(op.results[0].uses)
-    if len(uses) != 1 or uses[0].owner.name != "tensor.collapse_shape":
+    collapse = _only_use(op.results[0])
+    if collapse is None or collapse.name != "tensor.collapse_shape" or not _static(op.operands[0]):
         return None
-    collapse = uses[0].owner
     t_shape = ir.RankedTensorType(op.results[0].type).shape
     x_shape = ir.RankedTensorType(op.operands[0].type).shape
     group_of: dict[int, int] = {}
@@ -191,24 +209,16 @@ def fold_transposes(module: ir.Module, fn: ir.Operation) -> int:
     return folded
 
 
-def _owner(v: ir.Value) -> ir.Operation | None:
-    owner = v.owner
-    return owner.operation if isinstance(owner, (ir.Operation, ir.OpView)) else None
-
-
-def _only_use(v: ir.Value) -> ir.Operation | None:
-    uses = list(v.uses)
-    return uses[0].owner if len(uses) == 1 else None
-
-
 def _written_transposed(op: ir.Operation) -> tuple[ir.Operation, ir.Operation | None, ir.Operation] | None:
     """For a permutation `op` (a transpose) of a contraction's result, read
     by nothing else, directly or through a ``tensor.expand_shape`` that
     only adds unit dimensions (torch-mlir's ``[12, s, 64] -> [1, 12, s,
     64]`` before an attention's output transpose): (the contraction, the
     expand or None, `op`); the contraction's init is a ``tensor.empty`` or a
-    fill of one that nothing else reads. None otherwise."""
+    fill of one (made anew in the new shape). None otherwise."""
     x = op.operands[0]
+    if not _static(x):
+        return None
     expand = _owner(x)
     if expand is not None and expand.name == "tensor.expand_shape":
         shape = ir.RankedTensorType(x.type).shape
@@ -221,14 +231,14 @@ def _written_transposed(op: ir.Operation) -> tuple[ir.Operation, ir.Operation | 
     producer = _owner(x)
     if producer is None or not producer.name.startswith("linalg.") or not _has_reduction(producer):
         return None
-    if len(producer.results) != 1 or _only_use(producer.results[0]) != (expand or op):
+    if len(producer.results) != 1 or not _read_only_by(producer.results[0], expand if expand is not None else op):
         return None
-    if expand is not None and _only_use(expand.results[0]) != op:
+    if expand is not None and not _read_only_by(expand.results[0], op):
         return None
     init = _owner(producer.operands[_num_inputs(producer)])
-    if init is not None and init.name == "linalg.fill" and _only_use(init.results[0]) == producer:
+    if init is not None and init.name == "linalg.fill":
         init = _owner(init.operands[1])
-    if init is None or init.name != "tensor.empty" or len(list(init.results[0].uses)) != 1:
+    if init is None or init.name != "tensor.empty":
         return None
     return producer, expand, op
 
@@ -285,9 +295,9 @@ def _fold_into_producer(producer: ir.Operation, expand: ir.Operation | None, op:
     op.erase()
     if expand is not None:
         expand.erase()
-    if fill is not None:
-        fill.erase()
-    empty.erase()
+    for dead in (fill, empty):  # unless another op shares them (a CSE'd zero fill)
+        if dead is not None and not list(dead.results[0].uses):
+            dead.erase()
     return True
 
 
