@@ -798,11 +798,11 @@ class _Batches:
         ctx = getattr(self.states[ti].strategy, "ctx", None)
         if ctx is None:  # a strategy that keeps no TaskContext takes no seeds
             return
-        flops = self.states[ti].task.flops
+        mine = self.states[ti].task.mlir
 
         def order(s):  # the nearest in size first (relatives), then the fastest
             other = self.states[s[0]]
-            return round(size_distance(other.task.flops, flops), 1), other.result.best_latency_s
+            return round(size_distance(other.task.mlir, mine), 1), other.result.best_latency_s
 
         for tj, their_sketch, my_sketch in sorted(self.siblings.get(ti, ()), key=order):
             r = self.states[tj].result

@@ -14,7 +14,7 @@ from mlir_ansor.compiler import DynamicModule
 from mlir_ansor.graph.dynamic import parse_sizes, specializations
 from mlir_ansor.records.database import Database
 from mlir_ansor.search.generate import generate_sketches
-from mlir_ansor.search.transfer import family_key, transfer_knobs, transferred
+from mlir_ansor.search.transfer import family_key, size_distance, transfer_knobs, transferred
 from mlir_ansor.target import Target
 
 
@@ -35,6 +35,20 @@ def test_a_family_is_the_task_without_its_sizes():
     assert family_key(add.format(s=100)) == family_key(add.format(s=128))
     assert family_key(add.format(s=100)) != family_key(add.format(s=100).replace("768xf32", "768xi32"))
     assert family_key("tensor<4xindex>") == family_key("tensor<8xindex>") != family_key("tensor<8xi64>")
+
+
+def test_the_nearest_relative_is_nearest_in_every_extent():
+    """A BERT layer's FFN out (K = 3072) and output projection (K = 768) are
+    one family; at 100 rows FFN out is nearest to itself at 128 rows, not
+    to the projection at 384 rows, whose flops are closer."""
+    from mlir_ansor.examples import workloads
+
+    ffn_out = lambda m: workloads.matmul(m, 768, 3072)  # noqa: E731
+    proj = lambda m: workloads.matmul(m, 768, 768)  # noqa: E731
+    assert family_key(ffn_out(100)) == family_key(proj(384))
+    assert size_distance(ffn_out(100), ffn_out(128)) < size_distance(ffn_out(100), proj(384))
+    assert size_distance(ffn_out(100), ffn_out(100)) == 0
+    assert size_distance(ffn_out(100), ffn_out(128)) == pytest.approx(size_distance(ffn_out(128), ffn_out(100)))
 
 
 def test_knobs_are_carried_to_the_options_of_other_extents():

@@ -209,13 +209,14 @@ def fold_transposes(module: ir.Module, fn: ir.Operation) -> int:
     return folded
 
 
-def _written_transposed(op: ir.Operation) -> tuple[ir.Operation, ir.Operation | None, ir.Operation] | None:
+def _written_transposed(op: ir.Operation, sigma: list[int]) -> tuple[ir.Operation, ir.Operation | None, ir.Operation] | None:
     """For a permutation `op` (a transpose) of a contraction's result, read
     by nothing else, directly or through a ``tensor.expand_shape`` that
     only adds unit dimensions (torch-mlir's ``[12, s, 64] -> [1, 12, s,
     64]`` before an attention's output transpose): (the contraction, the
     expand or None, `op`); the contraction's init is a ``tensor.empty`` or a
-    fill of one (made anew in the new shape). None otherwise."""
+    fill of one (made anew in the new shape), and the result's last
+    dimension stays last. None otherwise."""
     x = op.operands[0]
     if not _static(x):
         return None
@@ -240,37 +241,43 @@ def _written_transposed(op: ir.Operation) -> tuple[ir.Operation, ir.Operation | 
         init = _owner(init.operands[1])
     if init is None or init.name != "tensor.empty":
         return None
+    # The output's last dimension stays last: the vector loop keeps writing
+    # whole vectors, not across a stride.
+    if _result_dims(expand, op, sigma)[-1] != ir.RankedTensorType(producer.results[0].type).rank - 1:
+        return None
     return producer, expand, op
 
 
-def _fold_into_producer(producer: ir.Operation, expand: ir.Operation | None, op: ir.Operation, sigma: list[int]) -> bool:
-    """Make the contraction `producer` write its result in the order the
-    permutation `op` reads it (its output map permuted, its init
-    re-created in the new shape) and replace `op`'s result with it
-    (expanded back to `op`'s unit dimensions). Refused (False) where the
-    output's last dimension would change: the vector loop would write
-    across a stride."""
+def _result_dims(expand: ir.Operation | None, op: ir.Operation, sigma: list[int]) -> list[int]:
+    """For each dimension of the permutation `op`'s result (its unit ones
+    left out where `expand` added them), the dimension of the contraction's
+    result it reads."""
     t_shape = ir.RankedTensorType(op.results[0].type).shape
     perm = [0] * len(sigma)
     for j, k in enumerate(sigma):  # T dim k is X dim j
         perm[k] = j
-    # X (the transpose's input) dim -> producer result dim
-    if expand is not None:
-        x_shape = ir.RankedTensorType(expand.results[0].type).shape
-        to_p: dict[int, int] = {}
-        for g, dims in enumerate(ir.ArrayAttr(expand.attributes["reassociation"])):
-            for d in ir.ArrayAttr(dims):
-                j = ir.IntegerAttr(d).value
-                if x_shape[j] != 1:
-                    to_p[j] = g
-    else:
-        to_p = {j: j for j in range(len(t_shape))}
+    if expand is None:
+        return perm
+    x_shape = ir.RankedTensorType(expand.results[0].type).shape
+    to_p: dict[int, int] = {}
+    for g, dims in enumerate(ir.ArrayAttr(expand.attributes["reassociation"])):
+        for d in ir.ArrayAttr(dims):
+            j = ir.IntegerAttr(d).value
+            if x_shape[j] != 1:
+                to_p[j] = g
+    return [to_p[perm[k]] for k, n in enumerate(t_shape) if n != 1]
+
+
+def _fold_into_producer(producer: ir.Operation, expand: ir.Operation | None, op: ir.Operation, sigma: list[int]) -> None:
+    """Make the contraction `producer` write its result in the order the
+    permutation `op` reads it (its output map permuted, its init
+    re-created in the new shape) and replace `op`'s result with it
+    (expanded back to `op`'s unit dimensions)."""
+    t_shape = ir.RankedTensorType(op.results[0].type).shape
     kept = [k for k, n in enumerate(t_shape) if n != 1] if expand is not None else list(range(len(t_shape)))
     maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(producer.attributes["indexing_maps"])]
     out = maps[-1]
-    new_out = ir.AffineMap.get(out.n_dims, out.n_symbols, [out.results[to_p[perm[k]]] for k in kept])
-    if new_out.results[-1] != out.results[-1]:
-        return False
+    new_out = ir.AffineMap.get(out.n_dims, out.n_symbols, [out.results[p] for p in _result_dims(expand, op, sigma)])
     elem = ir.RankedTensorType(producer.results[0].type).element_type
     new_type = ir.RankedTensorType.get([t_shape[k] for k in kept], elem)
     init_index = _num_inputs(producer)
@@ -298,7 +305,6 @@ def _fold_into_producer(producer: ir.Operation, expand: ir.Operation | None, op:
     for dead in (fill, empty):  # unless another op shares them (a CSE'd zero fill)
         if dead is not None and not list(dead.results[0].uses):
             dead.erase()
-    return True
 
 
 def fold_output_transposes(module: ir.Module, fn: ir.Operation) -> int:
@@ -316,7 +322,7 @@ def fold_output_transposes(module: ir.Module, fn: ir.Operation) -> int:
         out = []
         for opview in body.operations:
             sigma = _source_of_dim(opview.operation)
-            hit = None if sigma is None else _written_transposed(opview.operation)
+            hit = None if sigma is None else _written_transposed(opview.operation, sigma)
             if hit is not None:
                 out.append((*hit, sigma))
         return out
@@ -329,7 +335,10 @@ def fold_output_transposes(module: ir.Module, fn: ir.Operation) -> int:
         for opview in body.operations:
             if _TAG in opview.operation.attributes:
                 del opview.operation.attributes[_TAG]
-    return sum(_fold_into_producer(*hit) for hit in found())
+    hits = found()
+    for hit in hits:
+        _fold_into_producer(*hit)
+    return len(hits)
 
 
 def _strides_the_vector_loop(before: ir.AffineMap, after: ir.AffineMap, out: ir.AffineMap) -> bool:

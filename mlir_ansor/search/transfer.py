@@ -4,8 +4,8 @@ A function with dynamic dimensions is tuned at a few sizes (``tune --sizes``);
 it is called at others. The tasks of a size nobody tuned are the tuned ones
 with other extents: the same ops, maps, body and element types, only the
 static sizes of their types differ (their *family*, `family_key`). Such a
-task takes the best schedule of its nearest tuned relative (by the ratio of
-their flops, on a log scale): the sketch the same rule makes for it, with
+task takes the best schedule of its nearest tuned relative (by the ratios
+of their extents, on a log scale: `size_distance`): the sketch the same rule makes for it, with
 each knob at the option nearest to the relative's value that the new
 extents allow (`transfer_knobs`, the search's own `repair`). `compile`
 applies it to a task without records of its own (``source: transferred``);
@@ -99,9 +99,33 @@ def faithful(sketch: Sketch, knobs: Sequence[tuple[str, int]]) -> bool:
     return all(implied.get(k, v) == v for k, v in knobs if k not in names)
 
 
-def size_distance(a_flops: int, b_flops: int) -> float:
-    """How far apart two relatives are: their flops' ratio, on a log scale."""
-    return abs(math.log(max(1, a_flops)) - math.log(max(1, b_flops)))
+def size_distance(a_mlir: str, b_mlir: str) -> float:
+    """How far apart two relatives (task texts of one family) are: the sum,
+    over the dimensions of their shaped types in the order the texts write
+    them, of the ratio of the two extents on a log scale.
+
+    Why not their flops: a family holds every task of one structure, and
+    in a BERT layer the FFN's second matmul (K = 3072) and the output
+    projection (K = 768), each with its bias and residual add, are one
+    family. By flops, FFN-out at 100 rows (472 MFLOP) was nearest to the
+    output projection at 384 rows (453 MFLOP), whose schedule is made for
+    another K; by extents it is nearest to itself at 128 rows."""
+    a, b = _extents(a_mlir), _extents(b_mlir)
+    if len(a) != len(b):
+        return math.inf
+    return sum(abs(math.log(x) - math.log(y)) for x, y in zip(a, b) if x > 0 and y > 0)
+
+
+def _extents(task_mlir: str) -> list[int]:
+    """Every static dimension of the shaped types in `task_mlir`, in
+    order (a dynamic one is 0)."""
+    out: list[int] = []
+    for m in _SHAPED.finditer(task_mlir):
+        for p in m.group(2).split("x")[:-1]:
+            if not (p.isdigit() or p == "?"):
+                break
+            out.append(int(p) if p.isdigit() else 0)
+    return out
 
 
 def transferred(
@@ -130,7 +154,7 @@ def transferred(
         for w in database.workloads()
         if w["workload_key"] != task.workload_key and family_key(w["task_mlir"]) == family
     ]
-    others.sort(key=lambda w: size_distance(int(w["flops"]), task.flops))
+    others.sort(key=lambda w: size_distance(w["task_mlir"], task.mlir))
     mine = {}
     for sk in sketches:
         mine.setdefault(sk.name, sk)
