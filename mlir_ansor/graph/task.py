@@ -1344,7 +1344,11 @@ def _extract(program: Program, func: str | None, prepack: Decide | None = None) 
         # (the generalization's folding may drop reshapes, never a Linalg op).
         gen_linalg = [o.operation for o in gen_body.operations if o.operation.name.startswith("linalg.")]
         nth = {op: k for k, op in enumerate(o.operation for o in body.operations if o.operation.name.startswith("linalg."))}
-        assert len(gen_linalg) == len(nth), "generalization changed the number of Linalg ops"
+        if len(gen_linalg) != len(nth):
+            raise UnsupportedError(
+                f"{program.source}: @{_func_name(fn)}: generalizing its Linalg ops changed their number "
+                f"({len(nth)} -> {len(gen_linalg)}); please report this input"
+            )
         infos = []
         for op in linalg_ops:
             gen = gen_linalg[nth[op]]

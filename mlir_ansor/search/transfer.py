@@ -5,9 +5,9 @@ it is called at others. The tasks of a size nobody tuned are the tuned ones
 with other extents: the same ops, maps, body and element types, only the
 static sizes of their types differ (their *family*, `family_key`). Such a
 task takes the best schedule of its nearest tuned relative (by the ratios
-of their extents, on a log scale: `size_distance`): the sketch the same rule makes for it, with
-each knob at the option nearest to the relative's value that the new
-extents allow (`transfer_knobs`, the search's own `repair`). `compile`
+of their extents, on a log scale: `size_distance`): the sketch the same
+rule makes for it, with each knob at the option nearest to the relative's
+value that the new extents allow (`transfer_knobs`, the search's own `repair`). `compile`
 applies it to a task without records of its own (``source: transferred``);
 the tuner seeds such a task's search with it (the records of one size seed
 the next, as Ansor's and MetaSchedule's transfer learning start a new task
