@@ -611,11 +611,13 @@ func.func @linear(%x: tensor<4x32xf32>, %w: tensor<32x64xf32>, %b: tensor<64xf32
 
 
 @pytest.mark.parametrize("source, sketch, knobs", [
-    # A one-wide reduction tile (u_d2 = 1) of a matmul written as a generic
-    # (torch-mlir's form of a linear layer whose weight is an argument), and a
-    # one-wide reduction vector: both leave a vector<Nx1> shape cast.
-    (_LINEAR_RELU, "cpu-contraction",
-     {"k_d2": 1, "p_d0": 3, "p_d1": 64, "r_d0": 1, "r_d1": 16, "u_d2": 1}),
+    # A one-wide reduction tile (the peeled last step of u_d2 = 2 over
+    # K = 33; odd rows are no longer offered u_d2 = 1) of a matmul written as
+    # a generic (torch-mlir's form of a linear layer whose weight is an
+    # argument), and a one-wide reduction vector: both leave a vector<Nx1>
+    # shape cast.
+    (_LINEAR_RELU.replace("4x32xf32", "4x33xf32").replace("32x64xf32", "33x64xf32"), "cpu-contraction",
+     {"k_d2": 33, "p_d0": 3, "p_d1": 64, "r_d0": 1, "r_d1": 16, "u_d2": 2}),
     ("reduce_last", "cpu-reduction", {"p_d0": 8, "r_d0": 8, "rfactor": 0, "v_d1": 1}),
 ])
 def test_shape_casts_of_unit_tiles_build_and_compute_right(source, sketch, knobs, tmp_path):
