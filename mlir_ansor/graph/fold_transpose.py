@@ -76,9 +76,17 @@ def _has_reduction(op: ir.Operation) -> bool:
     return op.name in ("linalg.matmul", "linalg.batch_matmul", "linalg.batch_reduce_matmul", "linalg.matvec", "linalg.vecmat", "linalg.dot")
 
 
-def _generalize(module: ir.Module) -> None:
-    """Generalize the ops tagged with `_TAG` (and drop the tag)."""
+def _generalize(module: ir.Module, body: ir.Block, ops) -> None:
+    """Generalize the linalg `ops` of `body` (a function's block of
+    `module`), alone: tagged with `_TAG`, matched by it, the tag dropped
+    after. Handles to them are stale afterwards; walk `body` again."""
     from mlir.dialects.transform import interpreter
+
+    ops = list(ops)
+    if not ops:
+        return
+    for op in ops:
+        op.attributes[_TAG] = ir.UnitAttr.get()
 
     script = ir.Module.parse(
         f"""
@@ -91,6 +99,9 @@ def _generalize(module: ir.Module) -> None:
         }}"""
     )
     interpreter.apply_named_sequence(module.operation, script.body.operations[0], script)
+    for opview in body.operations:
+        if _TAG in opview.operation.attributes:
+            del opview.operation.attributes[_TAG]
 
 
 def _owner(v: ir.Value) -> ir.Operation | None:
@@ -112,6 +123,20 @@ def _static(v: ir.Value) -> bool:
     return isinstance(v.type, ir.RankedTensorType) and v.type.has_static_shape
 
 
+def _big_dims(reshape: ir.Operation, shape: list[int]) -> dict[int, int] | None:
+    """For a ``tensor`` reshape whose reassociation groups dimensions of
+    `shape` (its expanded side), each group's one dimension of size > 1
+    mapped to the group's index; None where a group has none or several
+    (the reshape does more than add or drop unit dimensions)."""
+    group_of: dict[int, int] = {}
+    for g, dims in enumerate(ir.ArrayAttr(reshape.attributes["reassociation"])):
+        big = [ir.IntegerAttr(d).value for d in ir.ArrayAttr(dims) if shape[ir.IntegerAttr(d).value] != 1]
+        if len(big) != 1:
+            return None
+        group_of[big[0]] = g
+    return group_of
+
+
 def _unit_collapse(op: ir.Operation, sigma: list[int]) -> tuple[ir.Operation, list[list[int]], list[int]] | None:
     """Where the permutation `op`'s only reader is a ``tensor.collapse_shape``
     that drops unit dimensions only (each of its groups holds one dimension
@@ -123,14 +148,10 @@ def _unit_collapse(op: ir.Operation, sigma: list[int]) -> tuple[ir.Operation, li
     collapse = _only_use(op.results[0])
     if collapse is None or collapse.name != "tensor.collapse_shape" or not _static(op.operands[0]):
         return None
-    t_shape = ir.RankedTensorType(op.results[0].type).shape
     x_shape = ir.RankedTensorType(op.operands[0].type).shape
-    group_of: dict[int, int] = {}
-    for g, dims in enumerate(ir.ArrayAttr(collapse.attributes["reassociation"])):
-        big = [ir.IntegerAttr(d).value for d in ir.ArrayAttr(dims) if t_shape[ir.IntegerAttr(d).value] != 1]
-        if len(big) != 1:
-            return None
-        group_of[big[0]] = g
+    group_of = _big_dims(collapse, ir.RankedTensorType(op.results[0].type).shape)
+    if group_of is None:
+        return None
     kept = [j for j, n in enumerate(x_shape) if n != 1]
     groups = unit_reassociation(len(x_shape), [j for j in range(len(x_shape)) if j not in kept])
     return collapse, groups, [group_of[sigma[j]] for j in kept]
@@ -171,14 +192,7 @@ def fold_transposes(module: ir.Module, fn: ir.Operation) -> int:
             folds.append((op, through[2], through[0].results[0], through))
     if not folds:
         return 0
-    named = {u.owner for _, _, read, _ in folds for u in read.uses if u.owner.name != "linalg.generic"}
-    for c in named:
-        c.attributes[_TAG] = ir.UnitAttr.get()
-    if named:
-        _generalize(module)
-    for opview in body.operations:
-        if _TAG in opview.operation.attributes:
-            del opview.operation.attributes[_TAG]
+    _generalize(module, body, {u.owner for _, _, read, _ in folds for u in read.uses if u.owner.name != "linalg.generic"})
     folded = 0
     for op, sigma, read, through in folds:
         edits = []
@@ -222,10 +236,8 @@ def _written_transposed(op: ir.Operation, sigma: list[int]) -> tuple[ir.Operatio
         return None
     expand = _owner(x)
     if expand is not None and expand.name == "tensor.expand_shape":
-        shape = ir.RankedTensorType(x.type).shape
-        for dims in ir.ArrayAttr(expand.attributes["reassociation"]):
-            if sum(1 for d in ir.ArrayAttr(dims) if shape[ir.IntegerAttr(d).value] != 1) != 1:
-                return None
+        if _big_dims(expand, ir.RankedTensorType(x.type).shape) is None:
+            return None
         x = expand.operands[0]
     else:
         expand = None
@@ -258,13 +270,7 @@ def _result_dims(expand: ir.Operation | None, op: ir.Operation, sigma: list[int]
         perm[k] = j
     if expand is None:
         return perm
-    x_shape = ir.RankedTensorType(expand.results[0].type).shape
-    to_p: dict[int, int] = {}
-    for g, dims in enumerate(ir.ArrayAttr(expand.attributes["reassociation"])):
-        for d in ir.ArrayAttr(dims):
-            j = ir.IntegerAttr(d).value
-            if x_shape[j] != 1:
-                to_p[j] = g
+    to_p = _big_dims(expand, ir.RankedTensorType(expand.results[0].type).shape)
     return [to_p[perm[k]] for k, n in enumerate(t_shape) if n != 1]
 
 
@@ -327,14 +333,7 @@ def fold_output_transposes(module: ir.Module, fn: ir.Operation) -> int:
                 out.append((*hit, sigma))
         return out
 
-    named = [producer for producer, _, _, _ in found() if producer.name != "linalg.generic"]
-    if named:
-        for producer in named:
-            producer.attributes[_TAG] = ir.UnitAttr.get()
-        _generalize(module)
-        for opview in body.operations:
-            if _TAG in opview.operation.attributes:
-                del opview.operation.attributes[_TAG]
+    _generalize(module, body, [producer for producer, _, _, _ in found() if producer.name != "linalg.generic"])
     hits = found()
     for hit in hits:
         _fold_into_producer(*hit)

@@ -51,14 +51,22 @@ def family_key(task_mlir: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _unsized(body: str) -> str:
-    """A shaped type's body (``1x128x768xf32``) with every dimension ``?``
-    (``?x?x?xf32``); the element type (even ``index``) is kept."""
+def _dims(body: str) -> tuple[list[str], list[str]]:
+    """A shaped type's body (``1x128x?xf32``) split into its dimensions
+    (``1``, ``128``, ``?``) and the rest (the element type, even ``index``
+    or one that holds an ``x``)."""
     parts = body.split("x")
     for i, p in enumerate(parts[:-1]):
         if not (p.isdigit() or p == "?"):
-            return "x".join(["?"] * i + parts[i:])
-    return "x".join(["?"] * (len(parts) - 1) + parts[-1:])
+            return parts[:i], parts[i:]
+    return parts[:-1], parts[-1:]
+
+
+def _unsized(body: str) -> str:
+    """A shaped type's body (``1x128x768xf32``) with every dimension ``?``
+    (``?x?x?xf32``); the element type (even ``index``) is kept."""
+    dims, rest = _dims(body)
+    return "x".join(["?"] * len(dims) + rest)
 
 
 def transfer_knobs(sketch: Sketch, knobs: Sequence[tuple[str, int]]) -> Assignment | None:
@@ -119,13 +127,7 @@ def size_distance(a_mlir: str, b_mlir: str) -> float:
 def _extents(task_mlir: str) -> list[int]:
     """Every static dimension of the shaped types in `task_mlir`, in
     order (a dynamic one is 0)."""
-    out: list[int] = []
-    for m in _SHAPED.finditer(task_mlir):
-        for p in m.group(2).split("x")[:-1]:
-            if not (p.isdigit() or p == "?"):
-                break
-            out.append(int(p) if p.isdigit() else 0)
-    return out
+    return [int(p) if p.isdigit() else 0 for m in _SHAPED.finditer(task_mlir) for p in _dims(m.group(2))[0]]
 
 
 def transferred(
