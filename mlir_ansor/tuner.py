@@ -110,7 +110,8 @@ class TuneConfig:
     memory_limit_mb: int = 6144
     """MiB a worker (builder or runner) may allocate (its data rlimit); past it, a crash naming the limit."""
     cutoff_factor: float = 2.0
-    """A candidate whose checking run is this many times the best so far's is costed by that run alone."""
+    """A candidate whose checking run and one warm run after it are both this many times the best
+    so far's is costed by the warm run alone (a library's first call is slow: `runner.run`)."""
     hang_factor: float = 50.0
     """With a best known, a run longer than max(min_run_timeout_s, hang_factor * best) is a timeout."""
     min_run_timeout_s: float = 5.0

@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -154,3 +155,49 @@ def test_measurement_of_builds_and_runs():
         ok.costs = ()  # type: ignore[misc]
     rec = Record("wk", "cpu:avx2", "sk", {}, ok.costs, ok.error_kind, host=ok.host)
     assert rec.error_kind == "none" and rec.latency_s == ok.latency_s
+
+
+class _ColdFirstCall:
+    """A kernel library whose first call is slow (its code faulting in, a
+    sleeping OpenMP team waking) and whose later calls are fast; it writes
+    the reference into its output."""
+
+    def __init__(self, first_s: float, warm_s: float, ref: np.ndarray) -> None:
+        self.first_s, self.warm_s, self.ref, self.calls = first_s, warm_s, ref, 0
+
+    def __call__(self, path: str) -> _ColdFirstCall:
+        return self
+
+    def bind(self, arrays):
+        def call() -> None:
+            time.sleep(self.first_s if self.calls == 0 else self.warm_s)
+            self.calls += 1
+            arrays[-1][...] = self.ref
+
+        return call
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("warm_s, cut", [(0.002, False), (0.05, True)])
+def test_a_slow_first_call_alone_does_not_cut_a_candidate(tmp_path, monkeypatch, warm_s, cut):
+    """The cutoff is decided by a warm run, not by the checking run: a
+    16 x 1024 . 1024 x 1024 matmul at 2 threads ran 0.3-0.7 ms on its first
+    call and 0.155 ms after, and was recorded as hopeless at 0.7 ms."""
+    from mlir_ansor.measure import runner
+
+    a = np.ones((4, 4), np.float32)
+    ref = a @ a
+    data = str(tmp_path / "d.npz")
+    runner.save_data(data, [a, a], [ref], ["f32"])
+    kernel = _ColdFirstCall(first_s=0.05, warm_s=warm_s, ref=ref)
+    monkeypatch.setattr(runner, "Kernel", kernel)
+    policy = TimingPolicy(min_repeat=3, max_repeat=3, min_time_s=0.0)
+    r = runner.run("unused.so", data, policy, cutoff_s=0.02)
+    assert r["ok"]
+    assert r.get("cut", False) == cut
+    if cut:
+        assert r["costs"] == [pytest.approx(0.05, abs=0.04)] and kernel.calls == 2
+    else:
+        assert len(r["costs"]) == 3 and max(r["costs"]) < 0.02 and kernel.calls == 5

@@ -376,9 +376,9 @@ class Measurer:
     def run(self, cand: Candidate, tol: float, best_s: float = math.inf) -> Outcome:
         """Check (against ``cand.data``, within `tol`) and time one built
         candidate. With a best latency known, a candidate whose checking run
-        is `cutoff_factor` times slower is not timed further, and one
-        `hang_factor` times slower is a timeout. ``Outcome.host`` is the
-        machine that ran it."""
+        and one warm run are `cutoff_factor` times slower is not timed
+        further, and one `hang_factor` times slower is a timeout.
+        ``Outcome.host`` is the machine that ran it."""
         cfg = self.config
         cutoff = cfg.cutoff_factor * best_s
         timeout = cfg.run_timeout_s
