@@ -33,7 +33,7 @@ from mlir import ir
 from mlir.dialects import linalg as linalg_d
 from mlir.dialects import tensor as tensor_d
 
-from mlir_ansor.ir.rewrite import depends_on_arguments, reassociation_attr, unit_reassociation
+from mlir_ansor.ir.rewrite import defining_op, depends_on_arguments, reassociation_attr, unit_reassociation
 
 __all__ = ["fold_output_transposes", "fold_transposes"]
 
@@ -102,11 +102,6 @@ def _generalize(module: ir.Module, body: ir.Block, ops) -> None:
     for opview in body.operations:
         if _TAG in opview.operation.attributes:
             del opview.operation.attributes[_TAG]
-
-
-def _owner(v: ir.Value) -> ir.Operation | None:
-    owner = v.owner
-    return owner.operation if isinstance(owner, (ir.Operation, ir.OpView)) else None
 
 
 def _only_use(v: ir.Value) -> ir.Operation | None:
@@ -234,23 +229,23 @@ def _written_transposed(op: ir.Operation, sigma: list[int]) -> tuple[ir.Operatio
     x = op.operands[0]
     if not _static(x):
         return None
-    expand = _owner(x)
+    expand = defining_op(x)
     if expand is not None and expand.name == "tensor.expand_shape":
         if _big_dims(expand, ir.RankedTensorType(x.type).shape) is None:
             return None
         x = expand.operands[0]
     else:
         expand = None
-    producer = _owner(x)
+    producer = defining_op(x)
     if producer is None or not producer.name.startswith("linalg.") or not _has_reduction(producer):
         return None
     if len(producer.results) != 1 or not _read_only_by(producer.results[0], expand if expand is not None else op):
         return None
     if expand is not None and not _read_only_by(expand.results[0], op):
         return None
-    init = _owner(producer.operands[_num_inputs(producer)])
+    init = defining_op(producer.operands[_num_inputs(producer)])
     if init is not None and init.name == "linalg.fill":
-        init = _owner(init.operands[1])
+        init = defining_op(init.operands[1])
     if init is None or init.name != "tensor.empty":
         return None
     # The output's last dimension stays last: the vector loop keeps writing
@@ -288,9 +283,9 @@ def _fold_into_producer(producer: ir.Operation, expand: ir.Operation | None, op:
     new_type = ir.RankedTensorType.get([t_shape[k] for k in kept], elem)
     init_index = _num_inputs(producer)
     with ir.InsertionPoint(producer), producer.location:
-        init = _owner(producer.operands[init_index])
+        init = defining_op(producer.operands[init_index])
         fill = init if init.name == "linalg.fill" else None
-        empty = _owner(fill.operands[1]) if fill is not None else init
+        empty = defining_op(fill.operands[1]) if fill is not None else init
         value = tensor_d.EmptyOp(new_type.shape, elem).result
         if fill is not None:
             value = linalg_d.fill(fill.operands[0], outs=[value])

@@ -51,6 +51,7 @@ from mlir import ir
 
 from mlir_ansor.ir.rewrite import (
     clone_remapped,
+    defining_op,
     depends_on_arguments,
     inverse_permutation,
     permutation_of,
@@ -69,12 +70,10 @@ _POOLS = {"linalg.pooling_nchw_max": "pooling_nhwc_max", "linalg.pooling_nchw_su
 def fill_value(init: ir.Value) -> ir.Value | None:
     """The scalar of ``linalg.fill(scalar, tensor.empty)``, if `init` is one
     (an init that can be re-made in another shape at no cost)."""
-    if isinstance(init, ir.BlockArgument) or init.owner.name != "linalg.fill":
+    fill = defining_op(init, "linalg.fill")
+    if fill is None or defining_op(fill.operands[1], "tensor.empty") is None:
         return None
-    base = init.owner.operands[1]
-    if isinstance(base, ir.BlockArgument) or base.owner.name != "tensor.empty":
-        return None
-    return init.owner.operands[0]
+    return fill.operands[0]
 
 
 def _init_like(init: ir.Value, perm: list[int]) -> ir.Value:

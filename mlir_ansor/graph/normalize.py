@@ -87,6 +87,7 @@ from mlir_ansor.ir.attrs import NORMALIZED_ATTR
 from mlir_ansor.ir.rewrite import (
     backward_slice,
     clone_remapped,
+    defining_op,
     indexing_maps,
     parallel_generic,
     reassociation_attr,
@@ -263,11 +264,6 @@ def _replace_generic(
     op.erase()
 
 
-def _made_by(v: ir.Value, name: str) -> bool:
-    """Whether `v` is a result of an op named `name`."""
-    return isinstance(v.owner, ir.OpView) and v.owner.operation.name == name
-
-
 def _gathered_source(op: ir.Operation) -> ir.Value | None:
     """The tensor a ``linalg.generic`` copies unchanged, if it is an identity
     gather: no inputs, every loop parallel, an identity output map, and a
@@ -297,10 +293,9 @@ def _gathered_source(op: ir.Operation) -> ir.Value | None:
         return None
     shape = list(ir.RankedTensorType(result_t).shape)
     for k, index in enumerate(indices):
-        owner = index.owner
-        if not isinstance(owner, ir.OpView):
+        owner = defining_op(index)
+        if owner is None:
             return None
-        owner = owner.operation
         if owner.name == "linalg.index" and ir.IntegerAttr(owner.attributes["dim"]).value == k:
             continue
         if owner.name == "arith.constant" and shape[k] == 1 and ir.IntegerAttr(owner.attributes["value"]).value == 0:
@@ -354,7 +349,7 @@ def _unit_loop(op: ir.Operation, maps: list[ir.AffineMap], operands: list) -> in
     iterators = list(ir.ArrayAttr(op.attributes["iterator_types"]))
     candidates: list[int] = []
     for v, m in zip(operands[:n_ins], maps[:n_ins]):
-        if _made_by(v, "tensor.expand_shape"):
+        if defining_op(v, "tensor.expand_shape") is not None:
             for j in _added_unit_dims(v.owner.operation):
                 e = list(m.results)[j]
                 if isinstance(e, ir.AffineDimExpr):
@@ -410,7 +405,7 @@ def _drop_unit_loop_of(op: ir.Operation) -> bool:
                 j = results.index(dim)
                 groups = unit_reassociation(len(t.shape), [j])
                 nt = ir.RankedTensorType.get([x for i, x in enumerate(t.shape) if i != j], t.element_type)
-                if _made_by(v, "tensor.empty"):
+                if defining_op(v, "tensor.empty") is not None:
                     # (canonicalization leaves a collapsed empty tensor)
                     v = tensor_d.EmptyOp(list(nt.shape), nt.element_type).result
                 else:
@@ -491,7 +486,7 @@ def _reciprocal_divisor_of(op: ir.Operation) -> bool:
             continue
         # Only where the reciprocal joins the task that makes the divisor
         # (its one reader is this op): else it would be a task of its own.
-        if len(list(v.uses)) != 1 or not _made_by(v, "linalg.generic"):
+        if len(list(v.uses)) != 1 or defining_op(v, "linalg.generic") is None:
             continue
         t = ir.RankedTensorType(v.type)
         with op.context, op.location, ir.InsertionPoint(op):

@@ -50,6 +50,7 @@ from mlir import ir
 from mlir_ansor.errors import UnsupportedError
 from mlir_ansor.ir.dtypes import ACCUMULATION_DTYPE
 from mlir_ansor.ir.program import location_str
+from mlir_ansor.ir.rewrite import defining_op
 
 __all__ = [
     "accumulate_wide",
@@ -221,10 +222,10 @@ def _out_arg_accumulates(op: ir.Operation) -> bool:
     if not ops or ops[-1].name != "linalg.yield" or len(ops[-1].operands) != 1:
         return False
     out_arg = block.arguments[len(block.arguments) - 1]
-    v = ops[-1].operands[0]
-    if isinstance(v, ir.BlockArgument) or v.owner.name != "arith.addf":
+    add = defining_op(ops[-1].operands[0], "arith.addf")
+    if add is None:
         return False
-    return out_arg in list(v.owner.operands) and not all(x == out_arg for x in v.owner.operands)
+    return out_arg in list(add.operands) and not all(x == out_arg for x in add.operands)
 
 
 def _is_narrow_sum(op: ir.Operation) -> bool:
@@ -248,12 +249,9 @@ def _is_narrow_sum(op: ir.Operation) -> bool:
 
 def _constant_fill_value(init: ir.Value) -> ir.Attribute | None:
     """The constant a ``linalg.fill`` of `init` writes, if `init` is one."""
-    if isinstance(init, ir.BlockArgument) or init.owner.name != "linalg.fill":
-        return None
-    scalar = init.owner.operands[0]
-    if isinstance(scalar, ir.BlockArgument) or scalar.owner.name != "arith.constant":
-        return None
-    return scalar.owner.attributes["value"]
+    fill = defining_op(init, "linalg.fill")
+    scalar = defining_op(fill.operands[0], "arith.constant") if fill is not None else None
+    return scalar.attributes["value"] if scalar is not None else None
 
 
 def _identity_map(rank: int) -> ir.AffineMapAttr:
@@ -371,8 +369,8 @@ def _cast_int(value: ir.Value, to: ir.Type) -> ir.Value:
 
 def _is_zero(value: ir.Value) -> bool:
     """Whether `value` is the integer constant 0 (``arith.constant``)."""
-    owner = value.owner
-    if isinstance(owner, ir.Block) or owner.name != "arith.constant":
+    owner = defining_op(value, "arith.constant")
+    if owner is None:
         return False
     attr = owner.attributes["value"]
     return isinstance(attr, ir.IntegerAttr) and ir.IntegerAttr(attr).value == 0

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from mlir import ir
 
 from mlir_ansor.ir.attrs import PACKED_ATTR
-from mlir_ansor.ir.rewrite import clone_remapped, indexing_maps, segments
+from mlir_ansor.ir.rewrite import clone_remapped, defining_op, indexing_maps, segments
 
 __all__ = ["Decide", "Panels", "prepack_weights"]
 
@@ -194,12 +194,10 @@ def _split(value: ir.Value, pos: int, width: int, constant: set) -> ir.Value:
 
     t = ir.RankedTensorType(value.type)
     new_t = _split_type(t, pos, width)
-    owner = value.owner
-    if isinstance(owner, ir.OpView):
-        owner = owner.operation
-    if isinstance(owner, ir.Operation) and owner.name == "tensor.empty":
+    owner = defining_op(value)
+    if owner is not None and owner.name == "tensor.empty":
         return tensor.EmptyOp(list(new_t.shape), new_t.element_type).result
-    if isinstance(owner, ir.Operation) and owner.name == "linalg.fill":
+    if owner is not None and owner.name == "linalg.fill":
         empty = tensor.EmptyOp(list(new_t.shape), new_t.element_type).result
         return linalg.fill(owner.operands[0], outs=[empty])
     if value in constant:

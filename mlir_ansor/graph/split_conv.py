@@ -43,7 +43,7 @@ from __future__ import annotations
 from mlir import ir
 
 from mlir_ansor.graph.layout import fill_value
-from mlir_ansor.ir.rewrite import permutation_of, static_tensor_type, transpose, window_ints
+from mlir_ansor.ir.rewrite import defining_op, permutation_of, static_tensor_type, transpose, window_ints
 
 __all__ = ["split_conv3d", "split_convolutions", "split_dilated_input", "split_groups"]
 
@@ -141,12 +141,13 @@ def _rewrite_all(fn: ir.Operation, name: str, rewrite) -> int:
         if not rewrite(op):
             continue
         count += 1
-        owner = None if isinstance(init, ir.BlockArgument) else init.owner
-        if owner is not None and owner.name == "linalg.fill" and not list(owner.results[0].uses):
-            base = owner.operands[1]
-            owner.erase()
-            if not isinstance(base, ir.BlockArgument) and not list(base.uses):
-                base.owner.erase()
+        fill = defining_op(init, "linalg.fill")
+        if fill is not None and not list(fill.results[0].uses):
+            base = fill.operands[1]
+            fill.erase()
+            empty = defining_op(base)
+            if empty is not None and not list(base.uses):
+                empty.erase()
     return count
 
 
@@ -195,9 +196,10 @@ def split_conv3d(fn: ir.Operation) -> int:
 
 
 def _float_zero(v: ir.Value) -> bool:
-    if isinstance(v, ir.BlockArgument) or v.owner.name != "arith.constant":
+    const = defining_op(v, "arith.constant")
+    if const is None:
         return False
-    attr = v.owner.attributes["value"]
+    attr = const.attributes["value"]
     return isinstance(attr, ir.FloatAttr) and ir.FloatAttr(attr).value == 0.0
 
 
@@ -210,9 +212,9 @@ def _dilated_source(x: ir.Value) -> tuple[ir.Value, list[int], list[int], list[i
     perm = permutation_of(x)
     v = x if perm is None else x.owner.operands[0]
     perm = perm or [0, 1, 2, 3]
-    if isinstance(v, ir.BlockArgument) or v.owner.name != "tensor.insert_slice" or len(v.owner.operands) != 2:
+    ins = defining_op(v, "tensor.insert_slice")
+    if ins is None or len(ins.operands) != 2:
         return None
-    ins = v.owner
     src, dest = ins.operands
     fill = fill_value(dest)
     if fill is None or not _float_zero(fill) or not static_tensor_type(src):

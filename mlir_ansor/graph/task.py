@@ -40,6 +40,7 @@ from mlir_ansor.graph.share import share_subexpressions
 from mlir_ansor.ir.attrs import ANCHOR_ATTR, FUSED_ATTR, PACKED_ATTR
 from mlir_ansor.ir.dtypes import EPSILON, element_bytes, tolerance
 from mlir_ansor.ir.program import Program, load, location_str
+from mlir_ansor.ir.rewrite import defining_op
 from mlir_ansor.ir.rewrite import segments as _segments
 
 log = logging.getLogger(__name__)
@@ -906,9 +907,8 @@ class _TaskBuilder:
     def value(self, v: ir.Value, user: ir.Operation) -> ir.Value:
         if v in self.mapping:
             return self.mapping[v]
-        owner = v.owner
-        if isinstance(owner, (ir.OpView, ir.Operation)):
-            producer = owner.operation
+        producer = defining_op(v)
+        if producer is not None:
             if self._cloneable(producer):
                 self._emit(producer, role=None)
                 return self.mapping[v]

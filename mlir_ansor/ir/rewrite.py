@@ -158,6 +158,16 @@ def depends_on_arguments(value: ir.Value, seen: dict) -> bool:
     return seen[root]
 
 
+def defining_op(v: ir.Value, name: str | None = None) -> ir.Operation | None:
+    """The operation `v` is a result of (None for a block argument); with
+    `name`, only an operation of that name."""
+    owner = v.owner
+    if not isinstance(owner, (ir.Operation, ir.OpView)):
+        return None
+    op = owner.operation
+    return op if name is None or op.name == name else None
+
+
 def walk_op(root: ir.Operation, name: str) -> list[ir.Operation]:
     """Every op named `name` inside `root` (`root` included), in walk order."""
     found: list[ir.Operation] = []

@@ -30,7 +30,7 @@ from __future__ import annotations
 from mlir import ir, passmanager
 
 from mlir_ansor.ir.attrs import FLOPS_ATTR
-from mlir_ansor.ir.rewrite import walk_op
+from mlir_ansor.ir.rewrite import defining_op, walk_op
 from mlir_ansor.passes.dot_products import lower_pair_contracts
 from mlir_ansor.passes.drivers import (
     accumulate_in_place,
@@ -149,10 +149,8 @@ _CONSTANT_OPS = ("arith.constant", "vector.broadcast", "vector.splat")
 def _constant(v: ir.Value) -> bool:
     """Whether `v` is a float constant: an ``arith.constant`` (scalar or
     splat) or a vector made of one."""
-    owner = v.owner
-    if not isinstance(owner, ir.Operation) and hasattr(owner, "operation"):
-        owner = owner.operation
-    if not isinstance(owner, ir.Operation) or owner.name not in _CONSTANT_OPS:
+    owner = defining_op(v)
+    if owner is None or owner.name not in _CONSTANT_OPS:
         return False
     return owner.name == "arith.constant" or _constant(owner.operands[0])
 
