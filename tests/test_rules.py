@@ -130,6 +130,11 @@ def test_every_rule_applies_somewhere():
     payload, ops = prepare_payload(task.mlir)
     anchor = next(o for o in ops if o.role == "anchor")
     applied |= {r.name for r in CPU_RULES if r.condition(SketchContext(payload, ops, anchor, AVX2)) is not RuleResult.SKIP}
+    # So is K's transpose beside the attention scores (Ansor's TBG).
+    for task in extract_tasks(mlir_ansor.load(text=workloads.transpose_batch_matmul(16, 2, 8)), prepack=weight_packing(AVX2)):
+        payload, ops = prepare_payload(task.mlir)
+        anchor = next(o for o in ops if o.role == "anchor")
+        applied |= {r.name for r in CPU_RULES if r.condition(SketchContext(payload, ops, anchor, AVX2)) is not RuleResult.SKIP}
     assert applied == {r.name for r in CPU_RULES + GPU_RULES}
 
 

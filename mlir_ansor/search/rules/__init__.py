@@ -23,9 +23,12 @@ from mlir_ansor.search.rules.gpu_warp_reduction import WarpReduction
 from mlir_ansor.search.rules.multi_level_tiling import MultiLevelTiling
 from mlir_ansor.search.rules.reduction import ReductionVectorize
 from mlir_ansor.search.rules.row_fused import RowFused
+from mlir_ansor.search.rules.transpose import TransposeBlocks
 from mlir_ansor.target import Target
 
-CPU_RULES: list[Rule] = [Attention(), RowFused(), DotProductTiling(), MultiLevelTiling(), ReductionVectorize(), ElementwiseVectorize()]
+CPU_RULES: list[Rule] = [
+    Attention(), RowFused(), DotProductTiling(), MultiLevelTiling(), ReductionVectorize(), TransposeBlocks(), ElementwiseVectorize()
+]
 """Rules that produce specialized CPU sketches, in priority order."""
 
 GPU_RULES: list[Rule] = [StagedMatmul(), TensorCoreMatmul(), WarpReduction(), GpuContraction()]
