@@ -105,3 +105,19 @@ def test_replay_prefers_records_of_this_machine(tiny_db, tmp_path, capsys):
     assert row.recorded_host == "Other CPU" and row.other_host
     assert main(["replay", str(db_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["rows"][0]["other_host"] is False
+
+
+def test_replay_rebuilds_a_row_task_as_one_task(tmp_path):
+    """A softmax (or a layer norm) is one task on a CPU, its reductions
+    merged row by row; replay extracts the stored task text as the tuner
+    did. Without the target's merges a BERT layer norm came back as five
+    tasks, the first one's inputs were given to the whole task's reference,
+    and the reference crashed."""
+    from mlir_ansor import load
+    from mlir_ansor.examples import workloads
+
+    db = tmp_path / "sfm.db"
+    tune(load(text=workloads.softmax(16, 64)), config=TuneConfig(trials=2, batch_size=2, timing=TINY, seed=1), db=db)
+    report = replay(db, top=1, timing=TINY)
+    (row,) = report.rows
+    assert row.error == "" and math.isfinite(row.new_latency_s), row.error

@@ -105,6 +105,7 @@ def replay(
     from mlir_ansor.measure.pool import ErrorKind
     from mlir_ansor.records import Database
     from mlir_ansor.search.generate import generate_sketches
+    from mlir_ansor.search.rules.dot_product import weight_packing
     from mlir_ansor.tuner import TuneConfig, package_versions
 
     target = target or Target.host()
@@ -122,10 +123,17 @@ def replay(
             if not recs:
                 continue
             try:
-                tasks = extract_tasks(load(text=w["task_mlir"]))
-                task = next((t for t in tasks if t.workload_key == w["workload_key"]), tasks[0])
+                # Extracted as the tuner does (the target's packing and row
+                # merges): without them a layer norm's one task came back as
+                # five, and the first one's inputs, given to the whole task's
+                # reference, crashed it. A task text is one task; its key
+                # may differ from the one it had in its model.
+                tasks = extract_tasks(load(text=w["task_mlir"]), prepack=weight_packing(target))
+                task = next((t for t in tasks if t.workload_key == w["workload_key"]), tasks[0] if len(tasks) == 1 else None)
                 sketches = {sk.hash: sk for sk in generate_sketches(w["task_mlir"], target)}
             except Exception:  # noqa: BLE001 - a task the current frontend or rules refuse
+                task = None
+            if task is None:
                 skipped["task no longer supported"] = skipped.get("task no longer supported", 0) + 1
                 continue
             per_threads: dict[int, int] = {}
