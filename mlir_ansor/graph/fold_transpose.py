@@ -159,7 +159,7 @@ def _wide_float(value: ir.Value) -> bool:
     (bf16, f16, int8) map onto the dot-product instructions, whose sketches
     pack their operands from a plain batch matmul; a bf16 BERT's attention
     contractions reading Q and V through the heads' permuted maps ran on
-    widening FMAs (12 x 128 x 128 x 64: 370 us against 203, 1 thread, Zen
+    widening FMAs (12 x 128 x 128 x 64: 370 us against 210, 1 thread, Zen
     4), far more than the two transposes cost (about 20 us each)."""
     t = value.type
     return isinstance(t, ir.ShapedType) and isinstance(t.element_type, (ir.F32Type, ir.F64Type))

@@ -1,4 +1,4 @@
-"""Transposes: square register blocks, read along the input's contiguous
+"""Transposes: register blocks, read along the input's contiguous
 dimension, turned in registers, written along the output's.
 
 A task that only permutes its input (a ``linalg.transpose``, or a generic
