@@ -349,8 +349,9 @@ def _unit_loop(op: ir.Operation, maps: list[ir.AffineMap], operands: list) -> in
     iterators = list(ir.ArrayAttr(op.attributes["iterator_types"]))
     candidates: list[int] = []
     for v, m in zip(operands[:n_ins], maps[:n_ins]):
-        if defining_op(v, "tensor.expand_shape") is not None:
-            for j in _added_unit_dims(v.owner.operation):
+        expand = defining_op(v, "tensor.expand_shape")
+        if expand is not None:
+            for j in _added_unit_dims(expand):
                 e = list(m.results)[j]
                 if isinstance(e, ir.AffineDimExpr):
                     candidates.append(e.position)
