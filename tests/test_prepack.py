@@ -5,6 +5,8 @@ packing's result."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from conftest import filecheck
@@ -87,11 +89,16 @@ def test_what_is_not_packed():
     plain = "matmul_16x32x64_bf16_f32"
     assert _task(weight_module(16, 32, 64, "bf16", "f32", b), None).name == plain  # no target given
     assert _task(weight_module(16, 32, 64, "bf16", "f32", b), ZNVER3).name == plain  # no vdpbf16ps
-    # Sapphire Rapids has it, but at half the FMAs' rate: bf16 is computed in
-    # f32 there, from B as it is; its int8 weights are still packed in quads.
+    # Sapphire Rapids has it, but at half the FMAs' rate: without AMX, bf16
+    # is computed in f32 there, from B as it is; with AMX, B is packed in
+    # pairs for the tiles (`search.rules.amx`). Its int8 weights are packed
+    # in quads either way.
     spr = Target.cpu("sapphirerapids", cores=1)
-    assert _task(weight_module(16, 32, 64, "bf16", "f32", b), spr).name == plain
-    assert _task(weight_module(16, 32, 64, "i8", "i32", _weights(64, 32, "i8")), spr).name == "matmul_packed_16x32x16x4_i8_i32"
+    no_amx = dataclasses.replace(spr, features=tuple(f for f in spr.features if not f.startswith("amx")))
+    assert _task(weight_module(16, 32, 64, "bf16", "f32", b), no_amx).name == plain
+    assert _task(weight_module(16, 32, 64, "bf16", "f32", b), spr).name == "matmul_packed_16x32x32x2_bf16_f32"
+    for t in (spr, no_amx):
+        assert _task(weight_module(16, 32, 64, "i8", "i32", _weights(64, 32, "i8")), t).name == "matmul_packed_16x32x16x4_i8_i32"
     assert _task(weight_module(16, 32, 64, "bf16", "f32", None), ZNVER4).name == plain  # B an argument
     assert _task(weight_module(16, 40, 64, "bf16", "f32", _weights(64, 40, "bf16")), ZNVER4).name == "matmul_16x40x64_bf16_f32"
 
@@ -160,8 +167,9 @@ def test_packed_kernel_results(tmp_path, ins, out, feature):
     _host_runs(feature)
     m, n, k = 64, 96, 128
     a, b = _a_and_b(ins, m, k, n)
-    host = Target.host()
-    task, sketches = _packed_sketches(weight_module(m, n, k, ins, out, b.astype(np.float64)), host)
+    # Zen 4's sketches (they run on any host with the instruction): a host
+    # with AMX packs bf16 for `cpu-amx` instead (`test_amx.py`).
+    task, sketches = _packed_sketches(weight_module(m, n, k, ins, out, b.astype(np.float64)), Target.cpu("znver4", cores=2))
     g = task.inputs[0].shape[-1]
     (sketch,) = [s for s in sketches if s.name.endswith("8x32")]
     so = str(tmp_path / "k.so")

@@ -104,16 +104,17 @@ def test_rules_serve_their_own_kind_of_target(name):
 def test_every_rule_applies_somewhere():
     """The skip test above is not vacuous: on its own kind of target, every
     rule applies to one of the workloads (the dot-product rule on a CPU
-    with AVX-512 BF16, Zen 4)."""
+    with AVX-512 BF16, Zen 4; the AMX rule on Sapphire Rapids)."""
     import dataclasses
 
     from mlir_ansor.search.rules import CPU_RULES, GPU_RULES, RuleResult
 
     znver4 = Target.cpu("znver4", cores=2)
+    spr = Target.cpu("sapphirerapids", cores=2)  # AMX
     applied = set()
     for text in TARGET_CASES.values():
         for _, cpu_ctx, cuda_ctx in _contexts(text):
-            for ctx in (cpu_ctx, dataclasses.replace(cpu_ctx, target=znver4)):
+            for ctx in (cpu_ctx, dataclasses.replace(cpu_ctx, target=znver4), dataclasses.replace(cpu_ctx, target=spr)):
                 applied |= {r.name for r in CPU_RULES if r.condition(ctx) is not RuleResult.SKIP}
             applied |= {r.name for r in GPU_RULES if r.condition(cuda_ctx) is not RuleResult.SKIP}
     # A softmax cut for a CPU is one task, computed row by row.

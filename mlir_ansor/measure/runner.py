@@ -199,6 +199,9 @@ class Kernel:
     """A loaded kernel library, callable on numpy arrays (inputs, then outputs)."""
 
     def __init__(self, path: str, name: str = "kernel") -> None:
+        from mlir_ansor.passes.amx import request_amx
+
+        request_amx()  # the tile state, for kernels on AMX (a no-op where there is none)
         self.path = path
         self.lib = ctypes.CDLL(path)
         self.fn = getattr(self.lib, f"_mlir_ciface_{name}")

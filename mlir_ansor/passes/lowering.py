@@ -31,6 +31,7 @@ from mlir import ir, passmanager
 
 from mlir_ansor.ir.attrs import FLOPS_ATTR
 from mlir_ansor.ir.rewrite import defining_op, walk_op
+from mlir_ansor.passes.amx import amx_microkernels
 from mlir_ansor.passes.dot_products import lower_pair_contracts
 from mlir_ansor.passes.drivers import (
     accumulate_in_place,
@@ -72,7 +73,7 @@ _TO_LOOPS = "convert-vector-to-scf{full-unroll=true},convert-linalg-to-loops,low
 _LOOPS_TO_LLVM = (
     "finalize-memref-to-llvm,"
     "convert-scf-to-cf,expand-strided-metadata,lower-affine,"
-    "convert-vector-to-llvm{enable-x86vector=true},finalize-memref-to-llvm,convert-math-to-llvm,"
+    "convert-vector-to-llvm{enable-x86vector=true enable-amx=true},finalize-memref-to-llvm,convert-math-to-llvm,"
     "convert-arith-to-llvm,convert-openmp-to-llvm,"
     "convert-func-to-llvm,convert-cf-to-llvm,convert-index-to-llvm,"
     "convert-ub-to-llvm,reconcile-unrealized-casts"
@@ -104,6 +105,7 @@ def lower_to_llvm(module: ir.Module, threads: int = 1, target: Target | None = N
     accumulate_in_place(module)
     static_driver_buffers(module)
     strided_copies_to_linalg(module)
+    amx_microkernels(module)
     passmanager.PassManager.parse(f"builtin.module({_threads_part(threads).rstrip(',')})").run(module.operation)
     if threads > 1:
         dynamic_schedules(module)

@@ -10,6 +10,7 @@ More rules are registered by name with `mlir_ansor.search.registry.register_rule
 """
 
 from mlir_ansor.errors import UnsupportedError
+from mlir_ansor.search.rules.amx import AmxTiling
 from mlir_ansor.search.rules.attention import Attention
 from mlir_ansor.search.rules.base import Rule, RuleResult, SketchContext
 from mlir_ansor.search.rules.default import DefaultSchedule
@@ -27,7 +28,7 @@ from mlir_ansor.search.rules.transpose import TransposeBlocks
 from mlir_ansor.target import Target
 
 CPU_RULES: list[Rule] = [
-    Attention(), RowFused(), DotProductTiling(), MultiLevelTiling(), ReductionVectorize(), TransposeBlocks(), ElementwiseVectorize()
+    Attention(), RowFused(), AmxTiling(), DotProductTiling(), MultiLevelTiling(), ReductionVectorize(), TransposeBlocks(), ElementwiseVectorize()
 ]
 """Rules that produce specialized CPU sketches, in priority order."""
 

@@ -149,6 +149,8 @@ def weight_packing(target):
             width = 2 * lanes_of(target)
             return Panels(width) if target.kind == "cpu" and n % width == 0 and n > width else None
         v = next((v for v in VARIANTS if (v.inputs, v.output) == (inputs, output)), None)
+        if v is not None and v.inputs == "bf16" and takes_amx(target, m, n, k):
+            return 2  # B in pairs, the rows of AMX's B tiles (`search.rules.amx`)
         if v is None or not _maps_instruction(v, target):
             return None
         group = _group(v, target)
@@ -175,6 +177,14 @@ def weight_packing(target):
     # reduction without an epilogue, and its softmax is bound by memory.
     decide.reciprocals = target.kind == "cpu"
     return decide
+
+
+def takes_amx(target, m: int, n: int, k: int) -> bool:
+    """Whether `search.rules.amx` computes a bf16 matmul of these extents
+    (k in elements) on `target`: the CPU has AMX tiles with bf16, and the
+    extents are whole 16 x 16 tiles and steps of 16 pairs."""
+    amx = target.kind == "cpu" and target.has("amx_tile") and target.has("amx_bf16")
+    return amx and m % 16 == 0 and n % 16 == 0 and k % 32 == 0
 
 
 def lanes_of(target) -> int:
@@ -249,7 +259,7 @@ def conv_dims(a: OpStructure) -> tuple[int, int, int] | None:
     return 2, 3, 6
 
 
-def _sizes(loops: int, names: dict[str, int]):
+def loop_sizes(loops: int, names: dict[str, int]):
     """A builder of tile-size lists over `loops` loops, by loop name."""
 
     def sizes(**at: int | str) -> list[int | str]:
@@ -261,7 +271,7 @@ def _sizes(loops: int, names: dict[str, int]):
     return sizes
 
 
-def _pack_reduction(w: ScheduleWriter, ctx: SketchContext, red: int, group: int, copy_tile: list[int], copy_step: list[int]) -> None:
+def pack_reduction(w: ScheduleWriter, ctx: SketchContext, red: int, group: int, copy_tile: list[int], copy_step: list[int]) -> None:
     """Pack the reduction loop `red` of the anchor by `group`: the first
     input's pack becomes a view, the second's a copy over threads
     (`copy_tile` a thread step, `copy_step` a vector step)."""
@@ -287,7 +297,7 @@ def _register_pieces(w: ScheduleWriter, op: str, piece: list[int | str], rows: i
         w.unroll(l_rows, mr)
 
 
-def _tile_others(w: ScheduleWriter, ctx: SketchContext, forall: str, cols: int, lanes: int) -> None:
+def tile_others_in_pieces(w: ScheduleWriter, ctx: SketchContext, forall: str, cols: int, lanes: int) -> None:
     """The fill and the fused consumers in pieces of one accumulator (a
     whole thread tile's row as one vector, 1024 x i32, crashed LLVM's code
     generation)."""
@@ -415,12 +425,12 @@ class DotProductTiling(Rule):
             names["b"] = batch
         if panel is not None:
             names["q"] = panel
-        sizes = _sizes(pair + 1, names)
+        sizes = loop_sizes(pair + 1, names)
         lead = [1] if batch is not None else []  # the batch loop, a step at a time
         # The layout: the reduction in pairs (A's pack is a view, B's a copy
         # over threads, 16 pair rows by 16 columns a step).
         if not packed:
-            _pack_reduction(w, ctx, k, group, lead + [16 if pairs % 16 == 0 else 1, 0], lead + [1, lanes])
+            pack_reduction(w, ctx, k, group, lead + [16 if pairs % 16 == 0 else 1, 0], lead + [1, lanes])
 
         # Threads, the cache tile of pairs, the packed B tile.
         thread = {m: h[f"p_d{m}"], n: h[f"p_d{n}"]}
@@ -443,7 +453,7 @@ class DotProductTiling(Rule):
         _register_pieces(w, a_h, sizes(m=1, n=lanes), m, n, mr, nr, lanes)
         # The packed tile's copy a row of 16 pairs per step.
         w.tile_each(w.match_ops(forall, ["linalg.copy"]), lead + [1, lanes, 0])
-        _tile_others(w, ctx, forall, n, lanes)
+        tile_others_in_pieces(w, ctx, forall, n, lanes)
         if batch is not None:
             # As a convolution's: accumulators carried as tensors first, then
             # the unit loops folded away, then vectorized.
@@ -501,8 +511,8 @@ class DotProductTiling(Rule):
         w = ScheduleWriter()
         h = {sp.name: w.knob(sp.name, sp.options) for sp in specs}
 
-        sizes = _sizes(pair + 1, {"n": n_, "oh": oh, "ow": ow, "f": f, "kh": kh, "kw": kw, "c": c, "pair": pair})
-        _pack_reduction(w, ctx, c, group, [1, 0, 0, 0], [1, 1, 1, lanes])
+        sizes = loop_sizes(pair + 1, {"n": n_, "oh": oh, "ow": ow, "f": f, "kh": kh, "kw": kw, "c": c, "pair": pair})
+        pack_reduction(w, ctx, c, group, [1, 0, 0, 0], [1, 1, 1, lanes])
         forall = tile_root_and_fuse(
             w, ctx, root_sizes_from_anchor(ctx, {n_: 1, oh: h[f"p_d{oh}"], ow: r[ow], f: h[f"p_d{f}"]})
         )
@@ -510,7 +520,7 @@ class DotProductTiling(Rule):
         a_h, _ = w.tile_for(a_h, sizes(n=1, oh=1, ow=mr, f=nr))
         a_h, _ = w.tile_for(a_h, sizes(kh=1, kw=1, c=1))
         _register_pieces(w, a_h, sizes(ow=1, f=lanes), ow, f, mr, nr, lanes)
-        _tile_others(w, ctx, forall, f, lanes)
+        tile_others_in_pieces(w, ctx, forall, f, lanes)
         # The output tile is carried by the window and pair loops as a
         # tensor before the unit loops are folded away (after, the slices
         # no longer match and every pair step reloaded its accumulators).

@@ -1,0 +1,198 @@
+"""AMX micro-kernels for the register tiles `search.rules.amx` leaves.
+
+The rule tags a bf16 matmul's register tile (``ansor.amx``) and leaves it a
+``linalg.generic`` through bufferization. On memrefs it reads::
+
+    A: memref<MR x KC x 2 x bf16, strided<[sa, 2, 1]>>   (m, k/2, 2)
+    B: memref<KC x NR x 2 x bf16, strided<[sb, 2, 1]>>   (k/2, n, 2)
+    C: memref<MR x NR x f32, strided<[sc, 1]>>           (m, n)
+
+:func:`amx_microkernels` replaces it with the AMX program: A's and B's pair
+dimensions collapsed into their rows (A's tile rows are then 32 contiguous
+bf16, B's 16 pairs), the MR/16 x NR/16 accumulator tiles loaded from C,
+KC/16 reduction steps unrolled (at each, the A tiles and, one at a time,
+the B tiles loaded and one ``amx.tile_mulf`` per accumulator), the
+accumulators stored back. No tile crosses a block boundary, so the
+standard LLVM conversion takes it (`lowering`).
+
+Linux gives a process the AMX tile state only when it asks for it
+(``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``); without it the
+first tile instruction is a SIGILL. :func:`request_amx` asks, once per
+process; the loaders of our libraries call it (`measure.runner`, the
+compiled modules).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import math
+import platform
+
+from mlir import ir
+
+from mlir_ansor.errors import AnsorError
+from mlir_ansor.ir.rewrite import walk_op
+
+log = logging.getLogger(__name__)
+
+AMX_ATTR = "ansor.amx"
+TILE = 16
+
+_MAPS = (
+    "affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>",
+    "affine_map<(d0, d1, d2, d3) -> (d2, d1, d3)>",
+    "affine_map<(d0, d1, d2, d3) -> (d0, d1)>",
+)
+
+_SYS_ARCH_PRCTL = 158
+_ARCH_REQ_XCOMP_PERM = 0x1023
+_XFEATURE_XTILEDATA = 18
+
+
+@functools.cache
+def request_amx() -> bool:
+    """Ask Linux for the AMX tile data state for this process (x86-64
+    Linux only; a no-op elsewhere). Returns whether it was granted. Safe to
+    call on a CPU without AMX (the kernel refuses; nothing else happens)."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _collapse(t: ir.MemRefType, groups: list[list[int]]) -> str:
+    """The type of `t` with each group of its dimensions (contiguous within
+    the group, or unit) collapsed into one."""
+    strides, offset = t.get_strides_and_offset()
+    shape = [math.prod(t.shape[d] for d in g) for g in groups]
+    for g in groups:
+        for d, nxt in zip(g, g[1:]):
+            if t.shape[d] != 1 and strides[d] != strides[nxt] * t.shape[nxt]:
+                raise AnsorError(f"amx: dimensions {g} of {t} are not contiguous")
+    dims = "x".join(str(x) for x in shape)
+    ds = ", ".join(f"d{i}" for i in range(t.rank))
+    if str(t.layout) == f"affine_map<({ds}) -> ({ds})>":
+        return f"memref<{dims}x{t.element_type}>"  # identity in, identity out
+    dyn = ir.ShapedType.get_dynamic_stride_or_offset()
+    out = ["?" if strides[g[-1]] == dyn else str(strides[g[-1]]) for g in groups]
+    off = "?" if offset == dyn else str(offset)
+    return f"memref<{dims}x{t.element_type}, strided<[{', '.join(out)}], offset: {off}>>"
+
+
+def _reassociation(groups: list[list[int]]) -> str:
+    return "[" + ", ".join("[" + ", ".join(map(str, g)) + "]" for g in groups) + "]"
+
+
+def _program(ta: ir.MemRefType, tb: ir.MemRefType, tc: ir.MemRefType) -> str:
+    """The micro-kernel as a function of the three operands (with as many
+    leading unit dimensions as the batch loops left)."""
+    lead = ta.rank - 3
+    mr, kc, nr = ta.shape[lead], ta.shape[lead + 1], tb.shape[lead + 1]
+    tm, tn, steps = mr // TILE, nr // TILE, kc // TILE
+    rows = list(range(lead + 1))  # the unit dimensions with the rows
+    in_groups = [rows, [lead + 1, lead + 2]]
+    ca, cb = _collapse(ta, in_groups), _collapse(tb, in_groups)
+    t_in = f"!amx.tile<{TILE}x{2 * TILE}xbf16>"
+    t_acc = f"!amx.tile<{TILE}x{TILE}xf32>"
+    lines = [f"func.func @mk(%a: {ta}, %b: {tb}, %c: {tc}) {{"]
+    consts = sorted({TILE * i for i in range(max(tm, tn, steps))} | {2 * TILE * i for i in range(max(tn, steps))})
+    lines += [f"  %i{v} = arith.constant {v} : index" for v in consts]
+    lines.append(f"  %ca = memref.collapse_shape %a {_reassociation(in_groups)} : {ta} into {ca}")
+    lines.append(f"  %cb = memref.collapse_shape %b {_reassociation(in_groups)} : {tb} into {cb}")
+    if lead:
+        cc = _collapse(tc, [rows, [lead + 1]])
+        lines.append(f"  %cc = memref.collapse_shape %c {_reassociation([rows, [lead + 1]])} : {tc} into {cc}")
+        c = "%cc"
+    else:
+        cc, c = str(tc), "%c"
+    acc = {}
+    for i in range(tm):
+        for j in range(tn):
+            acc[i, j] = f"%acc_{i}_{j}_0"
+            lines.append(f"  {acc[i, j]} = amx.tile_load {c}[%i{TILE * i}, %i{TILE * j}] : {cc} into {t_acc}")
+    for s in range(steps):
+        for i in range(tm):
+            lines.append(f"  %a_{s}_{i} = amx.tile_load %ca[%i{TILE * i}, %i{2 * TILE * s}] : {ca} into {t_in}")
+        for j in range(tn):
+            lines.append(f"  %b_{s}_{j} = amx.tile_load %cb[%i{TILE * s}, %i{2 * TILE * j}] : {cb} into {t_in}")
+            for i in range(tm):
+                new = f"%acc_{i}_{j}_{s + 1}"
+                lines.append(f"  {new} = amx.tile_mulf %a_{s}_{i}, %b_{s}_{j}, {acc[i, j]} : {t_in}, {t_in}, {t_acc}")
+                acc[i, j] = new
+    for i in range(tm):
+        for j in range(tn):
+            lines.append(f"  amx.tile_store {c}[%i{TILE * i}, %i{TILE * j}], {acc[i, j]} : {cc}, {t_acc}")
+    lines += ["  return", "}"]
+    return "\n".join(lines)
+
+
+_BATCH_MAPS = (
+    "affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d3, d4)>",
+    "affine_map<(d0, d1, d2, d3, d4) -> (d0, d3, d2, d4)>",
+    "affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2)>",
+)
+
+
+def _check(op: ir.Operation) -> tuple[ir.MemRefType, ir.MemRefType, ir.MemRefType]:
+    """The operand types of a tagged register tile, checked to be the form
+    the micro-kernel computes."""
+    if len(op.operands) != 3 or not all(isinstance(v.type, ir.MemRefType) for v in op.operands):
+        raise AnsorError(f"amx: the tagged register tile is not a matmul on memrefs: {op}")
+    ta, tb, tc = (ir.MemRefType(v.type) for v in op.operands)
+    maps = tuple(str(m) for m in ir.ArrayAttr(op.attributes["indexing_maps"]))
+    if maps not in (_MAPS, _BATCH_MAPS):
+        raise AnsorError(f"amx: the tagged register tile reads its operands as {list(maps)}, not (m, k/2, 2), (k/2, n, 2), (m, n)")
+    lead = len(maps[0].split("->")[1].split(",")) - 3
+    if ta.rank != lead + 3 or any(x != 1 for x in list(ta.shape[:lead]) + list(tc.shape[:lead])):
+        raise AnsorError(f"amx: register tile {ta} x {tb} -> {tc} has a batch of more than one")
+    mr, kc, two = ta.shape[lead:]
+    if (
+        str(ta.element_type) != "bf16"
+        or str(tb.element_type) != "bf16"
+        or str(tc.element_type) != "f32"
+        or two != 2
+        or tuple(tb.shape[lead:]) != (kc, tc.shape[lead + 1], 2)
+        or tc.shape[lead] != mr
+        or mr % TILE
+        or kc % TILE
+        or tc.shape[lead + 1] % TILE
+    ):
+        raise AnsorError(f"amx: register tile {ta} x {tb} -> {tc} is not whole 16 x 16 x 32 bf16 tiles")
+    return ta, tb, tc
+
+
+def amx_microkernels(module: ir.Module) -> int:
+    """Replace every register tile tagged `AMX_ATTR` by its AMX program;
+    returns how many. Raises `AnsorError` on a tagged op it cannot compute
+    (a schedule of the rule gone wrong: the candidate fails, loudly)."""
+    count = 0
+    cache: dict[tuple[str, str, str], ir.Module] = {}  # the parsed programs (their ops live as long as these)
+    tagged = [op for op in walk_op(module.operation, "linalg.generic") if AMX_ATTR in op.attributes]
+    for op in tagged:
+        ta, tb, tc = _check(op)
+        key = (str(ta), str(tb), str(tc))
+        if key not in cache:
+            cache[key] = ir.Module.parse(_program(ta, tb, tc))
+        body = cache[key].body.operations[0].operation.regions[0].blocks[0]
+        mapping = {arg: v for arg, v in zip(body.arguments, op.operands)}
+        with ir.InsertionPoint(op), op.location:
+            for inner in body.operations:
+                inner = inner.operation
+                if inner.name == "func.return":
+                    break
+                clone = inner.clone()
+                for i, operand in enumerate(clone.operands):
+                    if operand in mapping:
+                        clone.operands[i] = mapping[operand]
+                for old, new in zip(inner.results, clone.results):
+                    mapping[old] = new
+        op.erase()
+        count += 1
+    if count:
+        log.debug("amx: %d register tile(s) on AMX", count)
+    return count

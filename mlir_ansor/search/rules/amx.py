@@ -1,0 +1,180 @@
+"""bf16 matmuls on AMX tiles (Sapphire / Emerald / Granite Rapids).
+
+TensorIR's tensorize on a matrix instruction: where the CPU has AMX
+(``amx_tile`` and ``amx_bf16``), the innermost tile of a bf16 matmul with
+f32 accumulation is a block of 16 x 16 accumulator tiles, and each step of
+its reduction one ``tdpbf16ps`` per accumulator: 16 x 16 x 32 products of
+bf16 pairs (A's 16 rows of 32 elements, B's 16 rows of 16 pairs) into 16 x
+16 f32. One instruction a core every 16 cycles is 1024 flops a cycle, 16
+times what AVX-512 FMAs do (and ``vdpbf16ps`` runs at half their rate on
+these cores: `target.DOT_RATES`, so `cpu-dot-product` makes no bf16 sketch
+there).
+
+The layout is the dot-product rule's: the reduction packed in pairs, A[m,
+k/2, 2] a free view of A and B[k/2, n, 2] a copy (or packed once at compile
+time when B is a constant, `weight_packing`), so that A's tile rows are 32
+contiguous elements and B's are 16 pairs, what ``tileloadd`` reads.
+
+Threads over m and n (knobs), a cache tile of the pairs (a knob, whole
+steps of 16 pairs), optionally the packed B tile copied to a contiguous
+buffer (``pack``: its rows are otherwise 4 N bytes apart), then a register
+tile of ``tm`` x ``tn`` accumulator tiles (one sketch per shape: 2 x 2, 1 x
+4, 4 x 1; AMX has eight tile registers, the block needs ``tm * tn`` for the
+accumulators and one or two more for the operands). The register tile is
+left as a ``linalg.generic``, tagged ``ansor.amx``, through vectorization
+(the fill, the copies and the fused consumers are vectorized as usual) and
+bufferization; `passes.amx.amx_microkernels` then replaces it, on memrefs,
+with its tile loads, ``amx.tile_mulf`` steps and stores, the reduction
+unrolled (the accumulators never leave their tiles within a cache tile).
+
+Processes must ask Linux for the tile state before the first AMX
+instruction (`passes.amx.request_amx`); the runtimes that load our
+libraries do.
+"""
+
+from __future__ import annotations
+
+from mlir_ansor.schedule.writer import ANY, ScheduleWriter
+from mlir_ansor.search.rules.base import (
+    Rule,
+    RuleResult,
+    SketchContext,
+    root_sizes_from_anchor,
+    tile_root_and_fuse,
+)
+from mlir_ansor.search.rules.dot_product import (
+    lanes_of,
+    loop_sizes,
+    matmul_dims,
+    pack_reduction,
+    packed_matmul_dims,
+    takes_amx,
+    tile_others_in_pieces,
+    variant_of,
+)
+from mlir_ansor.search.sketch import OpStructure, Sketch
+from mlir_ansor.search.space import KnobSpec, divisors
+
+TILE = 16
+"""Rows and f32 columns of an accumulator tile; pairs of a reduction step."""
+
+REGISTER_TILES = ((2, 2), (1, 4), (4, 1))
+"""Accumulator tiles (rows x columns of tiles) of a register tile, best
+first: 2 x 2 reads two A and two B tiles for four products; the others one
+and four. With tiles that do not fit, (1, 2), (2, 1), (1, 1)."""
+
+SMALL_TILES = ((1, 2), (2, 1), (1, 1))
+
+MAX_STEPS = 32
+"""Most reduction steps (16 pairs each) the unrolled micro-kernel takes: the
+cache tile of pairs is at most 512."""
+
+
+def amx_dims(a: OpStructure) -> tuple[int | None, int, int, int, bool] | None:
+    """(batch, m, n, k, packed) loops of a bf16 x bf16 -> f32 matmul the
+    rule takes: a plain one, a batched one (attention's products; `batch`
+    its loop, else None), or `graph.prepack`'s on a B packed in pairs (then
+    k is the pairs loop); None otherwise."""
+    v = variant_of(a)
+    if v is None or v.inputs != "bf16" or a.num_inputs != 2 or not a.is_mul_add:
+        return None
+    packed = packed_matmul_dims(a)
+    if packed is not None:
+        m, n, pairs, pair, panel = packed
+        return (None, m, n, pairs, True) if panel is None and a.loop_ranges[pair] == 2 else None
+    mm = matmul_dims(a)
+    if mm is None:
+        return None
+    batch, m, n, k = mm
+    return batch, m, n, k, False
+
+
+def register_tiles(m: int, n: int) -> list[tuple[int, int]]:
+    tiles = [(tm, tn) for tm, tn in REGISTER_TILES if m % (TILE * tm) == 0 and n % (TILE * tn) == 0]
+    return tiles or [(tm, tn) for tm, tn in SMALL_TILES if m % (TILE * tm) == 0 and n % (TILE * tn) == 0][:1]
+
+
+class AmxTiling(Rule):
+    name = "cpu-amx"
+
+    def condition(self, ctx: SketchContext) -> RuleResult:
+        dims = amx_dims(ctx.anchor)
+        if dims is None:
+            return RuleResult.SKIP
+        _, m, n, k, packed = dims
+        r = ctx.anchor.loop_ranges
+        return RuleResult.APPLY if takes_amx(ctx.target, r[m], r[n], r[k] * (2 if packed else 1)) else RuleResult.SKIP
+
+    def apply(self, ctx: SketchContext) -> list[Sketch]:
+        batch, m, n, k, packed = amx_dims(ctx.anchor)
+        r = ctx.anchor.loop_ranges
+        return [self._sketch(ctx, batch, m, n, k, packed, tm, tn) for tm, tn in register_tiles(r[m], r[n])]
+
+    def _sketch(self, ctx: SketchContext, batch: int | None, m: int, n: int, k: int, packed: bool, tm: int, tn: int) -> Sketch:
+        """`batch`: the batch loop of a batched matmul, one step of it a
+        thread step (the register tile keeps a unit batch dimension, which
+        `passes.amx` collapses away)."""
+        anchor = ctx.anchor
+        r = anchor.loop_ranges
+        pairs = r[k] if packed else r[k] // 2
+        pair = len(r) - 1 if packed else len(r)
+        mr, nr = TILE * tm, TILE * tn
+        steps = tuple(d for d in divisors(pairs) if d % TILE == 0 and d <= TILE * MAX_STEPS)
+        specs = [
+            KnobSpec(f"p_d{m}", tuple(d for d in divisors(r[m]) if d % mr == 0), doc=f"parallel (scf.forall) tile of loop d{m}"),
+            KnobSpec(f"p_d{n}", tuple(d for d in divisors(r[n]) if d % nr == 0), doc=f"parallel (scf.forall) tile of loop d{n}"),
+            KnobSpec(f"k_d{k}", steps, doc=f"reduction (cache) tile of loop d{k}, in pairs (whole steps of {TILE})"),
+            KnobSpec("pack", (0, 1), alternatives=True, doc="0: copy the packed B tile to a contiguous buffer; 1: read it in place"),
+        ]
+        w = ScheduleWriter()
+        h = {sp.name: w.knob(sp.name, sp.options) for sp in specs if not sp.alternatives}
+        names = {"m": m, "n": n, "k": k, "pair": pair, **({"b": batch} if batch is not None else {})}
+        sizes = loop_sizes(pair + 1, names)
+        lead = [1] if batch is not None else []
+        lanes = lanes_of(ctx.target)
+        if not packed:
+            # A's pack is a view; B's a copy over threads, 16 pair rows by
+            # one vector of columns a step.
+            pack_reduction(w, ctx, k, 2, lead + [TILE, 0], lead + [1, lanes])
+        thread = {m: h[f"p_d{m}"], n: h[f"p_d{n}"], **({batch: 1} if batch is not None else {})}
+        forall = tile_root_and_fuse(w, ctx, root_sizes_from_anchor(ctx, thread))
+        a_h, _ = w.tile_for(w.match_op_id(forall, anchor.op_id), sizes(k=h[f"k_d{k}"]))
+        v = variant_of(anchor)
+        cur = a_h
+        (a_h,) = w.alternatives(
+            "pack",
+            [lambda wr: [wr.pack_operand(cur, 1, 3, [v.inputs, v.inputs, v.output], sorted((k, n, pair)))], lambda wr: [cur]],
+        )
+        # The register tile: left whole for `passes.amx` (tagged).
+        a_h, _ = w.tile_for(a_h, sizes(m=mr, n=nr))
+        w.emit(f'transform.annotate {a_h} "ansor.amx" : {ANY}')
+        # Everything else vectorized, one op at a time (the register tile
+        # must stay a linalg op).
+        w.tile_each(w.match_ops(forall, ["linalg.copy"]), lead + [1, lanes, 0])
+        tile_others_in_pieces(w, ctx, forall, n, lanes)
+        func = w.match_func("%root")
+        others = [w.match_op_id(func, o.op_id) for o in ctx.ops if o.op_id != anchor.op_id]
+        others.append(w.match_ops(func, ["linalg.copy", "linalg.pack", "linalg.transpose"]))
+        for ops in others:
+            w.emit(f"transform.foreach {ops} : {ANY} {{")
+            w.emit(f"^bb0(%each: {ANY}):")
+            w.emit("  transform.structured.vectorize %each : !transform.any_op")
+            w.emit("}")
+        w.cleanup(func)
+        func = w.match_func(w.bufferize("%root"))
+        # The B pack's 2 x 16 -> 16 x 2 transposes as one shuffle each.
+        w.apply_patterns(func, ['vector.lower_transpose lowering_strategy = "shuffle_1d"', "canonicalization"])
+        prefer = {
+            "pack": 0,
+            f"k_d{k}": min(specs[2].options, key=lambda x: abs(x - 256)),
+            f"p_d{m}": min(specs[0].options, key=lambda x: abs(x - 128)),
+            f"p_d{n}": min(specs[1].options, key=lambda x: abs(x - 128)),
+        }
+        return Sketch(
+            f"{self.name}-{tm}x{tn}",
+            ctx.payload,
+            w.text(),
+            tuple(specs),
+            forall=((f"p_d{m}", r[m]), (f"p_d{n}", r[n])),
+            prefer=tuple(sorted(prefer.items())),
+        )

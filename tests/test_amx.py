@@ -1,0 +1,178 @@
+"""bf16 matmuls on AMX tiles: the `cpu-amx` sketches, the micro-kernels
+`passes.amx` puts in their register tiles, object code built for Sapphire
+Rapids on any host, and results checked where the host has AMX."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from mlir import ir
+from test_dot_product import batch_matmul, matmul
+
+from mlir_ansor.errors import AnsorError
+from mlir_ansor.graph.task import extract_tasks
+from mlir_ansor.ir.program import load
+from mlir_ansor.measure.builder import build
+from mlir_ansor.measure.runner import Kernel, aligned_copy, aligned_full
+from mlir_ansor.passes.amx import amx_microkernels, request_amx
+from mlir_ansor.passes.lowering import lower_to_llvm
+from mlir_ansor.passes.objcode import emit_object, instruction_counts
+from mlir_ansor.schedule.apply import apply_schedule
+from mlir_ansor.search.generate import generate_sketches
+from mlir_ansor.search.rules.dot_product import weight_packing
+from mlir_ansor.search.sketch import default_assignment
+from mlir_ansor.target import Target
+
+SPR = Target.cpu("sapphirerapids", cores=2)
+ZNVER4 = Target.cpu("znver4", cores=2)
+
+
+def amx_sketches(src: str, target: Target = SPR, prepack=None):
+    (task,) = [t for t in extract_tasks(load(text=src), prepack=prepack) if t.kind == "contraction"]
+    return [s for s in generate_sketches(task.mlir, target) if s.name.startswith("cpu-amx")]
+
+
+def _knobs(sketch, threads: int, **fixed) -> tuple:
+    knobs = dict(default_assignment(sketch, threads))
+    knobs.update(fixed)
+    return tuple(sorted(knobs.items()))
+
+
+def test_sketches_where_the_cpu_has_amx():
+    """One sketch per register tile that fits; none without AMX, none for
+    f32, none where the extents are not whole tiles."""
+    assert [s.name for s in amx_sketches(matmul(64, 64, 64, "bf16", "f32"))] == ["cpu-amx-2x2", "cpu-amx-1x4", "cpu-amx-4x1"]
+    assert [s.name for s in amx_sketches(matmul(32, 48, 64, "bf16", "f32"))] == ["cpu-amx-2x1"]
+    assert amx_sketches(matmul(64, 64, 64, "bf16", "f32"), ZNVER4) == []
+    assert amx_sketches(matmul(64, 64, 64, "f32", "f32")) == []
+    assert amx_sketches(matmul(64, 64, 48, "bf16", "f32")) == []  # k not whole steps of 32
+    assert amx_sketches(matmul(24, 64, 64, "bf16", "f32")) == []
+    (sk, *_) = amx_sketches(matmul(64, 64, 1024, "bf16", "f32"))
+    (k,) = [s for s in sk.knobs if s.name.startswith("k_")]
+    assert set(k.options) == {16, 32, 64, 128, 256, 512}  # whole steps, at most 32 of them
+
+
+def test_a_constant_b_is_packed_in_pairs_for_amx():
+    """`weight_packing` packs a constant bf16 B in pairs (no column panels)
+    where the rule takes the matmul; the packed matmul gets the sketches."""
+    decide = weight_packing(SPR)
+    assert decide("bf16", "f32", 64, 64, 64) == 2
+    assert decide("bf16", "f32", 64, 64, 48) is None  # vdpbf16ps is slower than FMAs there: no packing
+    src = """
+func.func @lin(%a: tensor<32x64xbf16>) -> tensor<32x64xf32> {
+  %w = arith.constant dense<0.5> : tensor<64x64xbf16>
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<32x64xf32>
+  %c = linalg.fill ins(%z : f32) outs(%e : tensor<32x64xf32>) -> tensor<32x64xf32>
+  %r = linalg.matmul ins(%a, %w : tensor<32x64xbf16>, tensor<64x64xbf16>) outs(%c : tensor<32x64xf32>) -> tensor<32x64xf32>
+  return %r : tensor<32x64xf32>
+}
+"""
+    names = [s.name for s in amx_sketches(src, prepack=decide)]
+    assert names == ["cpu-amx-2x2", "cpu-amx-1x4"]
+
+
+def _object(src: str, tmp_path, name: str, **fixed) -> dict[str, int]:
+    (sketch,) = [s for s in amx_sketches(src) if s.name == name]
+    with ir.Context(), ir.Location.unknown():
+        module = apply_schedule(sketch.payload, sketch.concrete(_knobs(sketch, 1, **fixed)))
+        lower_to_llvm(module, 1)
+        obj = emit_object(module, tmp_path / "k.o", cpu="sapphirerapids")
+    return instruction_counts(obj, ["tdpbf16ps", "tileloadd", "tilestored", "vdpbf16ps", "vfmadd231ps"])
+
+
+def test_object_code_for_sapphire_rapids(tmp_path):
+    """64 x 64 x 128 in one register tile pass of 2 x 2 accumulators over
+    a cache tile of 64 pairs: 4 steps x 4 products, each accumulator
+    loaded and stored once per cache tile, 2 A and 2 B tiles a step; no
+    FMA in the product."""
+    counts = _object(matmul(64, 64, 128, "bf16", "f32"), tmp_path, "cpu-amx-2x2", p_d0=64, p_d1=64, k_d2=64, pack=1)
+    assert counts["tdpbf16ps"] == 16
+    assert counts["tileloadd"] == 4 + 4 * 4
+    assert counts["tilestored"] == 4
+    assert counts["vdpbf16ps"] == counts["vfmadd231ps"] == 0
+
+
+def test_a_register_tile_the_kernel_cannot_compute_is_an_error():
+    text = """
+func.func @f(%a: memref<16x16x2xbf16>, %b: memref<16x16x2xbf16>, %c: memref<16x16xf32>) {
+  linalg.generic {indexing_maps = [affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>, affine_map<(d0, d1, d2, d3) -> (d1, d2, d3)>,
+                                   affine_map<(d0, d1, d2, d3) -> (d0, d1)>],
+                  iterator_types = ["parallel", "parallel", "reduction", "reduction"]}
+      ins(%a, %b : memref<16x16x2xbf16>, memref<16x16x2xbf16>) outs(%c : memref<16x16xf32>) attrs = {ansor.amx} {
+  ^bb0(%x: bf16, %y: bf16, %acc: f32):
+    %xe = arith.extf %x : bf16 to f32
+    %ye = arith.extf %y : bf16 to f32
+    %p = arith.mulf %xe, %ye : f32
+    %s = arith.addf %acc, %p : f32
+    linalg.yield %s : f32
+  }
+  return
+}
+"""
+    with ir.Context():
+        module = ir.Module.parse(text)
+        with pytest.raises(AnsorError, match="reads its operands as"):
+            amx_microkernels(module)
+        untagged = ir.Module.parse(text.replace(" attrs = {ansor.amx}", ""))
+        assert amx_microkernels(untagged) == 0
+
+
+def _host_has_amx() -> None:
+    if not Target.host().has("amx_bf16"):
+        pytest.skip("this host has no AMX: the object code is checked for sapphirerapids instead")
+    if not request_amx():
+        pytest.skip("Linux refused the AMX tile state to this process")
+
+
+@pytest.mark.parametrize("name", ["cpu-amx-2x2", "cpu-amx-1x4", "cpu-amx-4x1"])
+@pytest.mark.parametrize("threads, pack", [(1, 0), (2, 1)])
+def test_results(tmp_path, name, threads, pack):
+    """Each register tile, B copied or read in place, at 1 and 2 threads,
+    two cache tiles of pairs (the accumulators go back to C between them):
+    products of bf16 are exact in f32, so the sums match float64 to f32
+    rounding."""
+    _host_has_amx()
+    m, n, k = 128, 128, 256
+    src = matmul(m, n, k, "bf16", "f32")
+    (sketch,) = [s for s in amx_sketches(src, Target.host()) if s.name == name]
+    so = str(tmp_path / "k.so")
+    build(sketch.payload, sketch.concrete(_knobs(sketch, threads, p_d0=64, p_d1=64, k_d2=64, pack=pack)), threads, so)
+    rng = np.random.default_rng(0)
+    a = rng.uniform(-1, 1, (m, k)).astype(ml_dtypes.bfloat16)
+    b = rng.uniform(-1, 1, (k, n)).astype(ml_dtypes.bfloat16)
+    kernel = Kernel(so)
+    try:
+        out = aligned_full((m, n), np.float32, 7)  # the kernel's fill overwrites it
+        kernel.bind([aligned_copy(a), aligned_copy(b), out])()
+    finally:
+        kernel.close()
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 1e-5
+
+
+def test_batched_results(tmp_path):
+    """Attention's products: a batch a thread step, its unit dimension
+    collapsed away in the micro-kernel; reductions of two steps, fewer than
+    the 1 x 4 tile's B tiles."""
+    _host_has_amx()
+    b, m, n, k = 3, 32, 64, 64
+    src = batch_matmul(b, m, n, k, "bf16", "f32")
+    sketches = amx_sketches(src, Target.host())
+    assert [s.name for s in sketches] == ["cpu-amx-2x2", "cpu-amx-1x4"]
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-1, 1, (b, m, k)).astype(ml_dtypes.bfloat16)
+    y = rng.uniform(-1, 1, (b, k, n)).astype(ml_dtypes.bfloat16)
+    ref = x.astype(np.float64) @ y.astype(np.float64)
+    for sketch in sketches:
+        for pack in (0, 1):
+            so = str(tmp_path / f"{sketch.name}-{pack}.so")
+            build(sketch.payload, sketch.concrete(_knobs(sketch, 2, pack=pack)), 2, so)
+            kernel = Kernel(so)
+            try:
+                out = aligned_full((b, m, n), np.float32, 7)
+                kernel.bind([aligned_copy(x), aligned_copy(y), out])()
+            finally:
+                kernel.close()
+            assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 1e-5, (sketch.name, pack)
