@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from mlir import ir
-from test_dot_product import batch_matmul, matmul
+from test_dot_product import batch_matmul, conv, matmul
 
 from mlir_ansor.errors import AnsorError
 from mlir_ansor.graph.task import extract_tasks
@@ -29,7 +29,7 @@ ZNVER4 = Target.cpu("znver4", cores=2)
 
 
 def amx_sketches(src: str, target: Target = SPR, prepack=None):
-    (task,) = [t for t in extract_tasks(load(text=src), prepack=prepack) if t.kind == "contraction"]
+    (task,) = [t for t in extract_tasks(load(text=src), prepack=prepack) if t.kind in ("contraction", "convolution")]
     return [s for s in generate_sketches(task.mlir, target) if s.name.startswith("cpu-amx")]
 
 
@@ -94,6 +94,18 @@ def test_object_code_for_sapphire_rapids(tmp_path):
     assert counts["vdpbf16ps"] == counts["vfmadd231ps"] == 0
 
 
+def test_convolution_object_code_for_sapphire_rapids(tmp_path):
+    """A 3 x 3 convolution, 14 pixels by 64 channels (one row of 14-row
+    tiles by four columns), 64 channels in 2 steps of 16 pairs: in the loop
+    over the window positions, 2 steps x 4 products, the four accumulators
+    loaded and stored around them (at each position)."""
+    counts = _object(conv("bf16", "f32", hw=14, c=64, f=64), tmp_path, "cpu-amx-14x64", p_d1=14, p_d3=64, k_d6=32)
+    assert counts["tdpbf16ps"] == 2 * 4
+    assert counts["tileloadd"] == 4 + 2 * (1 + 4)
+    assert counts["tilestored"] == 4
+    assert counts["vdpbf16ps"] == counts["vfmadd231ps"] == 0
+
+
 def test_a_register_tile_the_kernel_cannot_compute_is_an_error():
     text = """
 func.func @f(%a: memref<16x16x2xbf16>, %b: memref<16x16x2xbf16>, %c: memref<16x16xf32>) {
@@ -139,6 +151,7 @@ def test_results(tmp_path, name, threads, pack):
     (sketch,) = [s for s in amx_sketches(src, Target.host()) if s.name == name]
     so = str(tmp_path / "k.so")
     build(sketch.payload, sketch.concrete(_knobs(sketch, threads, p_d0=64, p_d1=64, k_d2=64, pack=pack)), threads, so)
+    assert instruction_counts(so, ["tdpbf16ps"])["tdpbf16ps"] > 0  # on the tiles, not in loops
     rng = np.random.default_rng(0)
     a = rng.uniform(-1, 1, (m, k)).astype(ml_dtypes.bfloat16)
     b = rng.uniform(-1, 1, (k, n)).astype(ml_dtypes.bfloat16)
@@ -169,6 +182,7 @@ def test_batched_results(tmp_path):
         for pack in (0, 1):
             so = str(tmp_path / f"{sketch.name}-{pack}.so")
             build(sketch.payload, sketch.concrete(_knobs(sketch, 2, pack=pack)), 2, so)
+            assert instruction_counts(so, ["tdpbf16ps"])["tdpbf16ps"] > 0
             kernel = Kernel(so)
             try:
                 out = aligned_full((b, m, n), np.float32, 7)
@@ -176,3 +190,46 @@ def test_batched_results(tmp_path):
             finally:
                 kernel.close()
             assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 1e-5, (sketch.name, pack)
+
+
+def test_convolution_register_tiles():
+    """Pixels of an output row in rows of tiles (at least 7 rows a tile),
+    channels in tiles of 16; no sketch for strided convolutions or channels
+    that are not whole steps."""
+    from mlir_ansor.search.rules.amx import conv_tiles
+
+    assert conv_tiles(56, 64) == [(28, 2), (14, 4), (56, 1)]
+    assert conv_tiles(28, 128) == [(28, 2), (14, 4)]
+    assert conv_tiles(7, 512) == [(7, 4)]
+    assert conv_tiles(8, 32) == [(8, 2)]
+    names = [s.name for s in amx_sketches(conv("bf16", "f32", hw=14, c=64, f=64))]
+    assert names == ["cpu-amx-14x64"]
+    assert amx_sketches(conv("bf16", "f32", hw=14, c=48, f=64)) == []
+    assert amx_sketches(conv("f32", "f32", hw=14, c=64, f=64)) == []
+
+
+@pytest.mark.parametrize("hw, c, f", [(14, 64, 64), (8, 32, 32), (28, 64, 32)])
+def test_convolution_results(tmp_path, hw, c, f):
+    _host_has_amx()
+    src = conv("bf16", "f32", hw=hw, c=c, f=f)
+    rng = np.random.default_rng(2)
+    x = rng.uniform(-1, 1, (1, hw + 2, hw + 2, c)).astype(ml_dtypes.bfloat16)
+    w = rng.uniform(-1, 1, (3, 3, c, f)).astype(ml_dtypes.bfloat16)
+    xd, wd = x.astype(np.float64), w.astype(np.float64)
+    ref = np.zeros((1, hw, hw, f))
+    for i in range(3):
+        for j in range(3):
+            ref[0] += xd[0, i : i + hw, j : j + hw, :] @ wd[i, j]
+    sketches = amx_sketches(src, Target.host())
+    assert sketches
+    for sketch in sketches:
+        so = str(tmp_path / f"{sketch.name}.so")
+        build(sketch.payload, sketch.concrete(_knobs(sketch, 2)), 2, so)
+        assert instruction_counts(so, ["tdpbf16ps"])["tdpbf16ps"] > 0
+        kernel = Kernel(so)
+        try:
+            out = aligned_full((1, hw, hw, f), np.float32, 7)
+            kernel.bind([aligned_copy(x), aligned_copy(w), out])()
+        finally:
+            kernel.close()
+        assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 1e-5, sketch.name

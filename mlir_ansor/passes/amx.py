@@ -88,25 +88,46 @@ def _reassociation(groups: list[list[int]]) -> str:
     return "[" + ", ".join("[" + ", ".join(map(str, g)) + "]" for g in groups) + "]"
 
 
+def tile_rows(mr: int) -> tuple[int, int]:
+    """(tiles, rows of each) that `mr` rows of a register tile are cut into:
+    as few tiles as hold them (16 rows at most), of equal rows (a
+    convolution's 56 pixels: 4 of 14)."""
+    tm = -(-mr // TILE)
+    while mr % tm:
+        tm += 1
+    return tm, mr // tm
+
+
 def _program(ta: ir.MemRefType, tb: ir.MemRefType, tc: ir.MemRefType) -> str:
     """The micro-kernel as a function of the three operands (with as many
-    leading unit dimensions as the batch loops left)."""
+    leading unit dimensions as the batch loops left).
+
+    Tiles live at once: the accumulators, the operand tiles that are
+    reused (A's when there are no more rows of tiles than columns, else
+    B's) and one of the other; at most 4 + 2 + 1 of AMX's 8 for the rule's
+    register tiles, so none is spilled."""
     lead = ta.rank - 3
     mr, kc, nr = ta.shape[lead], ta.shape[lead + 1], tb.shape[lead + 1]
-    tm, tn, steps = mr // TILE, nr // TILE, kc // TILE
+    (tm, tr), tn, steps = tile_rows(mr), nr // TILE, kc // TILE
     rows = list(range(lead + 1))  # the unit dimensions with the rows
     in_groups = [rows, [lead + 1, lead + 2]]
     ca, cb = _collapse(ta, in_groups), _collapse(tb, in_groups)
-    t_in = f"!amx.tile<{TILE}x{2 * TILE}xbf16>"
-    t_acc = f"!amx.tile<{TILE}x{TILE}xf32>"
+    t_a, t_b = f"!amx.tile<{tr}x{2 * TILE}xbf16>", f"!amx.tile<{TILE}x{2 * TILE}xbf16>"
+    t_acc = f"!amx.tile<{tr}x{TILE}xf32>"
     lines = [f"func.func @mk(%a: {ta}, %b: {tb}, %c: {tc}) {{"]
-    consts = sorted({TILE * i for i in range(max(tm, tn, steps))} | {2 * TILE * i for i in range(max(tn, steps))})
-    lines += [f"  %i{v} = arith.constant {v} : index" for v in consts]
-    lines.append(f"  %ca = memref.collapse_shape %a {_reassociation(in_groups)} : {ta} into {ca}")
-    lines.append(f"  %cb = memref.collapse_shape %b {_reassociation(in_groups)} : {tb} into {cb}")
+    consts: set[int] = set()
+
+    def at(v: int) -> str:
+        consts.add(v)
+        return f"%i{v}"
+
+    body = [
+        f"  %ca = memref.collapse_shape %a {_reassociation(in_groups)} : {ta} into {ca}",
+        f"  %cb = memref.collapse_shape %b {_reassociation(in_groups)} : {tb} into {cb}",
+    ]
     if lead:
         cc = _collapse(tc, [rows, [lead + 1]])
-        lines.append(f"  %cc = memref.collapse_shape %c {_reassociation([rows, [lead + 1]])} : {tc} into {cc}")
+        body.append(f"  %cc = memref.collapse_shape %c {_reassociation([rows, [lead + 1]])} : {tc} into {cc}")
         c = "%cc"
     else:
         cc, c = str(tc), "%c"
@@ -114,20 +135,39 @@ def _program(ta: ir.MemRefType, tb: ir.MemRefType, tc: ir.MemRefType) -> str:
     for i in range(tm):
         for j in range(tn):
             acc[i, j] = f"%acc_{i}_{j}_0"
-            lines.append(f"  {acc[i, j]} = amx.tile_load {c}[%i{TILE * i}, %i{TILE * j}] : {cc} into {t_acc}")
+            body.append(f"  {acc[i, j]} = amx.tile_load {c}[{at(tr * i)}, {at(TILE * j)}] : {cc} into {t_acc}")
+
+    def load_a(s: int, i: int) -> None:
+        body.append(f"  %a_{s}_{i} = amx.tile_load %ca[{at(tr * i)}, {at(2 * TILE * s)}] : {ca} into {t_a}")
+
+    def load_b(s: int, j: int) -> None:
+        body.append(f"  %b_{s}_{j} = amx.tile_load %cb[{at(TILE * s)}, {at(2 * TILE * j)}] : {cb} into {t_b}")
+
+    def mul(s: int, i: int, j: int) -> None:
+        new = f"%acc_{i}_{j}_{s + 1}"
+        body.append(f"  {new} = amx.tile_mulf %a_{s}_{i}, %b_{s}_{j}, {acc[i, j]} : {t_a}, {t_b}, {t_acc}")
+        acc[i, j] = new
+
     for s in range(steps):
-        for i in range(tm):
-            lines.append(f"  %a_{s}_{i} = amx.tile_load %ca[%i{TILE * i}, %i{2 * TILE * s}] : {ca} into {t_in}")
-        for j in range(tn):
-            lines.append(f"  %b_{s}_{j} = amx.tile_load %cb[%i{TILE * s}, %i{2 * TILE * j}] : {cb} into {t_in}")
+        if tm <= tn:
             for i in range(tm):
-                new = f"%acc_{i}_{j}_{s + 1}"
-                lines.append(f"  {new} = amx.tile_mulf %a_{s}_{i}, %b_{s}_{j}, {acc[i, j]} : {t_in}, {t_in}, {t_acc}")
-                acc[i, j] = new
+                load_a(s, i)
+            for j in range(tn):
+                load_b(s, j)
+                for i in range(tm):
+                    mul(s, i, j)
+        else:
+            for j in range(tn):
+                load_b(s, j)
+            for i in range(tm):
+                load_a(s, i)
+                for j in range(tn):
+                    mul(s, i, j)
     for i in range(tm):
         for j in range(tn):
-            lines.append(f"  amx.tile_store {c}[%i{TILE * i}, %i{TILE * j}], {acc[i, j]} : {cc}, {t_acc}")
-    lines += ["  return", "}"]
+            body.append(f"  amx.tile_store {c}[{at(tr * i)}, {at(TILE * j)}], {acc[i, j]} : {cc}, {t_acc}")
+    lines += [f"  %i{v} = arith.constant {v} : index" for v in sorted(consts)]
+    lines += body + ["  return", "}"]
     return "\n".join(lines)
 
 
@@ -158,11 +198,10 @@ def _check(op: ir.Operation) -> tuple[ir.MemRefType, ir.MemRefType, ir.MemRefTyp
         or two != 2
         or tuple(tb.shape[lead:]) != (kc, tc.shape[lead + 1], 2)
         or tc.shape[lead] != mr
-        or mr % TILE
         or kc % TILE
         or tc.shape[lead + 1] % TILE
     ):
-        raise AnsorError(f"amx: register tile {ta} x {tb} -> {tc} is not whole 16 x 16 x 32 bf16 tiles")
+        raise AnsorError(f"amx: register tile {ta} x {tb} -> {tc} is not whole tiles of 16 columns and 16 pairs")
     return ta, tb, tc
 
 

@@ -34,6 +34,7 @@ libraries do.
 
 from __future__ import annotations
 
+from mlir_ansor.passes.amx import tile_rows
 from mlir_ansor.schedule.writer import ANY, ScheduleWriter
 from mlir_ansor.search.rules.base import (
     Rule,
@@ -43,6 +44,7 @@ from mlir_ansor.search.rules.base import (
     tile_root_and_fuse,
 )
 from mlir_ansor.search.rules.dot_product import (
+    conv_dims,
     lanes_of,
     loop_sizes,
     matmul_dims,
@@ -94,10 +96,41 @@ def register_tiles(m: int, n: int) -> list[tuple[int, int]]:
     return tiles or [(tm, tn) for tm, tn in SMALL_TILES if m % (TILE * tm) == 0 and n % (TILE * tn) == 0][:1]
 
 
+def conv_tiles(ow: int, f: int) -> list[tuple[int, int]]:
+    """(pixels, tiles of channels) of a convolution's register tiles: for
+    2 x 2, 1 x 4 and 4 x 1 accumulator tiles, the most pixels of an output
+    row that the rows of tiles hold (at least 7 a tile: 56 pixels are 4
+    tiles of 14, 28 two, 14 one); else one tile of as many as divide."""
+    tiles = []
+    for tm, tn in REGISTER_TILES:
+        if f % (TILE * tn):
+            continue
+        rows = [d for d in divisors(ow) if tile_rows(d)[0] == tm and d // tm >= 7]
+        if rows:
+            tiles.append((max(rows), tn))
+    if not tiles:
+        rows = max(d for d in divisors(ow) if d <= TILE)
+        tiles = [(rows, tn) for tn in (2, 1) if f % (TILE * tn) == 0][:1]
+    return tiles
+
+
+def _amx_conv(a: OpStructure, target) -> bool:
+    """Whether the rule takes `a` as a convolution: bf16 inputs, f32
+    accumulation, unit strides (`conv_dims`), channels in whole steps of 16
+    pairs and filters in whole tiles of 16."""
+    v = variant_of(a)
+    if v is None or v.inputs != "bf16" or conv_dims(a) is None:
+        return False
+    r = a.loop_ranges
+    return takes_amx(target, 16, r[3], r[6])
+
+
 class AmxTiling(Rule):
     name = "cpu-amx"
 
     def condition(self, ctx: SketchContext) -> RuleResult:
+        if _amx_conv(ctx.anchor, ctx.target):
+            return RuleResult.APPLY if conv_tiles(ctx.anchor.loop_ranges[2], ctx.anchor.loop_ranges[3]) else RuleResult.SKIP
         dims = amx_dims(ctx.anchor)
         if dims is None:
             return RuleResult.SKIP
@@ -106,9 +139,84 @@ class AmxTiling(Rule):
         return RuleResult.APPLY if takes_amx(ctx.target, r[m], r[n], r[k] * (2 if packed else 1)) else RuleResult.SKIP
 
     def apply(self, ctx: SketchContext) -> list[Sketch]:
-        batch, m, n, k, packed = amx_dims(ctx.anchor)
         r = ctx.anchor.loop_ranges
+        if _amx_conv(ctx.anchor, ctx.target):
+            return [self._conv_sketch(ctx, mr, tn) for mr, tn in conv_tiles(r[2], r[3])]
+        batch, m, n, k, packed = amx_dims(ctx.anchor)
         return [self._sketch(ctx, batch, m, n, k, packed, tm, tn) for tm, tn in register_tiles(r[m], r[n])]
+
+    def _conv_sketch(self, ctx: SketchContext, mr: int, tn: int) -> Sketch:
+        """A convolution (n, oh, ow, f, kh, kw, c): the channels in pairs
+        (the input's pack a view, the filter's a copy over threads),
+        threads over output rows and channels, a cache tile of pairs, a
+        register tile of `mr` pixels of an output row by 16 `tn` channels,
+        the window one step at a time; the unit loops folded away, the
+        register tile is a matmul of the pixels' channels (rows C apart in
+        the input) by the filter's pairs, which `passes.amx` computes."""
+        anchor = ctx.anchor
+        r = anchor.loop_ranges
+        n_, oh, ow, f, kh, kw, c = range(7)
+        pair = 7
+        nr = TILE * tn
+        lanes = lanes_of(ctx.target)
+        pairs = r[c] // 2
+        specs = [
+            KnobSpec(f"p_d{oh}", divisors(r[oh]), doc=f"parallel (scf.forall) tile of loop d{oh} (output rows)"),
+            KnobSpec(f"p_d{f}", tuple(d for d in divisors(r[f]) if d % nr == 0), doc=f"parallel (scf.forall) tile of loop d{f}"),
+            KnobSpec(f"k_d{c}", tuple(d for d in divisors(pairs) if d % TILE == 0 and d <= TILE * MAX_STEPS),
+                     doc=f"reduction (cache) tile of loop d{c}, in pairs (whole steps of {TILE})"),
+        ]
+        w = ScheduleWriter()
+        h = {sp.name: w.knob(sp.name, sp.options) for sp in specs}
+        sizes = loop_sizes(pair + 1, {"n": n_, "oh": oh, "ow": ow, "f": f, "kh": kh, "kw": kw, "c": c, "pair": pair})
+        pack_reduction(w, ctx, c, 2, [1, 0, 0, 0], [1, 1, 1, lanes])
+        forall = tile_root_and_fuse(w, ctx, root_sizes_from_anchor(ctx, {n_: 1, oh: h[f"p_d{oh}"], ow: r[ow], f: h[f"p_d{f}"]}))
+        a_h, _ = w.tile_for(w.match_op_id(forall, anchor.op_id), sizes(c=h[f"k_d{c}"]))
+        a_h, _ = w.tile_for(a_h, sizes(n=1, oh=1, ow=mr, f=nr))
+        a_h, _ = w.tile_for(a_h, sizes(kh=1, kw=1))
+        tile_others_in_pieces(w, ctx, forall, f, lanes)
+        func = w.match_func("%root")
+        self._vectorize_others(w, ctx, func)
+        # The unit loops folded away: the register tile, the one linalg op
+        # left, becomes (pixels, channels, pairs, pair) on slices. Tagged
+        # after, since the folding makes it anew, without its tags.
+        w.apply_patterns(func, ["linalg.fold_unit_extent_dims_via_slices", "canonicalization"])
+        tile = w.match_ops(func, ["linalg.generic"])
+        w.emit(f'transform.annotate {tile} "ansor.amx" : {ANY}')
+        self._bufferize(w)
+        prefer = {
+            f"k_d{c}": min(specs[2].options, key=lambda x: abs(x - 256)),
+            f"p_d{oh}": min(specs[0].options, key=lambda x: abs(x - 8)),
+            f"p_d{f}": min(specs[1].options, key=lambda x: abs(x - 64)),
+        }
+        return Sketch(
+            f"{self.name}-{mr}x{nr}",
+            ctx.payload,
+            w.text(),
+            tuple(specs),
+            forall=((f"p_d{oh}", r[oh]), (f"p_d{f}", r[f])),
+            prefer=tuple(sorted(prefer.items())),
+        )
+
+    @staticmethod
+    def _vectorize_others(w: ScheduleWriter, ctx: SketchContext, func: str) -> None:
+        """Vectorize every op but the register tile (which must stay a
+        linalg op), one at a time."""
+        others = [w.match_op_id(func, o.op_id) for o in ctx.ops if o.op_id != ctx.anchor.op_id]
+        others.append(w.match_ops(func, ["linalg.copy", "linalg.pack", "linalg.transpose"]))
+        for ops in others:
+            w.emit(f"transform.foreach {ops} : {ANY} {{")
+            w.emit(f"^bb0(%each: {ANY}):")
+            w.emit("  transform.structured.vectorize %each : !transform.any_op")
+            w.emit("}")
+        w.cleanup(func)
+
+    @staticmethod
+    def _bufferize(w: ScheduleWriter) -> None:
+        """Bufferize; the B pack's 2 x 16 -> 16 x 2 transposes as one shuffle
+        each."""
+        func = w.match_func(w.bufferize("%root"))
+        w.apply_patterns(func, ['vector.lower_transpose lowering_strategy = "shuffle_1d"', "canonicalization"])
 
     def _sketch(self, ctx: SketchContext, batch: int | None, m: int, n: int, k: int, packed: bool, tm: int, tn: int) -> Sketch:
         """`batch`: the batch loop of a batched matmul, one step of it a
@@ -152,18 +260,8 @@ class AmxTiling(Rule):
         # must stay a linalg op).
         w.tile_each(w.match_ops(forall, ["linalg.copy"]), lead + [1, lanes, 0])
         tile_others_in_pieces(w, ctx, forall, n, lanes)
-        func = w.match_func("%root")
-        others = [w.match_op_id(func, o.op_id) for o in ctx.ops if o.op_id != anchor.op_id]
-        others.append(w.match_ops(func, ["linalg.copy", "linalg.pack", "linalg.transpose"]))
-        for ops in others:
-            w.emit(f"transform.foreach {ops} : {ANY} {{")
-            w.emit(f"^bb0(%each: {ANY}):")
-            w.emit("  transform.structured.vectorize %each : !transform.any_op")
-            w.emit("}")
-        w.cleanup(func)
-        func = w.match_func(w.bufferize("%root"))
-        # The B pack's 2 x 16 -> 16 x 2 transposes as one shuffle each.
-        w.apply_patterns(func, ['vector.lower_transpose lowering_strategy = "shuffle_1d"', "canonicalization"])
+        self._vectorize_others(w, ctx, w.match_func("%root"))
+        self._bufferize(w)
         prefer = {
             "pack": 0,
             f"k_d{k}": min(specs[2].options, key=lambda x: abs(x - 256)),
