@@ -4,11 +4,13 @@ Rapids on any host, and results checked where the host has AMX."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
 from mlir import ir
-from test_dot_product import batch_matmul, conv, matmul
+from test_dot_product import batch_matmul, conv, matmul, mixed
 
 from mlir_ansor.errors import AnsorError
 from mlir_ansor.graph.task import extract_tasks
@@ -233,3 +235,80 @@ def test_convolution_results(tmp_path, hw, c, f):
         finally:
             kernel.close()
         assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 1e-5, sketch.name
+
+
+def test_int8_object_code_for_sapphire_rapids(tmp_path):
+    """Bytes in quads (64 a tile row): signed x signed is tdpbssd; one
+    unsigned operand, tdpbusd (A) or tdpbsud (B), no correction; two
+    unsigned operands get no sketch (as in `cpu-dot-product`)."""
+    names = ["tdpbssd", "tdpbusd", "tdpbsud", "tilestored", "vpdpbusd"]
+
+    def counts(src):
+        (sketch,) = [s for s in amx_sketches(src) if s.name == "cpu-amx-2x2"]
+        with ir.Context(), ir.Location.unknown():
+            module = apply_schedule(sketch.payload, sketch.concrete(_knobs(sketch, 1, p_d0=64, p_d1=64, k_d2=32, pack=1)))
+            lower_to_llvm(module, 1)
+            obj = emit_object(module, tmp_path / "k.o", cpu="sapphirerapids")
+        return instruction_counts(obj, names)
+
+    # 64 x 64 x 128: 2 x 2 accumulators, 32 quads = 2 steps
+    assert counts(matmul(64, 64, 128, "i8", "i32")) == dict(zip(names, [8, 0, 0, 4, 0]))
+    assert counts(mixed(64, 64, 128, "a")) == dict(zip(names, [0, 8, 0, 4, 0]))
+    assert counts(mixed(64, 64, 128, "b")) == dict(zip(names, [0, 0, 8, 4, 0]))
+    assert amx_sketches(matmul(64, 64, 128, "i8", "i32", ext="arith.extui")) == []
+    assert amx_sketches(matmul(64, 64, 96, "i8", "i32")) == []  # not whole steps of 64 bytes
+    no_int8 = dataclasses.replace(SPR, features=tuple(f for f in SPR.features if f != "amx_int8"))
+    assert amx_sketches(matmul(64, 64, 128, "i8", "i32"), no_int8) == []
+
+
+@pytest.mark.parametrize("unsigned", ["", "a", "b"])
+def test_int8_results_are_exact(tmp_path, unsigned):
+    _host_has_amx()
+    m, n, k = 64, 96, 256
+    src = mixed(m, n, k, unsigned) if unsigned else matmul(m, n, k, "i8", "i32")
+    rng = np.random.default_rng(3)
+    a = rng.integers(-128, 128, (m, k)).astype(np.int8)
+    b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    a[0, :] = -128  # the extremes: 255 or -128 times -128
+    b[:, 0] = -128
+    wa = a.view(np.uint8) if unsigned == "a" else a
+    wb = b.view(np.uint8) if unsigned == "b" else b
+    ref = wa.astype(np.int64) @ wb.astype(np.int64)
+    sketches = amx_sketches(src, Target.host())
+    assert [s.name for s in sketches] == ["cpu-amx-2x2", "cpu-amx-4x1"]
+    for sketch in sketches:
+        for threads, pack in ((1, 0), (2, 1)):
+            so = str(tmp_path / f"{sketch.name}-{pack}.so")
+            build(sketch.payload, sketch.concrete(_knobs(sketch, threads, pack=pack)), threads, so)
+            assert sum(instruction_counts(so, ["tdpbssd", "tdpbusd", "tdpbsud"]).values()) > 0
+            kernel = Kernel(so)
+            try:
+                out = aligned_full((m, n), np.int32, 7)
+                kernel.bind([aligned_copy(a), aligned_copy(b), out])()
+            finally:
+                kernel.close()
+            assert np.array_equal(out, ref), (sketch.name, threads, pack)
+
+
+def test_int8_convolution_results_are_exact(tmp_path):
+    _host_has_amx()
+    hw, c, f = 14, 64, 64
+    src = conv("i8", "i32", hw=hw, c=c, f=f)
+    rng = np.random.default_rng(4)
+    x = rng.integers(-128, 128, (1, hw + 2, hw + 2, c)).astype(np.int8)
+    w = rng.integers(-128, 128, (3, 3, c, f)).astype(np.int8)
+    ref = np.zeros((1, hw, hw, f), np.int64)
+    for i in range(3):
+        for j in range(3):
+            ref[0] += x[0, i : i + hw, j : j + hw, :].astype(np.int64) @ w[i, j].astype(np.int64)
+    (sketch,) = amx_sketches(src, Target.host())
+    so = str(tmp_path / "k.so")
+    build(sketch.payload, sketch.concrete(_knobs(sketch, 2)), 2, so)
+    assert instruction_counts(so, ["tdpbssd"])["tdpbssd"] > 0
+    kernel = Kernel(so)
+    try:
+        out = aligned_full((1, hw, hw, f), np.int32, 7)
+        kernel.bind([aligned_copy(x), aligned_copy(w), out])()
+    finally:
+        kernel.close()
+    assert np.array_equal(out, ref)

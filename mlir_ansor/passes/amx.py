@@ -98,22 +98,31 @@ def tile_rows(mr: int) -> tuple[int, int]:
     return tm, mr // tm
 
 
-def _program(ta: ir.MemRefType, tb: ir.MemRefType, tc: ir.MemRefType) -> str:
+_ELEMENT = {("bf16", "f32"): 2, ("i8", "i32"): 4}
+"""(input, accumulator) element types AMX multiplies -> the group of the
+reduction one 32-bit lane takes (pairs of bf16, quads of bytes)."""
+
+
+def _program(ta: ir.MemRefType, tb: ir.MemRefType, tc: ir.MemRefType, unsigned: tuple[bool, bool] = (False, False)) -> str:
     """The micro-kernel as a function of the three operands (with as many
     leading unit dimensions as the batch loops left).
 
     Tiles live at once: the accumulators, the operand tiles that are
     reused (A's when there are no more rows of tiles than columns, else
     B's) and one of the other; at most 4 + 2 + 1 of AMX's 8 for the rule's
-    register tiles, so none is spilled."""
+    register tiles, so none is spilled. `unsigned`: whether A's and B's
+    bytes are unsigned (int8; ``tdpbusd`` and its kin)."""
     lead = ta.rank - 3
+    ins, out = str(ta.element_type), str(tc.element_type)
+    group = _ELEMENT[ins, out]
+    width = group * TILE  # elements in a row of an operand tile (64 bytes)
     mr, kc, nr = ta.shape[lead], ta.shape[lead + 1], tb.shape[lead + 1]
     (tm, tr), tn, steps = tile_rows(mr), nr // TILE, kc // TILE
     rows = list(range(lead + 1))  # the unit dimensions with the rows
     in_groups = [rows, [lead + 1, lead + 2]]
     ca, cb = _collapse(ta, in_groups), _collapse(tb, in_groups)
-    t_a, t_b = f"!amx.tile<{tr}x{2 * TILE}xbf16>", f"!amx.tile<{TILE}x{2 * TILE}xbf16>"
-    t_acc = f"!amx.tile<{tr}x{TILE}xf32>"
+    t_a, t_b = f"!amx.tile<{tr}x{width}x{ins}>", f"!amx.tile<{TILE}x{width}x{ins}>"
+    t_acc = f"!amx.tile<{tr}x{TILE}x{out}>"
     lines = [f"func.func @mk(%a: {ta}, %b: {tb}, %c: {tc}) {{"]
     consts: set[int] = set()
 
@@ -138,14 +147,18 @@ def _program(ta: ir.MemRefType, tb: ir.MemRefType, tc: ir.MemRefType) -> str:
             body.append(f"  {acc[i, j]} = amx.tile_load {c}[{at(tr * i)}, {at(TILE * j)}] : {cc} into {t_acc}")
 
     def load_a(s: int, i: int) -> None:
-        body.append(f"  %a_{s}_{i} = amx.tile_load %ca[{at(tr * i)}, {at(2 * TILE * s)}] : {ca} into {t_a}")
+        body.append(f"  %a_{s}_{i} = amx.tile_load %ca[{at(tr * i)}, {at(width * s)}] : {ca} into {t_a}")
 
     def load_b(s: int, j: int) -> None:
-        body.append(f"  %b_{s}_{j} = amx.tile_load %cb[{at(TILE * s)}, {at(2 * TILE * j)}] : {cb} into {t_b}")
+        body.append(f"  %b_{s}_{j} = amx.tile_load %cb[{at(TILE * s)}, {at(width * j)}] : {cb} into {t_b}")
 
     def mul(s: int, i: int, j: int) -> None:
         new = f"%acc_{i}_{j}_{s + 1}"
-        body.append(f"  {new} = amx.tile_mulf %a_{s}_{i}, %b_{s}_{j}, {acc[i, j]} : {t_a}, {t_b}, {t_acc}")
+        if out == "f32":
+            body.append(f"  {new} = amx.tile_mulf %a_{s}_{i}, %b_{s}_{j}, {acc[i, j]} : {t_a}, {t_b}, {t_acc}")
+        else:
+            za, zb = (" zext" if u else "" for u in unsigned)
+            body.append(f"  {new} = amx.tile_muli %a_{s}_{i}{za}, %b_{s}_{j}{zb}, {acc[i, j]} : {t_a}, {t_b}, {t_acc}")
         acc[i, j] = new
 
     for s in range(steps):
@@ -178,6 +191,19 @@ _BATCH_MAPS = (
 )
 
 
+def _unsigned(op: ir.Operation) -> tuple[bool, bool]:
+    """Whether the body widens A's and B's elements as unsigned."""
+    block = op.regions[0].blocks[0]
+    zext = {0: False, 1: False}
+    for inner in block.operations:
+        inner = inner.operation
+        if inner.name == "arith.extui":
+            for i in (0, 1):
+                if inner.operands[0] == block.arguments[i]:
+                    zext[i] = True
+    return zext[0], zext[1]
+
+
 def _check(op: ir.Operation) -> tuple[ir.MemRefType, ir.MemRefType, ir.MemRefType]:
     """The operand types of a tagged register tile, checked to be the form
     the micro-kernel computes."""
@@ -190,18 +216,18 @@ def _check(op: ir.Operation) -> tuple[ir.MemRefType, ir.MemRefType, ir.MemRefTyp
     lead = len(maps[0].split("->")[1].split(",")) - 3
     if ta.rank != lead + 3 or any(x != 1 for x in list(ta.shape[:lead]) + list(tc.shape[:lead])):
         raise AnsorError(f"amx: register tile {ta} x {tb} -> {tc} has a batch of more than one")
-    mr, kc, two = ta.shape[lead:]
+    mr, kc, group = ta.shape[lead:]
+    types = (str(ta.element_type), str(tc.element_type))
     if (
-        str(ta.element_type) != "bf16"
-        or str(tb.element_type) != "bf16"
-        or str(tc.element_type) != "f32"
-        or two != 2
-        or tuple(tb.shape[lead:]) != (kc, tc.shape[lead + 1], 2)
+        _ELEMENT.get(types) != group
+        or tb.element_type != ta.element_type
+        or tuple(tb.shape[lead:]) != (kc, tc.shape[lead + 1], group)
         or tc.shape[lead] != mr
         or kc % TILE
         or tc.shape[lead + 1] % TILE
     ):
-        raise AnsorError(f"amx: register tile {ta} x {tb} -> {tc} is not whole tiles of 16 columns and 16 pairs")
+        raise AnsorError(f"amx: register tile {ta} x {tb} -> {tc} is not bf16 pairs or byte quads in whole tiles "
+                         "of 16 columns and 16 groups")
     return ta, tb, tc
 
 
@@ -210,13 +236,14 @@ def amx_microkernels(module: ir.Module) -> int:
     returns how many. Raises `AnsorError` on a tagged op it cannot compute
     (a schedule of the rule gone wrong: the candidate fails, loudly)."""
     count = 0
-    cache: dict[tuple[str, str, str], ir.Module] = {}  # the parsed programs (their ops live as long as these)
+    cache: dict[tuple, ir.Module] = {}  # the parsed programs (their ops live as long as these)
     tagged = [op for op in walk_op(module.operation, "linalg.generic") if AMX_ATTR in op.attributes]
     for op in tagged:
         ta, tb, tc = _check(op)
-        key = (str(ta), str(tb), str(tc))
+        unsigned = _unsigned(op)
+        key = (str(ta), str(tb), str(tc), unsigned)
         if key not in cache:
-            cache[key] = ir.Module.parse(_program(ta, tb, tc))
+            cache[key] = ir.Module.parse(_program(ta, tb, tc, unsigned))
         body = cache[key].body.operations[0].operation.regions[0].blocks[0]
         mapping = {arg: v for arg, v in zip(body.arguments, op.operands)}
         with ir.InsertionPoint(op), op.location:

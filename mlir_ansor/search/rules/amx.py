@@ -44,6 +44,7 @@ from mlir_ansor.search.rules.base import (
     tile_root_and_fuse,
 )
 from mlir_ansor.search.rules.dot_product import (
+    AMX_GROUPS,
     conv_dims,
     lanes_of,
     loop_sizes,
@@ -78,12 +79,12 @@ def amx_dims(a: OpStructure) -> tuple[int | None, int, int, int, bool] | None:
     its loop, else None), or `graph.prepack`'s on a B packed in pairs (then
     k is the pairs loop); None otherwise."""
     v = variant_of(a)
-    if v is None or v.inputs != "bf16" or a.num_inputs != 2 or not a.is_mul_add:
+    if v is None or v.inputs not in AMX_GROUPS or a.num_inputs != 2 or not a.is_mul_add:
         return None
     packed = packed_matmul_dims(a)
     if packed is not None:
         m, n, pairs, pair, panel = packed
-        return (None, m, n, pairs, True) if panel is None and a.loop_ranges[pair] == 2 else None
+        return (None, m, n, pairs, True) if panel is None and a.loop_ranges[pair] == AMX_GROUPS[v.inputs] else None
     mm = matmul_dims(a)
     if mm is None:
         return None
@@ -119,10 +120,10 @@ def _amx_conv(a: OpStructure, target) -> bool:
     accumulation, unit strides (`conv_dims`), channels in whole steps of 16
     pairs and filters in whole tiles of 16."""
     v = variant_of(a)
-    if v is None or v.inputs != "bf16" or conv_dims(a) is None:
+    if v is None or v.inputs not in AMX_GROUPS or conv_dims(a) is None:
         return False
     r = a.loop_ranges
-    return takes_amx(target, 16, r[3], r[6])
+    return takes_amx(target, 16, r[3], r[6], v.inputs)
 
 
 class AmxTiling(Rule):
@@ -136,7 +137,9 @@ class AmxTiling(Rule):
             return RuleResult.SKIP
         _, m, n, k, packed = dims
         r = ctx.anchor.loop_ranges
-        return RuleResult.APPLY if takes_amx(ctx.target, r[m], r[n], r[k] * (2 if packed else 1)) else RuleResult.SKIP
+        inputs = variant_of(ctx.anchor).inputs
+        extent = r[k] * (AMX_GROUPS[inputs] if packed else 1)
+        return RuleResult.APPLY if takes_amx(ctx.target, r[m], r[n], extent, inputs) else RuleResult.SKIP
 
     def apply(self, ctx: SketchContext) -> list[Sketch]:
         r = ctx.anchor.loop_ranges
@@ -159,7 +162,8 @@ class AmxTiling(Rule):
         pair = 7
         nr = TILE * tn
         lanes = lanes_of(ctx.target)
-        pairs = r[c] // 2
+        group = AMX_GROUPS[variant_of(anchor).inputs]
+        pairs = r[c] // group
         specs = [
             KnobSpec(f"p_d{oh}", divisors(r[oh]), doc=f"parallel (scf.forall) tile of loop d{oh} (output rows)"),
             KnobSpec(f"p_d{f}", tuple(d for d in divisors(r[f]) if d % nr == 0), doc=f"parallel (scf.forall) tile of loop d{f}"),
@@ -169,7 +173,7 @@ class AmxTiling(Rule):
         w = ScheduleWriter()
         h = {sp.name: w.knob(sp.name, sp.options) for sp in specs}
         sizes = loop_sizes(pair + 1, {"n": n_, "oh": oh, "ow": ow, "f": f, "kh": kh, "kw": kw, "c": c, "pair": pair})
-        pack_reduction(w, ctx, c, 2, [1, 0, 0, 0], [1, 1, 1, lanes])
+        pack_reduction(w, ctx, c, group, [1, 0, 0, 0], [1, 1, 1, lanes])
         forall = tile_root_and_fuse(w, ctx, root_sizes_from_anchor(ctx, {n_: 1, oh: h[f"p_d{oh}"], ow: r[ow], f: h[f"p_d{f}"]}))
         a_h, _ = w.tile_for(w.match_op_id(forall, anchor.op_id), sizes(c=h[f"k_d{c}"]))
         a_h, _ = w.tile_for(a_h, sizes(n=1, oh=1, ow=mr, f=nr))
@@ -224,7 +228,8 @@ class AmxTiling(Rule):
         `passes.amx` collapses away)."""
         anchor = ctx.anchor
         r = anchor.loop_ranges
-        pairs = r[k] if packed else r[k] // 2
+        group = AMX_GROUPS[variant_of(anchor).inputs]
+        pairs = r[k] if packed else r[k] // group
         pair = len(r) - 1 if packed else len(r)
         mr, nr = TILE * tm, TILE * tn
         steps = tuple(d for d in divisors(pairs) if d % TILE == 0 and d <= TILE * MAX_STEPS)
@@ -243,7 +248,7 @@ class AmxTiling(Rule):
         if not packed:
             # A's pack is a view; B's a copy over threads, 16 pair rows by
             # one vector of columns a step.
-            pack_reduction(w, ctx, k, 2, lead + [TILE, 0], lead + [1, lanes])
+            pack_reduction(w, ctx, k, group, lead + [TILE, 0], lead + [1, lanes])
         thread = {m: h[f"p_d{m}"], n: h[f"p_d{n}"], **({batch: 1} if batch is not None else {})}
         forall = tile_root_and_fuse(w, ctx, root_sizes_from_anchor(ctx, thread))
         a_h, _ = w.tile_for(w.match_op_id(forall, anchor.op_id), sizes(k=h[f"k_d{k}"]))

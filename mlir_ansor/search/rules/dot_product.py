@@ -149,8 +149,8 @@ def weight_packing(target):
             width = 2 * lanes_of(target)
             return Panels(width) if target.kind == "cpu" and n % width == 0 and n > width else None
         v = next((v for v in VARIANTS if (v.inputs, v.output) == (inputs, output)), None)
-        if v is not None and v.inputs == "bf16" and takes_amx(target, m, n, k):
-            return 2  # B in pairs, the rows of AMX's B tiles (`search.rules.amx`)
+        if v is not None and takes_amx(target, m, n, k, v.inputs):
+            return AMX_GROUPS[v.inputs]  # B in the groups of AMX's B tiles' rows (`search.rules.amx`)
         if v is None or not _maps_instruction(v, target):
             return None
         group = _group(v, target)
@@ -179,12 +179,21 @@ def weight_packing(target):
     return decide
 
 
-def takes_amx(target, m: int, n: int, k: int) -> bool:
-    """Whether `search.rules.amx` computes a bf16 matmul of these extents
-    (k in elements) on `target`: the CPU has AMX tiles with bf16, and the
-    extents are whole 16 x 16 tiles and steps of 16 pairs."""
-    amx = target.kind == "cpu" and target.has("amx_tile") and target.has("amx_bf16")
-    return amx and m % 16 == 0 and n % 16 == 0 and k % 32 == 0
+AMX_GROUPS = {"bf16": 2, "i8": 4}
+"""Input element type -> the reduction elements one 32-bit lane of an AMX
+product takes (pairs of bf16, ``tdpbf16ps``; quads of bytes, ``tdpbssd``)."""
+
+
+def takes_amx(target, m: int, n: int, k: int, inputs: str = "bf16") -> bool:
+    """Whether `search.rules.amx` computes a matmul of these extents (k in
+    elements) on `inputs` (bf16 or i8) on `target`: the CPU has AMX tiles
+    for the type, and the extents are whole 16 x 16 tiles and steps of 16
+    groups."""
+    group = AMX_GROUPS.get(inputs)
+    feature = "amx_bf16" if inputs == "bf16" else "amx_int8"
+    if group is None or target.kind != "cpu" or not (target.has("amx_tile") and target.has(feature)):
+        return False
+    return m % 16 == 0 and n % 16 == 0 and k % (16 * group) == 0
 
 
 def lanes_of(target) -> int:
