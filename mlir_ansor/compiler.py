@@ -672,6 +672,7 @@ def lower_and_link(module_text: str, signatures: dict, threads: int, so_path: st
     are assembled while the worker lowers."""
     import subprocess
 
+    from mlir_ansor.passes.amx import AMX_ATTR, request_amx_object
     from mlir_ansor.passes.artifacts import link_shared_library
 
     pool = _pool()
@@ -728,6 +729,9 @@ def lower_and_link(module_text: str, signatures: dict, threads: int, so_path: st
             _, err = proc.communicate()
             if proc.returncode != 0:
                 raise AnsorError(f"assembling {os.path.basename(src)} failed: {err.decode(errors='replace').strip()[-1000:]}")
+        if AMX_ATTR in module_text:  # AMX kernels: the library asks for the tile state as it loads
+            amx = request_amx_object(workdir)
+            objs = objs + ([amx] if amx else [])
         try:
             link_shared_library(objs + [o for _, o, _ in assembling], so_path)
         except RuntimeError as e:

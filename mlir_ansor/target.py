@@ -156,7 +156,8 @@ DOT_PRODUCTS: tuple[DotProduct, ...] = (
 """The x86 dot products, widest first within a kind. The 256-bit
 ``vpdpbusd``/``vpdpwssd`` intrinsics are one each for two encodings: EVEX with
 AVX512-VNNI + AVX512-VL, VEX with AVX-VNNI (LLVM picks). AMX (tiles, not
-vectors) is recorded in the features but is not a vector dot product."""
+vectors) is recorded in the features and is not a vector dot product: its
+matmuls are `search.rules.amx`'s."""
 
 
 DOT_RATES: dict[tuple[str, str, int], float] = {

@@ -312,3 +312,35 @@ def test_int8_convolution_results_are_exact(tmp_path):
     finally:
         kernel.close()
     assert np.array_equal(out, ref)
+
+
+_PERMISSION = """
+import ctypes, sys
+ctypes.CDLL(sys.argv[1])
+libc = ctypes.CDLL(None)
+mask = ctypes.c_uint64(0)
+libc.syscall(158, 0x1022, ctypes.byref(mask))  # ARCH_GET_XCOMP_PERM
+print(int(bool(mask.value & (1 << 18))))  # XFEATURE_XTILEDATA
+"""
+
+
+def test_a_compiled_library_asks_for_the_tile_state_itself(tmp_path):
+    """Loaded by a process that never imports mlir_ansor (a C program's
+    dlopen), the library's constructor has asked Linux for AMX's tile
+    state; the module computes on the tiles."""
+    import subprocess
+    import sys
+
+    import mlir_ansor
+
+    _host_has_amx()
+    cm = mlir_ansor.compile(mlir_ansor.load(text=matmul(64, 64, 128, "bf16", "f32")))
+    assert [k.sketch_name for k in cm.kernels] == ["cpu-amx-2x2"]
+    assert instruction_counts(cm.library_path, ["tdpbf16ps"])["tdpbf16ps"] > 0
+    out = subprocess.run([sys.executable, "-c", _PERMISSION, cm.library_path], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "1", out.stderr
+    rng = np.random.default_rng(5)
+    a = rng.uniform(-1, 1, (64, 128)).astype(ml_dtypes.bfloat16)
+    b = rng.uniform(-1, 1, (128, 64)).astype(ml_dtypes.bfloat16)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.max(np.abs(cm(a, b) - ref)) / np.max(np.abs(ref)) < 1e-5

@@ -28,7 +28,9 @@ import ctypes
 import functools
 import logging
 import math
+import os
 import platform
+import subprocess
 
 from mlir import ir
 
@@ -63,6 +65,31 @@ def request_amx() -> bool:
         return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
     except (OSError, AttributeError):
         return False
+
+
+_CONSTRUCTOR = """
+#include <sys/syscall.h>
+#include <unistd.h>
+__attribute__((constructor)) static void mlir_ansor_request_amx(void) {
+    syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */);
+}
+"""
+
+
+def request_amx_object(folder: str) -> str | None:
+    """An object file (in `folder`) whose constructor asks for the tile
+    state when the library it is linked into loads, so that a compiled
+    module with AMX kernels also runs where no Python of ours loads it
+    (``dlopen`` from C). None off x86-64 Linux."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    src, obj = os.path.join(folder, "request_amx.c"), os.path.join(folder, "request_amx.o")
+    with open(src, "w", encoding="utf-8") as f:
+        f.write(_CONSTRUCTOR)
+    proc = subprocess.run(["cc", "-O2", "-fPIC", "-c", "-o", obj, src], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise AnsorError(f"amx: building the tile-state request failed: {proc.stderr.strip()[-1000:]}")
+    return obj
 
 
 def _collapse(t: ir.MemRefType, groups: list[list[int]]) -> str:
