@@ -344,3 +344,54 @@ def test_a_compiled_library_asks_for_the_tile_state_itself(tmp_path):
     b = rng.uniform(-1, 1, (128, 64)).astype(ml_dtypes.bfloat16)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     assert np.max(np.abs(cm(a, b) - ref)) / np.max(np.abs(ref)) < 1e-5
+
+
+def test_a_linear_layer_with_its_epilogue(tmp_path):
+    """BERT's bf16 linear as torch-mlir writes it: a constant B (packed at
+    compile time), the bias added and the result truncated to bf16 in the
+    same task (the bias read as the rows of a tile once crashed the
+    lowering)."""
+    import mlir_ansor
+
+    _host_has_amx()
+    m, k, n = 32, 64, 64
+    rng = np.random.default_rng(6)
+    w = rng.uniform(-1, 1, (k, n)).astype(ml_dtypes.bfloat16)
+    bias = rng.uniform(-1, 1, n).astype(np.float32)
+
+    def dense(x):
+        return f'dense<"0x{x.tobytes().hex().upper()}">'
+
+    t, tb = f"tensor<{m}x{n}xf32>", f"tensor<{m}x{n}xbf16>"
+    src = f"""
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#col = affine_map<(d0, d1) -> (d1)>
+func.func @lin(%a: tensor<{m}x{k}xbf16>) -> {tb} {{
+  %w = arith.constant {dense(w.view(np.uint16))} : tensor<{k}x{n}xbf16>
+  %b = arith.constant {dense(bias)} : tensor<{n}xf32>
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {t}
+  %c = linalg.fill ins(%z : f32) outs(%e : {t}) -> {t}
+  %r = linalg.matmul ins(%a, %w : tensor<{m}x{k}xbf16>, tensor<{k}x{n}xbf16>) outs(%c : {t}) -> {t}
+  %rb = linalg.generic {{indexing_maps = [#id, #col, #id], iterator_types = ["parallel", "parallel"]}}
+      ins(%r, %b : {t}, tensor<{n}xf32>) outs(%e : {t}) {{
+  ^bb0(%v: f32, %u: f32, %o: f32):
+    %s = arith.addf %v, %u : f32
+    linalg.yield %s : f32
+  }} -> {t}
+  %eb = tensor.empty() : {tb}
+  %y = linalg.generic {{indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}}
+      ins(%rb : {t}) outs(%eb : {tb}) {{
+  ^bb0(%v: f32, %o: bf16):
+    %q = arith.truncf %v : f32 to bf16
+    linalg.yield %q : bf16
+  }} -> {tb}
+  return %y : {tb}
+}}
+"""
+    cm = mlir_ansor.compile(mlir_ansor.load(text=src))
+    assert [k.sketch_name for k in cm.kernels] == ["cpu-amx-2x2"]
+    a = rng.uniform(-1, 1, (m, k)).astype(ml_dtypes.bfloat16)
+    want = a.astype(np.float64) @ w.astype(np.float64) + bias
+    got = np.asarray(cm(a)).astype(np.float64)
+    assert np.max(np.abs(got - want)) / np.max(np.abs(want)) < 1e-2  # one bf16 rounding

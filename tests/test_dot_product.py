@@ -357,6 +357,22 @@ def test_contiguous_transfers_become_one_d():
         )
 
 
+def test_a_broadcast_read_is_left_as_it_is():
+    """A bias read as the rows of a tile (``(d0) -> (0, d0)``: more results
+    than dimensions) is no contiguous n-D read; it aborted the process
+    (`AffineMap::getMinorIdentityMap`'s assertion) before it was checked."""
+    text = """
+func.func @f(%b: memref<768xf32>, %j: index) -> vector<1x16xf32> {
+  %p = ub.poison : f32
+  %0 = vector.transfer_read %b[%j], %p {in_bounds = [true, true], permutation_map = affine_map<(d0) -> (0, d0)>} : memref<768xf32>, vector<1x16xf32>
+  return %0 : vector<1x16xf32>
+}
+"""
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+        assert flatten_contiguous_transfers(module) == 0
+
+
 PAIR = """
 #a = affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>
 #b = affine_map<(d0, d1, d2, d3) -> (d2, d1, d3)>

@@ -63,7 +63,10 @@ def _flatten_one(op: ir.Operation) -> bool:
     if "in_bounds" not in op.attributes or not all(ir.BoolAttr(b).value for b in ir.ArrayAttr(op.attributes["in_bounds"])):
         return False
     pmap = ir.AffineMapAttr(op.attributes["permutation_map"]).value
-    if pmap != ir.AffineMap.get_minor_identity(pmap.n_dims, len(pmap.results)):
+    # A broadcast (a bias vector<16xf32> read as vector<1x16xf32>: more
+    # results than dimensions) is no minor identity, and asking for one
+    # of that shape aborts.
+    if len(pmap.results) > pmap.n_dims or pmap != ir.AffineMap.get_minor_identity(pmap.n_dims, len(pmap.results)):
         return False
     vshape, mshape = list(vtype.shape), list(mtype.shape)
     lead = mtype.rank - vtype.rank  # buffer dims the vector does not span
