@@ -61,7 +61,7 @@ from mlir import ir, passmanager
 from mlir_ansor.errors import AnsorError, UnsupportedError
 from mlir_ansor.graph.constants import fold_constants
 from mlir_ansor.graph.dynamic import argument_shapes
-from mlir_ansor.graph.task import Occurrence, Task, partition
+from mlir_ansor.graph.task import Occurrence, Task
 from mlir_ansor.importers import load
 from mlir_ansor.ir.dtypes import ELEMENT_BYTES
 from mlir_ansor.ir.program import Program, resource_blobs, resource_bytes
@@ -81,7 +81,7 @@ from mlir_ansor.passes.artifacts import symbol_stub
 from mlir_ansor.passes.compile_cache import CompileCache, cache_for, file_digest
 from mlir_ansor.passes.drivers import linalg_inits
 from mlir_ansor.passes.lowering import BUFFERIZE, lower_to_llvm
-from mlir_ansor.search.rules.dot_product import weight_packing
+from mlir_ansor.search.tasks import occurrences_for, tasks_for
 from mlir_ansor.target import Target, usable_cores
 
 __all__ = ["CompiledModule", "DynamicModule", "KernelPlan", "ScheduledModule", "cached_compile", "compile", "compile_untuned",
@@ -1149,7 +1149,6 @@ class DynamicModule:
 
     def _tuned(self, text: str) -> bool:
         """Whether the database has records of a task of `text`'s module."""
-        from mlir_ansor.graph.task import extract_tasks
         from mlir_ansor.ir.program import load as load_text
         from mlir_ansor.records import Database
 
@@ -1157,7 +1156,7 @@ class DynamicModule:
         if db is None or not os.path.exists(db) or os.path.getsize(db) == 0:
             return False
         target = self.options.get("target") or Target.host()
-        tasks = extract_tasks(load_text(text=text), func=self.entry, prepack=weight_packing(target))
+        tasks = tasks_for(load_text(text=text), target, func=self.entry)
         with Database(db, readonly=True) as d:
             return any(d.count(t.workload_key, target.key) for t in tasks)
 
@@ -1414,7 +1413,7 @@ def schedule_module(
     # in place; any other source is loaded afresh, the caller's left as it is.
     program = source if _owned and isinstance(source, Program) else load(
         source.module if isinstance(source, Program) else source)
-    occs = partition(program, prepack=weight_packing(target))
+    occs = occurrences_for(program, target)
     tasks: dict[str, Task] = {}
     for o in occs:
         tasks.setdefault(o.task.workload_key, o.task)

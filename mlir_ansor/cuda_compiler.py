@@ -45,14 +45,14 @@ import numpy as np
 from mlir import ir
 
 from mlir_ansor.errors import AnsorError, UnsupportedError
-from mlir_ansor.graph.task import Occurrence, Task, partition
+from mlir_ansor.graph.task import Occurrence, Task
 from mlir_ansor.importers import load
 from mlir_ansor.ir.program import Program, location_str, resource_blobs, resource_bytes
 from mlir_ansor.measure.cuda_module import FORMAT, PLAN_FILE, VERSION, CudaModule
 from mlir_ansor.measure.cuda_runner import np_dtype
 from mlir_ansor.measure.pool import WorkerPool
 from mlir_ansor.passes.cuda_kernels import build_module_kernel, merge_ptx
-from mlir_ansor.search.rules.dot_product import weight_packing
+from mlir_ansor.search.tasks import occurrences_for
 from mlir_ansor.target import Target, usable_cores
 
 __all__ = ["CudaKernelPlan", "build_bundle", "bundle_ptx", "compile_cuda", "host_plan", "plan_cuda_kernels"]
@@ -393,7 +393,7 @@ def build_bundle(source, folder: str | os.PathLike, *, db: str | os.PathLike | N
         raise AnsorError(f"build_bundle: {target.key} is not a CUDA target")
     program = load(source.module if isinstance(source, Program) else source)
     _fold(program)
-    occs = partition(program, prepack=weight_packing(target))  # as the tuner extracts them: the same workload keys
+    occs = occurrences_for(program, target)  # as the tuner extracts them: the same workload keys
     name = _entry_of(program, occs, entry)
     tasks: dict[str, Task] = {}
     for o in occs:

@@ -265,20 +265,18 @@ def tuned_sizes(text: str, entry: str | None, db: str | os.PathLike | None, targ
     import itertools
     import re
 
-    from mlir_ansor.graph.task import extract_tasks
     from mlir_ansor.ir.program import load as load_text
     from mlir_ansor.records import Database
-    from mlir_ansor.search.rules.dot_product import weight_packing
+    from mlir_ansor.search.tasks import tasks_for
     from mlir_ansor.search.transfer import family_key
 
     if db is None or not os.path.exists(db) or os.path.getsize(db) == 0:
         return {}
     groups = _groups(text, entry)
-    prepack = weight_packing(target)
 
     def tasks_at(values: tuple[int, ...]):
         sized, _ = specializations(text, {g[0]: (v,) for g, v in zip(groups, values)}, func=entry, keep_name=True)
-        return extract_tasks(load_text(text=sized), func=entry, prepack=prepack)
+        return tasks_for(load_text(text=sized), target, func=entry)
 
     probe = tuple(_PROBES[k % len(_PROBES)] for k in range(len(groups)))
     families = {family_key(t.mlir) for t in tasks_at(probe)}

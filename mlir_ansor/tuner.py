@@ -46,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from mlir_ansor.errors import AnsorError
-from mlir_ansor.graph.task import Task, extract_tasks
+from mlir_ansor.graph.task import Task
 from mlir_ansor.importers import load
 from mlir_ansor.ir.program import Program
 from mlir_ansor.measure import gpu_measure
@@ -59,11 +59,11 @@ from mlir_ansor.records.database import RETIME_KEY, Database, Record
 from mlir_ansor.search.features import template_cache
 from mlir_ansor.search.generate import generate_sketches
 from mlir_ansor.search.rules import NO_PACKING
-from mlir_ansor.search.rules.dot_product import weight_packing
 from mlir_ansor.search.sketch import Sketch, default_assignment
 from mlir_ansor.search.space import Assignment
 from mlir_ansor.search.strategy import EvolutionConfig, MeasuredCandidate, SearchStrategy, TaskContext
 from mlir_ansor.search.task_scheduler import TaskStats
+from mlir_ansor.search.tasks import tasks_for
 from mlir_ansor.search.transfer import family_key, size_distance, transfer_knobs, transferred
 from mlir_ansor.target import Target, usable_cores
 from mlir_ansor.version import __version__
@@ -456,7 +456,7 @@ def tune(
     if target.kind == "cuda":
         check_cuda_host(target, config, gpu_here=measurer is None)
     program = source if isinstance(source, Program) else load(source)
-    tasks = extract_tasks(program, func=func, prepack=weight_packing(target))
+    tasks = tasks_for(program, target, func=func)
     own_db = db is None
     db_path = str(db) if db is not None else os.path.join(tempfile.mkdtemp(prefix="mlir-ansor-db-"), "tuning.db")
     _check_names(config)

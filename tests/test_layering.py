@@ -174,3 +174,19 @@ def test_the_checks_see_violations(tmp_path, monkeypatch):
     assert _against_layers(modules) == ["mlir_ansor/ir/bad.py:2: mlir_ansor.ir.bad (ir) imports mlir_ansor.search.rules (search)"]
     assert _private_imports(modules) == ["mlir_ansor/ir/bad.py:2: mlir_ansor.ir.bad imports mlir_ansor.search.rules._private"]
     assert _cycles(modules) == [["mlir_ansor.search.rules", "mlir_ansor.search.sketch", "mlir_ansor.search.rules"]]
+
+
+def test_tasks_are_extracted_for_a_target_one_way():
+    """Workload keys depend on the target's decisions (`weight_packing`):
+    every caller that extracts tasks for a target goes through
+    `search.tasks` (a caller that passed its own `prepack`, or none, found
+    no records in the past: `replay` printed "reference: crash")."""
+    offenders = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT.parent).as_posix()
+        if rel in ("mlir_ansor/search/tasks.py",) or rel.startswith("mlir_ansor/graph/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and any(k.arg == "prepack" for k in node.keywords):
+                offenders.append(f"{rel}:{node.lineno}")
+    assert not offenders, "pass a target to search.tasks instead of prepack= at: " + ", ".join(offenders)

@@ -1277,8 +1277,10 @@ def extract_tasks(
     attribute: compute once a costly subexpression two ops repeat,
     :mod:`.share`; ``fuse_rows``: one task for a softmax or a layer norm,
     :func:`_merge_rows`), and which matmuls with a constant B to read it packed for the
-    target's dot products (:mod:`.prepack`; the tuner and the compiler pass
-    `search.rules.dot_product.weight_packing` of their target); None: none.
+    target's dot products (:mod:`.prepack`); None: none. The workload keys
+    depend on it: `tune`'s records match the tasks extracted with its
+    target's decisions, which `search.tasks.tasks_for` does (the tuner,
+    the compiler and the tools all go through it).
     """
     return _extract(_load_program(program_or_module), func, prepack)[0]
 

@@ -1,25 +1,30 @@
 """AMX micro-kernels for the register tiles `search.rules.amx` leaves.
 
-The rule tags a bf16 matmul's register tile (``ansor.amx``) and leaves it a
-``linalg.generic`` through bufferization. On memrefs it reads::
+The rule tags a matmul's register tile (``ansor.amx``) and leaves it a
+``linalg.generic`` through bufferization. On memrefs it reads, for groups
+of g = 2 bf16 (f32 accumulators) or g = 4 bytes (i32), with leading unit
+dimensions where a batch loop was::
 
-    A: memref<MR x KC x 2 x bf16, strided<[sa, 2, 1]>>   (m, k/2, 2)
-    B: memref<KC x NR x 2 x bf16, strided<[sb, 2, 1]>>   (k/2, n, 2)
-    C: memref<MR x NR x f32, strided<[sc, 1]>>           (m, n)
+    A: memref<MR x KC x g, strided<[sa, g, 1]>>   (m, k/g, g)
+    B: memref<KC x NR x g, strided<[sb, g, 1]>>   (k/g, n, g)
+    C: memref<MR x NR, strided<[sc, 1]>>          (m, n)
 
-:func:`amx_microkernels` replaces it with the AMX program: A's and B's pair
-dimensions collapsed into their rows (A's tile rows are then 32 contiguous
-bf16, B's 16 pairs), the MR/16 x NR/16 accumulator tiles loaded from C,
-KC/16 reduction steps unrolled (at each, the A tiles and, one at a time,
-the B tiles loaded and one ``amx.tile_mulf`` per accumulator), the
-accumulators stored back. No tile crosses a block boundary, so the
-standard LLVM conversion takes it (`lowering`).
+:func:`amx_microkernels` replaces it with the AMX program: A's and B's
+group dimensions collapsed into their rows (a tile row is then 64
+contiguous bytes of A, and 16 groups of B), MR rows in as few tiles of at
+most 16 rows as hold them by NR/16 accumulator tiles loaded from C, KC/16
+reduction steps unrolled (at each, the reused operand's tiles loaded
+first, then one at a time the other's, and one ``amx.tile_mulf`` /
+``amx.tile_muli`` per accumulator), the accumulators stored back. No tile
+crosses a block boundary, so the standard LLVM conversion takes it
+(`lowering`).
 
 Linux gives a process the AMX tile state only when it asks for it
 (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``); without it the
 first tile instruction is a SIGILL. :func:`request_amx` asks, once per
-process; the loaders of our libraries call it (`measure.runner`, the
-compiled modules).
+process (`measure.runner.Kernel` calls it), and :func:`request_amx_object`
+is a constructor that asks when a library loads (`compiler` links it into
+libraries with AMX kernels).
 """
 
 from __future__ import annotations

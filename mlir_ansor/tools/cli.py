@@ -917,15 +917,14 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
     weights = None
     if args.input:
-        from mlir_ansor.graph.task import extract_tasks
 
         # The tasks as `tune` on this host cut them (constant weights packed).
         from mlir_ansor.importers import load
-        from mlir_ansor.search.rules.dot_product import weight_packing
+        from mlir_ansor.search.tasks import tasks_for
         from mlir_ansor.target import Target
 
         program = load(args.input)
-        weights = {t.workload_key: t.weight for t in extract_tasks(program, prepack=weight_packing(Target.host()))}
+        weights = {t.workload_key: t.weight for t in tasks_for(program, Target.host())}
     output = args.output
     if os.path.isdir(output):
         output = os.path.join(output, "curve.png")

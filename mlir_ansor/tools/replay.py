@@ -99,13 +99,12 @@ def replay(
 ) -> ReplayReport:
     """Re-measure the `top` best valid records of every task of `db_path`
     (on `threads` threads only, when given) on this machine."""
-    from mlir_ansor.graph.task import extract_tasks
     from mlir_ansor.importers import load
     from mlir_ansor.measure.measurer import Candidate, Measurement, Measurer
     from mlir_ansor.measure.pool import ErrorKind
     from mlir_ansor.records import Database
     from mlir_ansor.search.generate import generate_sketches
-    from mlir_ansor.search.rules.dot_product import weight_packing
+    from mlir_ansor.search.tasks import tasks_for
     from mlir_ansor.tuner import TuneConfig, package_versions
 
     target = target or Target.host()
@@ -128,7 +127,7 @@ def replay(
                 # five, and the first one's inputs, given to the whole task's
                 # reference, crashed it. A task text is one task; its key
                 # may differ from the one it had in its model.
-                tasks = extract_tasks(load(text=w["task_mlir"]), prepack=weight_packing(target))
+                tasks = tasks_for(load(text=w["task_mlir"]), target)
                 task = next((t for t in tasks if t.workload_key == w["workload_key"]), tasks[0] if len(tasks) == 1 else None)
                 sketches = {sk.hash: sk for sk in generate_sketches(w["task_mlir"], target)}
             except Exception:  # noqa: BLE001 - a task the current frontend or rules refuse

@@ -218,17 +218,16 @@ class TorchBackend:
         and thread count (what an earlier run measured counts)."""
         import dataclasses
 
-        from mlir_ansor.graph.task import extract_tasks
         from mlir_ansor.ir.program import load
         from mlir_ansor.records.database import Database
-        from mlir_ansor.search.rules.dot_product import weight_packing
+        from mlir_ansor.search.tasks import tasks_for
         from mlir_ansor.tuner import TuneConfig, tune
 
         have = 0
         if self._db_path and os.path.exists(self._db_path):
             # The tasks as `tune` extracts them (the target's weight panels
             # and row merges), so their keys are the records' keys.
-            keys = {t.workload_key for t in extract_tasks(load(text=text), prepack=weight_packing(target))}
+            keys = {t.workload_key for t in tasks_for(load(text=text), target)}
             with Database(self._db_path, readonly=True) as db:
                 have = sum(
                     1

@@ -1,35 +1,41 @@
-"""bf16 matmuls on AMX tiles (Sapphire / Emerald / Granite Rapids).
+"""bf16 and int8 matmuls and convolutions on AMX tiles (Sapphire /
+Emerald / Granite Rapids).
 
 TensorIR's tensorize on a matrix instruction: where the CPU has AMX
-(``amx_tile`` and ``amx_bf16``), the innermost tile of a bf16 matmul with
-f32 accumulation is a block of 16 x 16 accumulator tiles, and each step of
-its reduction one ``tdpbf16ps`` per accumulator: 16 x 16 x 32 products of
-bf16 pairs (A's 16 rows of 32 elements, B's 16 rows of 16 pairs) into 16 x
-16 f32. One instruction a core every 16 cycles is 1024 flops a cycle, 16
-times what AVX-512 FMAs do (and ``vdpbf16ps`` runs at half their rate on
-these cores: `target.DOT_RATES`, so `cpu-dot-product` makes no bf16 sketch
-there).
+(``amx_tile`` with ``amx_bf16`` / ``amx_int8``), the innermost tile of a
+matmul is a block of 16 x 16 accumulator tiles, and each step of its
+reduction one instruction per accumulator. ``tdpbf16ps``: 16 x 16 x 32
+products of bf16 pairs (A's 16 rows of 32 elements, B's 16 rows of 16
+pairs) into 16 x 16 f32; ``tdpbssd`` the same on quads of bytes into i32
+(``tdpbusd`` / ``tdpbsud`` with one unsigned operand). One instruction a
+core every 16 cycles is 1024 flops a cycle for bf16, 16 times what AVX-512
+FMAs do (and ``vdpbf16ps`` runs at half their rate on these cores:
+`target.DOT_RATES`, so `cpu-dot-product` makes no bf16 sketch there).
 
-The layout is the dot-product rule's: the reduction packed in pairs, A[m,
-k/2, 2] a free view of A and B[k/2, n, 2] a copy (or packed once at compile
-time when B is a constant, `weight_packing`), so that A's tile rows are 32
-contiguous elements and B's are 16 pairs, what ``tileloadd`` reads.
+The layout is the dot-product rule's, in AMX's groups (`AMX_GROUPS`: pairs
+of bf16, quads of bytes): A[m, k/g, g] a free view of A and B[k/g, n, g] a
+copy (or packed once at compile time when B is a constant,
+`weight_packing`), so that A's tile rows are 64 contiguous bytes and B's 16
+groups of columns, what ``tileloadd`` reads. A convolution's A is its
+input's pixels (one output row), their channels in groups.
 
-Threads over m and n (knobs), a cache tile of the pairs (a knob, whole
-steps of 16 pairs), optionally the packed B tile copied to a contiguous
-buffer (``pack``: its rows are otherwise 4 N bytes apart), then a register
-tile of ``tm`` x ``tn`` accumulator tiles (one sketch per shape: 2 x 2, 1 x
-4, 4 x 1; AMX has eight tile registers, the block needs ``tm * tn`` for the
-accumulators and one or two more for the operands). The register tile is
-left as a ``linalg.generic``, tagged ``ansor.amx``, through vectorization
-(the fill, the copies and the fused consumers are vectorized as usual) and
+Threads over m and n (knobs; a convolution's output rows and channels), a
+cache tile of the groups (a knob, whole steps of 16 groups), for matmuls
+optionally the packed B tile copied to a contiguous buffer (``pack``: its
+rows are otherwise 4 N bytes apart), then a register tile of ``tm`` x
+``tn`` accumulator tiles (one sketch per shape: 2 x 2, 1 x 4, 4 x 1; AMX
+has eight tile registers, the block needs ``tm * tn`` for the accumulators
+and at most three more for the operands). The register tile is left as a
+``linalg.generic``, tagged ``ansor.amx``, through vectorization (the fill,
+the copies and the fused consumers are vectorized one by one) and
 bufferization; `passes.amx.amx_microkernels` then replaces it, on memrefs,
-with its tile loads, ``amx.tile_mulf`` steps and stores, the reduction
-unrolled (the accumulators never leave their tiles within a cache tile).
+with its tile loads, products and stores, the reduction unrolled (the
+accumulators stay in their tiles within a cache tile; a convolution's are
+loaded and stored at each window position).
 
 Processes must ask Linux for the tile state before the first AMX
-instruction (`passes.amx.request_amx`); the runtimes that load our
-libraries do.
+instruction (`passes.amx.request_amx`): `runner.Kernel` does, and the
+libraries `compiler` links have a constructor that does.
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ from mlir_ansor.search.sketch import OpStructure, Sketch
 from mlir_ansor.search.space import KnobSpec, divisors
 
 TILE = 16
-"""Rows and f32 columns of an accumulator tile; pairs of a reduction step."""
+"""Rows and 32-bit columns of an accumulator tile; groups of a reduction step."""
 
 REGISTER_TILES = ((2, 2), (1, 4), (4, 1))
 """Accumulator tiles (rows x columns of tiles) of a register tile, best
@@ -69,15 +75,15 @@ and four. With tiles that do not fit, (1, 2), (2, 1), (1, 1)."""
 SMALL_TILES = ((1, 2), (2, 1), (1, 1))
 
 MAX_STEPS = 32
-"""Most reduction steps (16 pairs each) the unrolled micro-kernel takes: the
-cache tile of pairs is at most 512."""
+"""Most reduction steps (16 groups each) the unrolled micro-kernel takes: the
+cache tile of groups is at most 512."""
 
 
 def amx_dims(a: OpStructure) -> tuple[int | None, int, int, int, bool] | None:
-    """(batch, m, n, k, packed) loops of a bf16 x bf16 -> f32 matmul the
-    rule takes: a plain one, a batched one (attention's products; `batch`
-    its loop, else None), or `graph.prepack`'s on a B packed in pairs (then
-    k is the pairs loop); None otherwise."""
+    """(batch, m, n, k, packed) loops of a bf16 -> f32 or int8 -> i32
+    matmul the rule takes: a plain one, a batched one (attention's
+    products; `batch` its loop, else None), or `graph.prepack`'s on a B
+    packed in AMX's groups (then k is the groups' loop); None otherwise."""
     v = variant_of(a)
     if v is None or v.inputs not in AMX_GROUPS or a.num_inputs != 2 or not a.is_mul_add:
         return None
