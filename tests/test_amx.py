@@ -41,6 +41,24 @@ def _knobs(sketch, threads: int, **fixed) -> tuple:
     return tuple(sorted(knobs.items()))
 
 
+_PRODUCTS = ("tdpbf16ps", "tdpbssd", "tdpbusd", "tdpbsud")
+
+
+def _run(tmp_path, sketch, threads: int, inputs: list, out_shape, out_dtype, **fixed) -> np.ndarray:
+    """Build `sketch` at its default knobs (`fixed` overriding), check that
+    its products are on the tiles (not left to loops), run it on `inputs`."""
+    so = str(tmp_path / f"{sketch.name}-{threads}-{fixed.get('pack', '')}.so")
+    build(sketch.payload, sketch.concrete(_knobs(sketch, threads, **fixed)), threads, so)
+    assert sum(instruction_counts(so, list(_PRODUCTS)).values()) > 0
+    kernel = Kernel(so)
+    try:
+        out = aligned_full(out_shape, out_dtype, 7)  # the kernel's fill overwrites it
+        kernel.bind([aligned_copy(x) for x in inputs] + [out])()
+    finally:
+        kernel.close()
+    return out
+
+
 def test_sketches_where_the_cpu_has_amx():
     """One sketch per register tile that fits; none without AMX, none for
     f32, none where the extents are not whole tiles."""
@@ -151,18 +169,10 @@ def test_results(tmp_path, name, threads, pack):
     m, n, k = 128, 128, 256
     src = matmul(m, n, k, "bf16", "f32")
     (sketch,) = [s for s in amx_sketches(src, Target.host()) if s.name == name]
-    so = str(tmp_path / "k.so")
-    build(sketch.payload, sketch.concrete(_knobs(sketch, threads, p_d0=64, p_d1=64, k_d2=64, pack=pack)), threads, so)
-    assert instruction_counts(so, ["tdpbf16ps"])["tdpbf16ps"] > 0  # on the tiles, not in loops
     rng = np.random.default_rng(0)
     a = rng.uniform(-1, 1, (m, k)).astype(ml_dtypes.bfloat16)
     b = rng.uniform(-1, 1, (k, n)).astype(ml_dtypes.bfloat16)
-    kernel = Kernel(so)
-    try:
-        out = aligned_full((m, n), np.float32, 7)  # the kernel's fill overwrites it
-        kernel.bind([aligned_copy(a), aligned_copy(b), out])()
-    finally:
-        kernel.close()
+    out = _run(tmp_path, sketch, threads, [a, b], (m, n), np.float32, p_d0=64, p_d1=64, k_d2=64, pack=pack)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 1e-5
 
@@ -182,15 +192,7 @@ def test_batched_results(tmp_path):
     ref = x.astype(np.float64) @ y.astype(np.float64)
     for sketch in sketches:
         for pack in (0, 1):
-            so = str(tmp_path / f"{sketch.name}-{pack}.so")
-            build(sketch.payload, sketch.concrete(_knobs(sketch, 2, pack=pack)), 2, so)
-            assert instruction_counts(so, ["tdpbf16ps"])["tdpbf16ps"] > 0
-            kernel = Kernel(so)
-            try:
-                out = aligned_full((b, m, n), np.float32, 7)
-                kernel.bind([aligned_copy(x), aligned_copy(y), out])()
-            finally:
-                kernel.close()
+            out = _run(tmp_path, sketch, 2, [x, y], (b, m, n), np.float32, pack=pack)
             assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 1e-5, (sketch.name, pack)
 
 
@@ -225,15 +227,7 @@ def test_convolution_results(tmp_path, hw, c, f):
     sketches = amx_sketches(src, Target.host())
     assert sketches
     for sketch in sketches:
-        so = str(tmp_path / f"{sketch.name}.so")
-        build(sketch.payload, sketch.concrete(_knobs(sketch, 2)), 2, so)
-        assert instruction_counts(so, ["tdpbf16ps"])["tdpbf16ps"] > 0
-        kernel = Kernel(so)
-        try:
-            out = aligned_full((1, hw, hw, f), np.float32, 7)
-            kernel.bind([aligned_copy(x), aligned_copy(w), out])()
-        finally:
-            kernel.close()
+        out = _run(tmp_path, sketch, 2, [x, w], (1, hw, hw, f), np.float32)
         assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 1e-5, sketch.name
 
 
@@ -278,15 +272,7 @@ def test_int8_results_are_exact(tmp_path, unsigned):
     assert [s.name for s in sketches] == ["cpu-amx-2x2", "cpu-amx-4x1"]
     for sketch in sketches:
         for threads, pack in ((1, 0), (2, 1)):
-            so = str(tmp_path / f"{sketch.name}-{pack}.so")
-            build(sketch.payload, sketch.concrete(_knobs(sketch, threads, pack=pack)), threads, so)
-            assert sum(instruction_counts(so, ["tdpbssd", "tdpbusd", "tdpbsud"]).values()) > 0
-            kernel = Kernel(so)
-            try:
-                out = aligned_full((m, n), np.int32, 7)
-                kernel.bind([aligned_copy(a), aligned_copy(b), out])()
-            finally:
-                kernel.close()
+            out = _run(tmp_path, sketch, threads, [a, b], (m, n), np.int32, pack=pack)
             assert np.array_equal(out, ref), (sketch.name, threads, pack)
 
 
@@ -302,15 +288,7 @@ def test_int8_convolution_results_are_exact(tmp_path):
         for j in range(3):
             ref[0] += x[0, i : i + hw, j : j + hw, :].astype(np.int64) @ w[i, j].astype(np.int64)
     (sketch,) = amx_sketches(src, Target.host())
-    so = str(tmp_path / "k.so")
-    build(sketch.payload, sketch.concrete(_knobs(sketch, 2)), 2, so)
-    assert instruction_counts(so, ["tdpbssd"])["tdpbssd"] > 0
-    kernel = Kernel(so)
-    try:
-        out = aligned_full((1, hw, hw, f), np.int32, 7)
-        kernel.bind([aligned_copy(x), aligned_copy(w), out])()
-    finally:
-        kernel.close()
+    out = _run(tmp_path, sketch, 2, [x, w], (1, hw, hw, f), np.int32)
     assert np.array_equal(out, ref)
 
 

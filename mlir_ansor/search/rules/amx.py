@@ -194,19 +194,7 @@ class AmxTiling(Rule):
         tile = w.match_ops(func, ["linalg.generic"])
         w.emit(f'transform.annotate {tile} "ansor.amx" : {ANY}')
         self._bufferize(w)
-        prefer = {
-            f"k_d{c}": min(specs[2].options, key=lambda x: abs(x - 256)),
-            f"p_d{oh}": min(specs[0].options, key=lambda x: abs(x - 8)),
-            f"p_d{f}": min(specs[1].options, key=lambda x: abs(x - 64)),
-        }
-        return Sketch(
-            f"{self.name}-{mr}x{nr}",
-            ctx.payload,
-            w.text(),
-            tuple(specs),
-            forall=((f"p_d{oh}", r[oh]), (f"p_d{f}", r[f])),
-            prefer=tuple(sorted(prefer.items())),
-        )
+        return self._finish(ctx, w, specs, f"{mr}x{nr}", (oh, 8), (f, 64))
 
     @staticmethod
     def _vectorize_others(w: ScheduleWriter, ctx: SketchContext, func: str) -> None:
@@ -273,17 +261,26 @@ class AmxTiling(Rule):
         tile_others_in_pieces(w, ctx, forall, n, lanes)
         self._vectorize_others(w, ctx, w.match_func("%root"))
         self._bufferize(w)
+        return self._finish(ctx, w, specs, f"{tm}x{tn}", (m, 128), (n, 128))
+
+    def _finish(self, ctx: SketchContext, w: ScheduleWriter, specs: list[KnobSpec], shape: str,
+                rows: tuple[int, int], cols: tuple[int, int]) -> Sketch:
+        """The sketch: `specs` are the thread tiles of loops `rows` and
+        `cols` (loop, preferred size), the cache tile of groups (preferred:
+        256), and maybe ``pack`` (preferred: the copy)."""
+        r = ctx.anchor.loop_ranges
+        (lr, pr), (lc, pc) = rows, cols
         prefer = {
-            "pack": 0,
-            f"k_d{k}": min(specs[2].options, key=lambda x: abs(x - 256)),
-            f"p_d{m}": min(specs[0].options, key=lambda x: abs(x - 128)),
-            f"p_d{n}": min(specs[1].options, key=lambda x: abs(x - 128)),
+            specs[2].name: min(specs[2].options, key=lambda x: abs(x - 256)),
+            specs[0].name: min(specs[0].options, key=lambda x: abs(x - pr)),
+            specs[1].name: min(specs[1].options, key=lambda x: abs(x - pc)),
+            **({"pack": 0} if any(sp.name == "pack" for sp in specs) else {}),
         }
         return Sketch(
-            f"{self.name}-{tm}x{tn}",
+            f"{self.name}-{shape}",
             ctx.payload,
             w.text(),
             tuple(specs),
-            forall=((f"p_d{m}", r[m]), (f"p_d{n}", r[n])),
+            forall=((specs[0].name, r[lr]), (specs[1].name, r[lc])),
             prefer=tuple(sorted(prefer.items())),
         )
