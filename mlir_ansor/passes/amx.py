@@ -41,11 +41,21 @@ from mlir import ir
 
 from mlir_ansor.errors import AnsorError
 from mlir_ansor.ir.rewrite import walk_op
+from mlir_ansor.ir.types import identity_layout
 
 log = logging.getLogger(__name__)
 
 AMX_ATTR = "ansor.amx"
 TILE = 16
+"""Rows and 32-bit columns of an accumulator tile; groups in a row of an
+operand tile (64 bytes) and in a reduction step."""
+
+GROUPS = {"bf16": 2, "i8": 4}
+"""Input element type -> the reduction elements one 32-bit lane of an AMX
+product takes: pairs of bf16 (``tdpbf16ps``), quads of bytes (``tdpbssd``)."""
+
+ACCUMULATORS = {"bf16": "f32", "i8": "i32"}
+"""Input element type -> the accumulator's."""
 
 _MAPS = (
     "affine_map<(d0, d1, d2, d3) -> (d0, d2, d3)>",
@@ -58,12 +68,16 @@ _ARCH_REQ_XCOMP_PERM = 0x1023
 _XFEATURE_XTILEDATA = 18
 
 
+def _linux_x86_64() -> bool:
+    return platform.system() == "Linux" and platform.machine() in ("x86_64", "AMD64")
+
+
 @functools.cache
 def request_amx() -> bool:
     """Ask Linux for the AMX tile data state for this process (x86-64
     Linux only; a no-op elsewhere). Returns whether it was granted. Safe to
     call on a CPU without AMX (the kernel refuses; nothing else happens)."""
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+    if not _linux_x86_64():
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -72,13 +86,13 @@ def request_amx() -> bool:
         return False
 
 
-_CONSTRUCTOR = """
-#include <sys/syscall.h>
+_CONSTRUCTOR = f"""
 #include <unistd.h>
-__attribute__((constructor)) static void mlir_ansor_request_amx(void) {
-    syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */);
-}
+__attribute__((constructor)) static void mlir_ansor_request_amx(void) {{
+    syscall({_SYS_ARCH_PRCTL}, {_ARCH_REQ_XCOMP_PERM} /* ARCH_REQ_XCOMP_PERM */, {_XFEATURE_XTILEDATA} /* XFEATURE_XTILEDATA */);
+}}
 """
+"""The same request as :func:`request_amx`, as a C constructor."""
 
 
 def request_amx_object(folder: str) -> str | None:
@@ -86,7 +100,7 @@ def request_amx_object(folder: str) -> str | None:
     state when the library it is linked into loads, so that a compiled
     module with AMX kernels also runs where no Python of ours loads it
     (``dlopen`` from C). None off x86-64 Linux."""
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+    if not _linux_x86_64():
         return None
     src, obj = os.path.join(folder, "request_amx.c"), os.path.join(folder, "request_amx.o")
     with open(src, "w", encoding="utf-8") as f:
@@ -106,14 +120,10 @@ def _collapse(t: ir.MemRefType, groups: list[list[int]]) -> str:
         for d, nxt in zip(g, g[1:]):
             if t.shape[d] != 1 and strides[d] != strides[nxt] * t.shape[nxt]:
                 raise AnsorError(f"amx: dimensions {g} of {t} are not contiguous")
-    dims = "x".join(str(x) for x in shape)
-    ds = ", ".join(f"d{i}" for i in range(t.rank))
-    if str(t.layout) == f"affine_map<({ds}) -> ({ds})>":
-        return f"memref<{dims}x{t.element_type}>"  # identity in, identity out
-    dyn = ir.ShapedType.get_dynamic_stride_or_offset()
-    out = ["?" if strides[g[-1]] == dyn else str(strides[g[-1]]) for g in groups]
-    off = "?" if offset == dyn else str(offset)
-    return f"memref<{dims}x{t.element_type}, strided<[{', '.join(out)}], offset: {off}>>"
+    if identity_layout(t):
+        return str(ir.MemRefType.get(shape, t.element_type))  # identity in, identity out
+    layout = ir.StridedLayoutAttr.get(offset, [strides[g[-1]] for g in groups])
+    return str(ir.MemRefType.get(shape, t.element_type, layout))
 
 
 def _reassociation(groups: list[list[int]]) -> str:
@@ -130,11 +140,6 @@ def tile_rows(mr: int) -> tuple[int, int]:
     return tm, mr // tm
 
 
-_ELEMENT = {("bf16", "f32"): 2, ("i8", "i32"): 4}
-"""(input, accumulator) element types AMX multiplies -> the group of the
-reduction one 32-bit lane takes (pairs of bf16, quads of bytes)."""
-
-
 def _program(ta: ir.MemRefType, tb: ir.MemRefType, tc: ir.MemRefType, unsigned: tuple[bool, bool] = (False, False)) -> str:
     """The micro-kernel as a function of the three operands (with as many
     leading unit dimensions as the batch loops left).
@@ -146,7 +151,7 @@ def _program(ta: ir.MemRefType, tb: ir.MemRefType, tc: ir.MemRefType, unsigned: 
     bytes are unsigned (int8; ``tdpbusd`` and its kin)."""
     lead = ta.rank - 3
     ins, out = str(ta.element_type), str(tc.element_type)
-    group = _ELEMENT[ins, out]
+    group = GROUPS[ins]
     width = group * TILE  # elements in a row of an operand tile (64 bytes)
     mr, kc, nr = ta.shape[lead], ta.shape[lead + 1], tb.shape[lead + 1]
     (tm, tr), tn, steps = tile_rows(mr), nr // TILE, kc // TILE
@@ -249,9 +254,10 @@ def _check(op: ir.Operation) -> tuple[ir.MemRefType, ir.MemRefType, ir.MemRefTyp
     if ta.rank != lead + 3 or any(x != 1 for x in list(ta.shape[:lead]) + list(tc.shape[:lead])):
         raise AnsorError(f"amx: register tile {ta} x {tb} -> {tc} has a batch of more than one")
     mr, kc, group = ta.shape[lead:]
-    types = (str(ta.element_type), str(tc.element_type))
+    ins = str(ta.element_type)
     if (
-        _ELEMENT.get(types) != group
+        GROUPS.get(ins) != group
+        or ACCUMULATORS[ins] != str(tc.element_type)
         or tb.element_type != ta.element_type
         or tuple(tb.shape[lead:]) != (kc, tc.shape[lead + 1], group)
         or tc.shape[lead] != mr

@@ -12,7 +12,7 @@ core every 16 cycles is 1024 flops a cycle for bf16, 16 times what AVX-512
 FMAs do (and ``vdpbf16ps`` runs at half their rate on these cores:
 `target.DOT_RATES`, so `cpu-dot-product` makes no bf16 sketch there).
 
-The layout is the dot-product rule's, in AMX's groups (`AMX_GROUPS`: pairs
+The layout is the dot-product rule's, in AMX's groups (`passes.amx.GROUPS`: pairs
 of bf16, quads of bytes): A[m, k/g, g] a free view of A and B[k/g, n, g] a
 copy (or packed once at compile time when B is a constant,
 `weight_packing`), so that A's tile rows are 64 contiguous bytes and B's 16
@@ -40,7 +40,8 @@ libraries `compiler` links have a constructor that does.
 
 from __future__ import annotations
 
-from mlir_ansor.passes.amx import tile_rows
+from mlir_ansor.passes.amx import GROUPS as AMX_GROUPS
+from mlir_ansor.passes.amx import TILE, tile_rows
 from mlir_ansor.schedule.writer import ANY, ScheduleWriter
 from mlir_ansor.search.rules.base import (
     Rule,
@@ -50,7 +51,6 @@ from mlir_ansor.search.rules.base import (
     tile_root_and_fuse,
 )
 from mlir_ansor.search.rules.dot_product import (
-    AMX_GROUPS,
     conv_dims,
     lanes_of,
     loop_sizes,
@@ -63,9 +63,6 @@ from mlir_ansor.search.rules.dot_product import (
 )
 from mlir_ansor.search.sketch import OpStructure, Sketch
 from mlir_ansor.search.space import KnobSpec, divisors
-
-TILE = 16
-"""Rows and 32-bit columns of an accumulator tile; groups of a reduction step."""
 
 REGISTER_TILES = ((2, 2), (1, 4), (4, 1))
 """Accumulator tiles (rows x columns of tiles) of a register tile, best
@@ -122,14 +119,15 @@ def conv_tiles(ow: int, f: int) -> list[tuple[int, int]]:
 
 
 def _amx_conv(a: OpStructure, target) -> bool:
-    """Whether the rule takes `a` as a convolution: bf16 inputs, f32
-    accumulation, unit strides (`conv_dims`), channels in whole steps of 16
-    pairs and filters in whole tiles of 16."""
+    """Whether the rule takes `a` as a convolution: bf16 or int8 inputs
+    (f32, i32 accumulation), unit strides (`conv_dims`), channels in whole
+    steps of 16 groups and filters in whole tiles of 16 (the pixel rows
+    need not be: `conv_tiles`)."""
     v = variant_of(a)
     if v is None or v.inputs not in AMX_GROUPS or conv_dims(a) is None:
         return False
     r = a.loop_ranges
-    return takes_amx(target, 16, r[3], r[6], v.inputs)
+    return takes_amx(target, TILE, r[3], r[6], v.inputs)
 
 
 class AmxTiling(Rule):

@@ -54,6 +54,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlir_ansor.graph.prepack import Panels
+from mlir_ansor.passes.amx import GROUPS as AMX_GROUPS
+from mlir_ansor.passes.amx import TILE as AMX_TILE
 from mlir_ansor.schedule.writer import ScheduleWriter
 from mlir_ansor.search.rules.base import (
     Rule,
@@ -179,11 +181,6 @@ def weight_packing(target):
     return decide
 
 
-AMX_GROUPS = {"bf16": 2, "i8": 4}
-"""Input element type -> the reduction elements one 32-bit lane of an AMX
-product takes (pairs of bf16, ``tdpbf16ps``; quads of bytes, ``tdpbssd``)."""
-
-
 def takes_amx(target, m: int, n: int, k: int, inputs: str = "bf16") -> bool:
     """Whether `search.rules.amx` computes a matmul of these extents (k in
     elements) on `inputs` (bf16 or i8) on `target`: the CPU has AMX tiles
@@ -193,7 +190,7 @@ def takes_amx(target, m: int, n: int, k: int, inputs: str = "bf16") -> bool:
     feature = "amx_bf16" if inputs == "bf16" else "amx_int8"
     if group is None or target.kind != "cpu" or not (target.has("amx_tile") and target.has(feature)):
         return False
-    return m % 16 == 0 and n % 16 == 0 and k % (16 * group) == 0
+    return m % AMX_TILE == 0 and n % AMX_TILE == 0 and k % (AMX_TILE * group) == 0
 
 
 def lanes_of(target) -> int:
