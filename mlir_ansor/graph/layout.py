@@ -53,6 +53,7 @@ from mlir_ansor.ir.rewrite import (
     clone_remapped,
     defining_op,
     depends_on_arguments,
+    erase_unused,
     inverse_permutation,
     permutation_of,
     static_tensor_type,
@@ -312,15 +313,6 @@ def _sink_through_generic(op: ir.Operation) -> bool:
 _CLEANED = ("linalg.transpose", "linalg.generic", "linalg.fill", "tensor.empty", "tensor.pad", "linalg.conv_2d_nchw_fchw", *_POOLS)
 
 
-def _erase_dead(body: ir.Block) -> None:
-    """Erase the ops of the kinds the rewrites leave behind once nothing
-    uses them (users first, so chains go in one pass)."""
-    for opview in reversed(list(body.operations)):
-        op = opview.operation
-        if op.name in _CLEANED and not any(True for r in op.results for _ in r.uses):
-            op.erase()
-
-
 def convert_layout(fn: ir.Operation) -> int:
     """Convert the channel-first convolutions and poolings directly in
     `fn`'s body (on tensors) to channel-last and sink the transposes this
@@ -351,7 +343,7 @@ def convert_layout(fn: ir.Operation) -> int:
                 else:
                     done = False
                 changed += done
-            _erase_dead(body)
+            erase_unused(body, _CLEANED)
             total += changed
             if not changed:
                 return total

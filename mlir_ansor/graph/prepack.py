@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from mlir import ir
 
 from mlir_ansor.ir.attrs import PACKED_ATTR
-from mlir_ansor.ir.rewrite import clone_remapped, defining_op, indexing_maps, segments
+from mlir_ansor.ir.rewrite import clone_remapped, defining_op, erase_unused, indexing_maps, segments
 
 __all__ = ["Decide", "Panels", "prepack_weights"]
 
@@ -408,22 +408,9 @@ def prepack_weights(fn: ir.Operation, decide: Decide, constant: set) -> int:
         op.erase()
         count += 1
     if count:
-        _erase_dead(fn.regions[0].blocks[0])
+        erase_unused(fn.regions[0].blocks[0], _PURE)
     return count
 
 
 _PURE = frozenset({"tensor.empty", "linalg.fill", "tensor.expand_shape", "tensor.collapse_shape", "arith.constant"})
-
-
-def _erase_dead(block: ir.Block) -> None:
-    """Erase the ops the rewrites left unread (a panelled matmul's old
-    output fill): the generalized copy of the function, whose ops must line
-    up with these, loses them to the generalizing pass's folding."""
-    changed = True
-    while changed:
-        changed = False
-        for opview in reversed(list(block.operations)):
-            op = opview.operation
-            if op.name in _PURE and all(not list(r.uses) for r in op.results):
-                op.erase()
-                changed = True
+"""The ops a rewrite leaves unread (a panelled matmul's old output fill)."""

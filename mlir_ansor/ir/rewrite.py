@@ -234,3 +234,23 @@ def reassociation_attr(groups: list[list[int]]) -> ir.ArrayAttr:
     """`groups` as the reassociation attribute of a ``tensor`` reshape."""
     i64 = ir.IntegerType.get_signless(64)
     return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, j) for j in g]) for g in groups])
+
+
+def erase_unused(block: ir.Block, names) -> int:
+    """Erase the ops of `block` named in `names` whose results nothing reads,
+    users first and until none is left (a chain goes whole); returns how
+    many were erased. Rewrites leave such ops behind (an old output's fill,
+    a transpose of a rewritten input), and the generalized copy of a
+    function, whose Linalg ops must line up with its own, loses them to the
+    generalizing pass's folding."""
+    erased = 0
+    changed = True
+    while changed:
+        changed = False
+        for opview in reversed(list(block.operations)):
+            op = opview.operation
+            if op.name in names and not any(True for r in op.results for _ in r.uses):
+                op.erase()
+                erased += 1
+                changed = True
+    return erased
