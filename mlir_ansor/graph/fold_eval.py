@@ -182,15 +182,23 @@ def _array(v) -> np.ndarray:
     return np.asarray(v)
 
 
-def _map_dims(m: ir.AffineMap) -> list[int]:
+def _map_dims(m: ir.AffineMap) -> tuple[list[int], tuple]:
+    """The loop dims a projected permutation map reads, and the index that
+    picks its operand's part: a constant result (``(d0, d1) -> (2, d1)``)
+    fixes its axis, a dim takes the whole axis."""
     dims = []
+    index: list = []
     for e in m.results:
+        if isinstance(e, ir.AffineConstantExpr):
+            index.append(e.value)
+            continue
         if not isinstance(e, ir.AffineDimExpr):
             raise NotEvaluable(f"indexing map {m}")
         dims.append(e.position)
+        index.append(slice(None))
     if len(set(dims)) != len(dims):
         raise NotEvaluable(f"indexing map {m}")
-    return dims
+    return dims, tuple(index)
 
 
 def _to_domain(arr: np.ndarray, dims: list[int], rank: int) -> np.ndarray:
@@ -216,8 +224,10 @@ def _generic(op: ir.Operation, env: dict) -> None:
     shapes = [0] * rank
     operands = []
     for v, m in zip(op.operands, maps):
-        dims = _map_dims(m)
+        dims, index = _map_dims(m)
         val = env[v]
+        if len(dims) != len(index):
+            val = _array(val)[index]
         shape = val.shape
         for d, s in zip(dims, shape):
             shapes[d] = s
