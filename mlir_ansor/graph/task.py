@@ -37,6 +37,7 @@ from mlir_ansor.errors import InputError, UnsupportedError
 from mlir_ansor.graph.normalize import normalize, reciprocal_divisors
 from mlir_ansor.graph.prepack import Decide, prepack_weights
 from mlir_ansor.graph.share import share_subexpressions
+from mlir_ansor.graph.winograd import winograd_convolutions
 from mlir_ansor.ir.attrs import ANCHOR_ATTR, FUSED_ATTR, PACKED_ATTR
 from mlir_ansor.ir.dtypes import EPSILON, element_bytes, tolerance
 from mlir_ansor.ir.program import Program, load, location_str
@@ -809,6 +810,11 @@ multiplications by its reciprocal where the target asks for it
 (``reciprocals`` of the extraction's `prepack`: CPUs;
 `graph.normalize.reciprocal_divisors`)."""
 
+WINOGRAD = True
+"""Whether the extraction computes 3x3 convolutions in Winograd's F(4x4,
+3x3) where the target asks for it (``winograd`` of the extraction's
+`prepack`: CPUs; `graph.winograd`)."""
+
 
 def _attention_rows(info: _OpInfo, shape: list[int], keys: int | None = None) -> bool:
     """Whether the contraction `info` computes the rows of a softmax over
@@ -1312,6 +1318,8 @@ def _extract(program: Program, func: str | None, prepack: Decide | None = None) 
                         share_subexpressions(fn.operation)
                     if getattr(prepack, "reciprocals", False) and RECIPROCAL_DIVISORS:
                         reciprocal_divisors(fn.operation)
+                    if getattr(prepack, "winograd", False) and WINOGRAD:
+                        winograd_convolutions(fn.operation, constant_values(body))
                     prepack_weights(fn.operation, prepack, constant_values(body))
     funcs = [
         o.operation

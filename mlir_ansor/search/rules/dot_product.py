@@ -178,6 +178,10 @@ def weight_packing(target):
     # vdivps costs 5-10 multiplications. The GPU's warp reductions take a
     # reduction without an epilogue, and its softmax is bound by memory.
     decide.reciprocals = target.kind == "cpu"
+    # On a CPU a 3x3 f32 convolution with constant weights is computed in
+    # Winograd's F(4x4, 3x3) (`graph.winograd`): a quarter of the
+    # multiply-adds, for transforms bound by memory.
+    decide.winograd = target.kind == "cpu"
     return decide
 
 

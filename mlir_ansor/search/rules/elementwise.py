@@ -22,7 +22,7 @@ from mlir_ansor.search.rules.base import (
 from mlir_ansor.search.sketch import Sketch
 from mlir_ansor.search.space import KnobSpec, divisors
 
-ROWS = (1, 2, 4, 8)
+ROWS = (1, 2, 3, 4, 6, 8)
 
 
 class ElementwiseVectorize(Rule):
