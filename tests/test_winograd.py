@@ -19,6 +19,13 @@ from mlir_ansor.target import Target
 CPU = Target.cpu("znver4", cores=1)
 
 
+@pytest.fixture(autouse=True)
+def winograd_on(monkeypatch):
+    """The rewrite is off by default (`graph.task.WINOGRAD`); these tests
+    turn it on."""
+    monkeypatch.setattr(task_module, "WINOGRAD", True)
+
+
 def _matmul(a, b):
     return [[sum((x * y for x, y in zip(row, col)), Fraction(0)) for col in zip(*b)] for row in a]
 
@@ -123,10 +130,11 @@ def test_what_stays_a_direct_convolution(kwargs):
     assert any(n.startswith("conv_2d_nhwc_hwcf") for n in names), names
 
 
-def test_off_for_gpus_and_when_turned_off(monkeypatch):
+def test_off_for_gpus_and_by_default(monkeypatch):
     text = conv_module(32, 32, 64, 64)[0]
     assert any(t.name.startswith("conv") for t in tasks_for(load(text=text), Target.cuda(90)))
-    monkeypatch.setattr(task_module, "WINOGRAD", False)
+    monkeypatch.undo()
+    assert task_module.WINOGRAD is False
     assert any(n.startswith("conv") for n in _names(text))
 
 

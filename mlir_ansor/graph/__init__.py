@@ -12,6 +12,9 @@
 - `task`: the partition into tasks (anchor op plus fused producers and
   consumers), workload keys, flops, tolerances (`Task`, `extract_tasks`,
   `partition`).
+- `prepack`, `share`, `winograd`: the target's rewrites at extraction
+  (constant weights in the kernels' layout, a costly subexpression computed
+  once, 3x3 convolutions in Winograd's F(4x4, 3x3) on CPUs).
 - `constants`: the ops that compute from constants only, evaluated once at
   compile time (the evaluator is passed in by the compiler).
 - `fold_eval`: that evaluation with numpy, for the ops numpy computes

@@ -810,10 +810,14 @@ multiplications by its reciprocal where the target asks for it
 (``reciprocals`` of the extraction's `prepack`: CPUs;
 `graph.normalize.reciprocal_divisors`)."""
 
-WINOGRAD = True
+WINOGRAD = False
 """Whether the extraction computes 3x3 convolutions in Winograd's F(4x4,
 3x3) where the target asks for it (``winograd`` of the extraction's
-`prepack`: CPUs; `graph.winograd`)."""
+`prepack`: CPUs; `graph.winograd`). Off by default: a convolution tuned
+alone runs 1.76-1.96x faster (56 x 56 x 64, 28 x 28 x 128), but ResNet-50
+at 1 thread and 160 trials ran 99.2 ms with it against 101.0 without
+(within this host's noise): its 10 more tasks thin the budget, and its
+tuning took 1166 s instead of 896 (Emerald Rapids)."""
 
 
 def _attention_rows(info: _OpInfo, shape: list[int], keys: int | None = None) -> bool:
