@@ -132,7 +132,22 @@ def _sum_body(n: int) -> str:
     return "\n".join(lines)
 
 
-def _pass(name: str, out: str, values: list[str], value_type: str, value_map: str,
+def _slices(lines: list[str], src: str, src_shape: list[int], sizes: list[int],
+            result_shape: list[int], offsets: list[list[int]]) -> list[str]:
+    """Append a rank-reducing ``tensor.extract_slice`` of ``%src`` at each of
+    `offsets` (unit strides) to `lines`, named ``%src_s0``, ``%src_s1``, ...;
+    returns the names."""
+    names = []
+    for k, off in enumerate(offsets):
+        lines.append(
+            f"%{src}_s{k} = tensor.extract_slice %{src}[{', '.join(map(str, off))}] [{', '.join(map(str, sizes))}] "
+            f"[{', '.join(['1'] * len(sizes))}] : {_tensor(src_shape)} to {_tensor(result_shape)}"
+        )
+        names.append(f"%{src}_s{k}")
+    return names
+
+
+def _pass(out: str, values: list[str], value_type: str, value_map: str,
           coefficients: list[str], coefficient_map: str, out_shape: list[int], rows: int) -> str:
     """One transform pass: ``out = sum_i values[i] * coefficients[i]`` over
     the loops of `out_shape` (all parallel); the coefficients are vectors of
@@ -143,10 +158,10 @@ def _pass(name: str, out: str, values: list[str], value_type: str, value_map: st
     ins = ", ".join(values + coefficients)
     types = ", ".join([value_type] * n + [f"tensor<{rows}xf32>"] * n)
     return (
-        f"%{name}_e = tensor.empty() : {_tensor(out_shape)}\n"
+        f"%{out}_e = tensor.empty() : {_tensor(out_shape)}\n"
         f"%{out} = linalg.generic {{indexing_maps = [{', '.join(maps)}], "
         f"iterator_types = [{_parallel(rank)}]}} "
-        f"ins({ins} : {types}) outs(%{name}_e : {_tensor(out_shape)}) {{\n{_sum_body(n)}\n}} -> {_tensor(out_shape)}\n"
+        f"ins({ins} : {types}) outs(%{out}_e : {_tensor(out_shape)}) {{\n{_sum_body(n)}\n}} -> {_tensor(out_shape)}\n"
     )
 
 
@@ -209,31 +224,21 @@ def _program(n: int, hs: int, ws: int, c: int, f: int, low: list[int], ho: int, 
         f"%xh = tensor.expand_shape %xp [[0], [1, 2], [3], [4]] output_shape [{n}, {th + 1}, {TILE}, {wp}, {c}] "
         f": {_tensor([n, hp, wp, c])} into {_tensor([n, th + 1, TILE, wp, c])}"
     )
-    rows = []
-    for i in range(ALPHA):
-        lines.append(
-            f"%r{i} = tensor.extract_slice %xh[0, {i // TILE}, {i % TILE}, 0, 0] [{n}, {th}, 1, {wp}, {c}] [1, 1, 1, 1, 1] "
-            f": {_tensor([n, th + 1, TILE, wp, c])} to {_tensor([n, th, wp, c])}"
-        )
-        rows.append(f"%r{i}")
+    rows = _slices(lines, "xh", [n, th + 1, TILE, wp, c], [n, th, 1, wp, c], [n, th, wp, c],
+                   [[0, i // TILE, i % TILE, 0, 0] for i in range(ALPHA)])
     # [n, th, w, xi, c]: the pass's register tile takes all six xi of a
     # pixel (the elementwise rule tiles the second-to-last output loop),
     # each row read once for the six.
-    lines.append(_pass("t1", "t1", rows, _tensor([n, th, wp, c]), _map(5, [0, 1, 2, 4]),
+    lines.append(_pass("t1", rows, _tensor([n, th, wp, c]), _map(5, [0, 1, 2, 4]),
                        [f"%bt{i}" for i in range(ALPHA)], _map(5, [3]), [n, th, wp, ALPHA, c], ALPHA))
     # Columns: V[n, th, tw, xi, nu, c] = sum_j B_T[nu, j] T1[n, th, 4 tw + j, xi, c].
     lines.append(
         f"%t1w = tensor.expand_shape %t1 [[0], [1], [2, 3], [4], [5]] output_shape [{n}, {th}, {tw + 1}, {TILE}, {ALPHA}, {c}] "
         f": {_tensor([n, th, wp, ALPHA, c])} into {_tensor([n, th, tw + 1, TILE, ALPHA, c])}"
     )
-    cols = []
-    for j in range(ALPHA):
-        lines.append(
-            f"%q{j} = tensor.extract_slice %t1w[0, 0, {j // TILE}, {j % TILE}, 0, 0] [{n}, {th}, {tw}, 1, {ALPHA}, {c}] "
-            f"[1, 1, 1, 1, 1, 1] : {_tensor([n, th, tw + 1, TILE, ALPHA, c])} to {_tensor([n, th, tw, ALPHA, c])}"
-        )
-        cols.append(f"%q{j}")
-    lines.append(_pass("v", "v", cols, _tensor([n, th, tw, ALPHA, c]), _map(6, [0, 1, 2, 3, 5]),
+    cols = _slices(lines, "t1w", [n, th, tw + 1, TILE, ALPHA, c], [n, th, tw, 1, ALPHA, c], [n, th, tw, ALPHA, c],
+                   [[0, 0, j // TILE, j % TILE, 0, 0] for j in range(ALPHA)])
+    lines.append(_pass("v", cols, _tensor([n, th, tw, ALPHA, c]), _map(6, [0, 1, 2, 3, 5]),
                        [f"%bt{j}" for j in range(ALPHA)], _map(6, [4]), [n, th, tw, ALPHA, ALPHA, c], ALPHA))
     lines.append(
         f"%v2 = tensor.collapse_shape %v [[0, 1, 2], [3, 4], [5]] : {_tensor([n, th, tw, ALPHA, ALPHA, c])} into {_tensor([p, e, c])}"
@@ -260,25 +265,15 @@ def _program(n: int, hs: int, ws: int, c: int, f: int, low: list[int], ho: int, 
         f": {_tensor([e, p, f])} into {_tensor([ALPHA, ALPHA, n, th, tw, f])}"
     )
     # Output rows: O1[n, th, tw, nu, a, f] = sum_xi A_T[a, xi] M[xi, nu, n, th, tw, f].
-    ms = []
-    for xi in range(ALPHA):
-        lines.append(
-            f"%m{xi}s = tensor.extract_slice %m6[{xi}, 0, 0, 0, 0, 0] [1, {ALPHA}, {n}, {th}, {tw}, {f}] [1, 1, 1, 1, 1, 1] "
-            f": {_tensor([ALPHA, ALPHA, n, th, tw, f])} to {_tensor([ALPHA, n, th, tw, f])}"
-        )
-        ms.append(f"%m{xi}s")
+    ms = _slices(lines, "m6", [ALPHA, ALPHA, n, th, tw, f], [1, ALPHA, n, th, tw, f], [ALPHA, n, th, tw, f],
+                 [[xi, 0, 0, 0, 0, 0] for xi in range(ALPHA)])
     # [n, th, tw, nu, a, f]: all four a of a point in one register tile.
-    lines.append(_pass("o1", "o1", ms, _tensor([ALPHA, n, th, tw, f]), _map(6, [3, 0, 1, 2, 5]),
+    lines.append(_pass("o1", ms, _tensor([ALPHA, n, th, tw, f]), _map(6, [3, 0, 1, 2, 5]),
                        [f"%at{i}" for i in range(ALPHA)], _map(6, [4]), [n, th, tw, ALPHA, TILE, f], TILE))
     # Output columns: Y[n, th, a, tw, b, f] = sum_nu A_T[b, nu] O1[n, th, tw, nu, a, f].
-    os_ = []
-    for nu in range(ALPHA):
-        lines.append(
-            f"%o{nu}s = tensor.extract_slice %o1[0, 0, 0, {nu}, 0, 0] [{n}, {th}, {tw}, 1, {TILE}, {f}] [1, 1, 1, 1, 1, 1] "
-            f": {_tensor([n, th, tw, ALPHA, TILE, f])} to {_tensor([n, th, tw, TILE, f])}"
-        )
-        os_.append(f"%o{nu}s")
-    lines.append(_pass("y", "y", os_, _tensor([n, th, tw, TILE, f]), _map(6, [0, 1, 3, 2, 5]),
+    os_ = _slices(lines, "o1", [n, th, tw, ALPHA, TILE, f], [n, th, tw, 1, TILE, f], [n, th, tw, TILE, f],
+                  [[0, 0, 0, nu, 0, 0] for nu in range(ALPHA)])
+    lines.append(_pass("y", os_, _tensor([n, th, tw, TILE, f]), _map(6, [0, 1, 3, 2, 5]),
                        [f"%at{i}" for i in range(ALPHA)], _map(6, [4]), [n, th, TILE, tw, TILE, f], TILE))
     lines.append(
         f"%y4 = tensor.collapse_shape %y [[0], [1, 2], [3, 4], [5]] : {_tensor([n, th, TILE, tw, TILE, f])} "
