@@ -152,7 +152,7 @@ def _cancel_transposes(op: ir.Operation) -> bool:
     return True
 
 
-def _static_pad(op: ir.Operation) -> tuple[list[int], list[int]] | None:
+def static_pad(op: ir.Operation) -> tuple[list[int], list[int]] | None:
     """(low, high) of a ``tensor.pad`` with static amounts whose body only
     yields a value defined outside it; None otherwise."""
     if len(op.operands) != 1:  # dynamic low/high amounts are operands
@@ -190,7 +190,7 @@ def _hoist_over_pad(op: ir.Operation) -> bool:
     if isinstance(src, ir.BlockArgument) or src.owner.name != "tensor.pad":
         return False
     pad = src.owner
-    amounts = _static_pad(pad)
+    amounts = static_pad(pad)
     if amounts is None or permutation_of(pad.operands[0]) is None:
         return False
     q = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))

@@ -43,7 +43,14 @@ from __future__ import annotations
 from mlir import ir
 
 from mlir_ansor.graph.layout import fill_value
-from mlir_ansor.ir.rewrite import defining_op, permutation_of, static_tensor_type, transpose, window_ints
+from mlir_ansor.ir.rewrite import (
+    defining_op,
+    is_float_zero,
+    permutation_of,
+    static_tensor_type,
+    transpose,
+    window_ints,
+)
 
 __all__ = ["split_conv3d", "split_convolutions", "split_dilated_input", "split_groups"]
 
@@ -195,14 +202,6 @@ def split_conv3d(fn: ir.Operation) -> int:
     return _rewrite_all(fn, _CONV3D, _split_3d)
 
 
-def _float_zero(v: ir.Value) -> bool:
-    const = defining_op(v, "arith.constant")
-    if const is None:
-        return False
-    attr = const.attributes["value"]
-    return isinstance(attr, ir.FloatAttr) and ir.FloatAttr(attr).value == 0.0
-
-
 def _dilated_source(x: ir.Value) -> tuple[ir.Value, list[int], list[int], list[int], list[int]] | None:
     """If `x` (NHWC) is an input with zeros inserted between its pixels --
     ``tensor.insert_slice %src into zeros[offsets][sizes][strides]``, perhaps
@@ -217,7 +216,7 @@ def _dilated_source(x: ir.Value) -> tuple[ir.Value, list[int], list[int], list[i
         return None
     src, dest = ins.operands
     fill = fill_value(dest)
-    if fill is None or not _float_zero(fill) or not static_tensor_type(src):
+    if fill is None or not is_float_zero(fill) or not static_tensor_type(src):
         return None
     offsets = _ints_array(ins.attributes["static_offsets"])
     sizes = _ints_array(ins.attributes["static_sizes"])

@@ -48,8 +48,15 @@ from fractions import Fraction
 
 from mlir import ir
 
-from mlir_ansor.graph.layout import fill_value
-from mlir_ansor.ir.rewrite import clone_remapped, defining_op, erase_unused, static_tensor_type, window_ints
+from mlir_ansor.graph.layout import fill_value, static_pad
+from mlir_ansor.ir.rewrite import (
+    defining_op,
+    erase_unused,
+    inline_body,
+    is_float_zero,
+    static_tensor_type,
+    window_ints,
+)
 
 __all__ = ["A_T", "B_T", "G", "MIN_BLOCKS", "MIN_CHANNELS", "filter_transform", "winograd_convolutions"]
 
@@ -308,20 +315,10 @@ def _zero_pad_source(x: ir.Value) -> tuple[ir.Value, list[int]]:
     input `x`: through a ``tensor.pad`` by zeros with static amounts, else
     `x` itself with none."""
     pad = defining_op(x, "tensor.pad")
-    if pad is None or len(pad.operands) != 1:
+    amounts = static_pad(pad) if pad is not None else None
+    if amounts is None or not is_float_zero(list(pad.regions[0].blocks[0].operations)[0].operands[0]):
         return x, [0, 0]
-    body = pad.regions[0].blocks[0]
-    ops = list(body.operations)
-    if len(ops) != 1 or not len(ops[0].operands):
-        return x, [0, 0]
-    value = ops[0].operands[0]
-    if value in list(body.arguments):
-        return x, [0, 0]
-    const = defining_op(value, "arith.constant")
-    if const is None or not isinstance(const.attributes["value"], ir.FloatAttr) or ir.FloatAttr(const.attributes["value"]).value != 0.0:
-        return x, [0, 0]
-    low = list(ir.DenseI64ArrayAttr(pad.attributes["static_low"]))
-    high = list(ir.DenseI64ArrayAttr(pad.attributes["static_high"]))
+    low, high = amounts
     if low[0] or low[3] or high[0] or high[3] or min(low + high) < 0:
         return x, [0, 0]
     return pad.operands[0], [low[1], low[2]]
@@ -343,8 +340,7 @@ def _eligible(op: ir.Operation, constant: set) -> bool:
     if n * -(-ho // TILE) * -(-wo // TILE) < MIN_BLOCKS:
         return False
     zero = fill_value(init)
-    const = defining_op(zero, "arith.constant") if zero is not None else None
-    return const is not None and isinstance(const.attributes["value"], ir.FloatAttr) and ir.FloatAttr(const.attributes["value"]).value == 0.0
+    return zero is not None and is_float_zero(zero)
 
 
 def winograd_convolutions(fn: ir.Operation, constant: set) -> int:
@@ -361,15 +357,8 @@ def winograd_convolutions(fn: ir.Operation, constant: set) -> int:
         n, hs, ws, c = ir.RankedTensorType(source.type).shape
         _, ho, wo, f = ir.RankedTensorType(op.results[0].type).shape
         program = ir.Module.parse(_program(n, hs, ws, c, f, low, ho, wo))
-        func = program.body.operations[0]
-        body = func.regions[0].blocks[0]
-        mapping = {body.arguments[0]: source, body.arguments[1]: w}
         with ir.InsertionPoint(op):
-            for inner in body.operations:
-                if inner.operation.name == "func.return":
-                    result = mapping[inner.operation.operands[0]]
-                    break
-                clone_remapped(inner.operation, mapping)
+            (result,) = inline_body(program.body.operations[0].operation, [source, w])
         op.results[0].replace_all_uses_with(result)
         op.erase()
     if convs:

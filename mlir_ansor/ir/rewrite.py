@@ -254,3 +254,27 @@ def erase_unused(block: ir.Block, names) -> int:
                 erased += 1
                 changed = True
     return erased
+
+
+def is_float_zero(v: ir.Value) -> bool:
+    """Whether `v` is an ``arith.constant`` float 0.0 (a pad's or a fill's
+    zero)."""
+    const = defining_op(v, "arith.constant")
+    if const is None:
+        return False
+    attr = const.attributes["value"]
+    return isinstance(attr, ir.FloatAttr) and ir.FloatAttr(attr).value == 0.0
+
+
+def inline_body(func: ir.Operation, args: list[ir.Value]) -> list[ir.Value]:
+    """Clone the body of `func` (a ``func.func`` of one block, parsed from a
+    program text) at the current insertion point, its arguments replaced by
+    `args`; returns the values its ``func.return`` returns, as cloned."""
+    body = func.regions[0].blocks[0]
+    mapping = dict(zip(body.arguments, args))
+    for inner in body.operations:
+        inner = inner.operation
+        if inner.name == "func.return":
+            return [mapping.get(v, v) for v in inner.operands]
+        clone_remapped(inner, mapping)
+    raise ValueError("inline_body: a function without func.return")

@@ -40,7 +40,7 @@ import subprocess
 from mlir import ir
 
 from mlir_ansor.errors import AnsorError
-from mlir_ansor.ir.rewrite import walk_op
+from mlir_ansor.ir.rewrite import inline_body, walk_op
 from mlir_ansor.ir.types import identity_layout
 
 log = logging.getLogger(__name__)
@@ -282,19 +282,8 @@ def amx_microkernels(module: ir.Module) -> int:
         key = (str(ta), str(tb), str(tc), unsigned)
         if key not in cache:
             cache[key] = ir.Module.parse(_program(ta, tb, tc, unsigned))
-        body = cache[key].body.operations[0].operation.regions[0].blocks[0]
-        mapping = {arg: v for arg, v in zip(body.arguments, op.operands)}
         with ir.InsertionPoint(op), op.location:
-            for inner in body.operations:
-                inner = inner.operation
-                if inner.name == "func.return":
-                    break
-                clone = inner.clone()
-                for i, operand in enumerate(clone.operands):
-                    if operand in mapping:
-                        clone.operands[i] = mapping[operand]
-                for old, new in zip(inner.results, clone.results):
-                    mapping[old] = new
+            inline_body(cache[key].body.operations[0].operation, list(op.operands))
         op.erase()
         count += 1
     if count:
