@@ -142,7 +142,9 @@ def weight_packing(target):
     its ``fuse_rows`` whether it joins row-wise chains of reductions into one
     task (`graph.task._merge_rows`), and attentions too (`_merge_attention`),
     its ``reciprocals`` whether a division by a broadcast value becomes a
-    multiplication by its reciprocal (`graph.normalize.reciprocal_divisors`)."""
+    multiplication by its reciprocal (`graph.normalize.reciprocal_divisors`),
+    its ``winograd`` whether 3x3 convolutions are computed in F(4x4, 3x3)
+    (`graph.winograd`, while `graph.task.WINOGRAD` is on)."""
 
     def decide(inputs: str, output: str, m: int, n: int, k: int) -> int | Panels | None:
         if (inputs, output) == ("f32", "f32"):
