@@ -4,6 +4,7 @@ and run on awkward inputs, against numpy/math in float64."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -121,3 +122,26 @@ def test_erf_and_tanh_absolute_error(results):
     assert np.abs(w[ok] - np.tanh(x[ok].astype(np.float64))).max() < 3e-7
     assert np.isnan(z[~ok]).all() and np.isnan(w[~ok]).all()
     assert z[x == np.inf][0] == 1.0 and z[x == -np.inf][0] == -1.0
+    # where erf rounds to +-1 in f32 it is exactly that, clamped or not
+    big = ok & (np.abs(x) >= 3.92)
+    assert big.sum() > 100 and np.array_equal(z[big], np.sign(x[big]))
+
+
+def test_erf_clamps_its_argument_so_its_exp_never_makes_a_denormal():
+    """e^(-x^2) is a denormal from |x| = 9.4 on, and Intel cores take a
+    microcode assist per denormal operand: the GELU of a 384 x 3072 matmul
+    on random inputs ran in 8.6 ms instead of 0.6 (Emerald Rapids). |x| is
+    clamped to 4, where erf is already 1.0 in f32."""
+    from mlir_ansor.passes.math_approx import _ERF_ONE
+
+    assert np.float32(math.erf(_ERF_ONE)) == 1.0
+    assert np.exp(np.float32(-_ERF_ONE * _ERF_ONE)) >= np.finfo(np.float32).tiny
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(KERNEL.replace("math.exp %v : vector<8xf32>", "arith.negf %v : vector<8xf32>")
+                                 .replace("math.tanh %v : vector<8xf32>", "arith.negf %v : vector<8xf32>")
+                                 .replace("math.exp %v : f32", "arith.negf %v : f32"))
+        assert expand_math(module, True) == 1  # the erf alone
+        text = str(module)
+        (a,) = re.findall(r"(%\w+) = math.absf", text)
+        (c,) = re.findall(rf"= arith.minimumf {a}, (%\w+)", text)
+        assert re.search(rf"{c} = arith.constant dense<4.000000e\+00>", text)

@@ -49,6 +49,11 @@ _EXP_POLY = (5.0000001201e-1, 1.6666665459e-1, 4.1665795894e-2, 8.3334519073e-3,
 # Abramowitz & Stegun 7.1.26
 _ERF_P = 0.3275911
 _ERF_POLY = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+# erf(x) rounds to 1.0 in f32 from x = 3.92 on; |x| is clamped here, so that
+# e^(-x^2) is never a denormal (it is from |x| = 9.4 on: Intel cores take a
+# microcode assist per denormal operand; the GELU after a 384 x 3072 matmul
+# of random inputs took 8.6 ms instead of 0.6 on Emerald Rapids).
+_ERF_ONE = 4.0
 
 
 class _Builder:
@@ -144,7 +149,7 @@ class _Builder:
         return arith.select(isnan, x, y)
 
     def erf(self, x: ir.Value) -> ir.Value:
-        ax = math_d.absf(x)
+        ax = arith.minimumf(math_d.absf(x), self.const(_ERF_ONE))
         t = arith.divf(self.const(1.0), self.fma(ax, self.const(_ERF_P), self.const(1.0)))
         poly = self.mul(self.horner(t, _ERF_POLY), t)
         e = self.exp(arith.negf(self.mul(ax, ax)))
