@@ -352,7 +352,10 @@ class Sketch:
     # this sketch behaves as (multi-level tiling with partial rows has no
     # packing: it reads in place, "pack" 1): a schedule carried from the same
     # task at other sizes (`search.transfer`) that chose otherwise is a
-    # different schedule. Not part of the sketch's identity.
+    # different schedule. A rule leaves out an alternative whose values
+    # make next to no difference here (the copy of a B already in column
+    # panels, `multi_level_tiling.in_panels`). Not part of the sketch's
+    # identity.
     implied: tuple[tuple[str, int], ...] = field(default=(), compare=False)
 
     def parallelism(self, assignment: Assignment) -> int:

@@ -146,7 +146,8 @@ def transferred(
     `sketches` (the task's own, by sketch name). Of a relative's records,
     those `sketch` can make as they are come first (`faithful`: a relative
     tuned at a multiple of 8 rows may have chosen to copy B, which a sketch
-    for 333 rows does not offer); the others follow. Empty when it has
+    for 333 rows does not offer, unless B is in column panels already,
+    where the copy changes next to nothing); the others follow. Empty when it has
     none, or none whose schedule fits."""
     from mlir_ansor.search.generate import generate_sketches
 
