@@ -15,6 +15,7 @@ from mlir_ansor.measure import jobs
 from mlir_ansor.measure.runner import Kernel, TimingPolicy
 from mlir_ansor.search.generate import generate_sketches
 from mlir_ansor.search.sketch import select_knobs
+from mlir_ansor.search.space import is_valid, make_assignment
 from mlir_ansor.target import Target
 
 AVX2 = Target("cpu", 256, 2, "test", ("avx2", "fma"))
@@ -329,6 +330,29 @@ def test_six_row_tiles_on_even_rows_match_numpy(tmp_path, p_rows, pack):
     a = rng.standard_normal((64, 32)).astype(np.float32)
     b = rng.standard_normal((32, 48)).astype(np.float32)
     out = np.zeros((64, 48), np.float32)
+    Kernel(so).bind([a, b, out])()
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
+
+
+def test_a_whole_odd_row_loop_is_one_thread_tile_of_six_row_tiles(tmp_path):
+    """100 rows in register tiles of 6: the thread tile may be the whole
+    loop (its last register tile masked), not only multiples of 6 (96 and a
+    4-row tile that streams all of B for 4 rows)."""
+    path = tmp_path / "m.mlir"
+    path.write_text(workloads.matmul(100, 48, 32))
+    (task,) = extract_tasks(str(path))
+    sk = generate_sketches(task.mlir, AVX2)[0]
+    knobs = {k.name: k for k in sk.knobs}
+    assert "pack" not in knobs  # partial rows
+    assert {96, 100} <= set(knobs["p_d0"].allowed({"r_d0": 6})) and 98 not in knobs["p_d0"].allowed({"r_d0": 6})
+    values = {"r_d0": 6, "r_d1": 16, "u_d2": 4, "p_d0": 100, "p_d1": 48, "k_d2": 16}
+    assert is_valid(sk.knobs, make_assignment(values))
+    so = str(tmp_path / "k.so")
+    jobs.build_candidate(sk.payload, select_knobs(sk.script, values), 1, so)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((100, 32)).astype(np.float32)
+    b = rng.standard_normal((32, 48)).astype(np.float32)
+    out = np.zeros((100, 48), np.float32)
     Kernel(so).bind([a, b, out])()
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
 

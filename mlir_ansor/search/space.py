@@ -36,6 +36,9 @@ class KnobSpec:
     (when it divides none of the options: this one must not be smaller).
     at_least: name of an earlier knob whose value this one must not be
     smaller than (the largest option is always allowed: the whole extent).
+    or_whole: with `multiple_of`, the largest option (the whole extent) is
+    allowed too, a multiple or not: one tile whose last register tile the
+    sketch masks (a contraction's partial rows).
     alternatives: True for a `transform.tune.alternatives` choice (options are
     region indices), False for a numeric `transform.tune.knob`.
     doc: what the knob controls, for reports.
@@ -48,6 +51,7 @@ class KnobSpec:
     at_least: str | None = None
     alternatives: bool = False
     doc: str = ""
+    or_whole: bool = False
 
     def allowed(self, chosen: Mapping[str, int]) -> tuple[int, ...]:
         """Options compatible with the values already chosen for earlier knobs."""
@@ -58,6 +62,9 @@ class KnobSpec:
         if self.multiple_of is not None and self.multiple_of in chosen:
             base = chosen[self.multiple_of]
             multiples = tuple(o for o in ok if base != 0 and o % base == 0)
+            top = max(self.options)
+            if self.or_whole and multiples and top >= base and top not in multiples and top in ok:
+                multiples += (top,)
             # A parent that divides none of the options (6 register rows in
             # a loop of 1024, whose remainder the schedule peels): then any
             # option at least as large.

@@ -267,7 +267,10 @@ class MultiLevelTiling(Rule):
             doc = f"parallel (scf.forall) tile of loop d{d}"
             if d == row and partial_rows:
                 opts = partial_tile_options(ranges[d], ROW_TILES)
-                specs.append(KnobSpec(f"p_d{d}", opts, multiple_of=r_name, doc=doc + " (the last may be partial)"))
+                # Or the whole loop in one tile, its last register tile
+                # masked: 100 rows in register tiles of 6 had thread tiles of
+                # 96 and 4 rows, and each 4-row tile streamed all of B.
+                specs.append(KnobSpec(f"p_d{d}", opts, multiple_of=r_name, or_whole=True, doc=doc + " (the last may be partial)"))
             elif odd[d]:
                 specs.append(KnobSpec(f"p_d{d}", divisors(ranges[d]), at_least=r_name, doc=doc))
             else:
