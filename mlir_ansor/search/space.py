@@ -8,8 +8,8 @@ Every sample is valid by construction: a knob takes one of its options, and
 the options and relations say which sizes the sketch can build. A knob with
 a ``divides`` parent takes a value that divides the parent's value; with a
 ``multiple_of`` parent, a multiple of it (or, when no option is one, a
-value no smaller); with an ``at_least`` parent, a
-value no smaller (or the largest option). Tile sizes that do not divide the
+value no smaller; with ``or_whole``, the whole extent too); with an
+``at_least`` parent, a value no smaller (or the largest option). Tile sizes that do not divide the
 extent they tile are options only where the sketch handles the partial tile
 (peeled remainders, masked vectors): see `search/rules/multi_level_tiling.py`.
 Knobs are listed parents-first, so one pass samples them.
@@ -63,7 +63,7 @@ class KnobSpec:
             base = chosen[self.multiple_of]
             multiples = tuple(o for o in ok if base != 0 and o % base == 0)
             top = max(self.options)
-            if self.or_whole and multiples and top >= base and top not in multiples and top in ok:
+            if self.or_whole and multiples and top not in multiples and top in ok:
                 multiples += (top,)
             # A parent that divides none of the options (6 register rows in
             # a loop of 1024, whose remainder the schedule peels): then any
