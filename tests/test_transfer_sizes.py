@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import PANELS_MATMUL
 from test_dynamic import GEMM
 
 import mlir_ansor
@@ -150,24 +151,6 @@ def test_a_relative_that_chose_what_the_new_sketch_cannot_comes_last():
     assert faithful(sk64, copied)
 
 
-_PANELS = """
-#a = affine_map<(d0, d1, d2, d3) -> (d0, d3)>
-#b = affine_map<(d0, d1, d2, d3) -> (d1, d3, d2)>
-#c = affine_map<(d0, d1, d2, d3) -> (d0, d1, d2)>
-func.func @kernel(%x: tensor<{m}x64xf32>, %w: tensor<2x64x32xf32>) -> tensor<{m}x2x32xf32> {{
-  %zero = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<{m}x2x32xf32>
-  %init = linalg.fill ins(%zero : f32) outs(%e : tensor<{m}x2x32xf32>) -> tensor<{m}x2x32xf32>
-  %r = linalg.generic {{indexing_maps = [#a, #b, #c], iterator_types = ["parallel", "parallel", "parallel", "reduction"]}}
-      ins(%x, %w : tensor<{m}x64xf32>, tensor<2x64x32xf32>) outs(%init : tensor<{m}x2x32xf32>) attrs = {{ansor.anchor}} {{
-  ^bb0(%a: f32, %b: f32, %o: f32):
-    %p = arith.mulf %a, %b : f32
-    %s = arith.addf %o, %p : f32
-    linalg.yield %s : f32
-  }} -> tensor<{m}x2x32xf32>
-  return %r : tensor<{m}x2x32xf32>
-}}
-"""
 
 
 def test_a_copy_of_b_already_in_panels_is_carried_as_a_read_in_place():
@@ -179,8 +162,8 @@ def test_a_copy_of_b_already_in_panels_is_carried_as_a_read_in_place():
     from mlir_ansor.search.transfer import faithful
 
     target = Target.host()
-    (sk100,) = [s for s in generate_sketches(_PANELS.format(m=100), target) if s.name == "cpu-contraction"]
-    (sk128,) = [s for s in generate_sketches(_PANELS.format(m=128), target) if s.name == "cpu-contraction"]
+    (sk100,) = [s for s in generate_sketches(PANELS_MATMUL.format(m=100), target) if s.name == "cpu-contraction"]
+    (sk128,) = [s for s in generate_sketches(PANELS_MATMUL.format(m=128), target) if s.name == "cpu-contraction"]
     assert "pack" not in {k.name for k in sk100.knobs} and "pack" in {k.name for k in sk128.knobs}
     assert sk100.implied == ()
     copied = tuple((k.name, 0 if k.name == "pack" else k.options[0]) for k in sk128.knobs)

@@ -252,14 +252,6 @@ class MultiLevelTiling(Rule):
                 # MLIR wheels (builds hung until their timeout): unroll >= 2,
                 # dividing the extent (no remainder of 1 either).
                 opts = tuple(x for x in opts if x > 1)
-            if partial_rows and len(opts) > 1:
-                # The partial-rows path vectorizes the contraction with
-                # explicit vector sizes; a reduction vector of 1 made a
-                # vector.contract that lowered to multiplies and adds fed by
-                # per-lane inserts and extracts, no FMA (BERT's 100 x 768 x
-                # 768 matmul in panels, 5 x 32 register tiles, 1 thread, Zen
-                # 4: 1.64 ms with u = 1, 1.14 with u = 2, 1.12 with u = 4).
-                opts = tuple(x for x in opts if x > 1)
             specs.append(KnobSpec(f"u_d{d}", opts, doc=f"inner unroll of reduction loop d{d}"))
         reg = {sp.name for sp in specs}
         for d in anchor.parallel:
@@ -376,6 +368,17 @@ class MultiLevelTiling(Rule):
             for op_id, sizes in others:
                 w.vectorize_each(w.match_op_id(forall, op_id), sizes)
             func = w.match_func("%root")
+            # The vectorizer writes a contraction in a linalg.generic (B in
+            # panels) as a multiply and a `vector.multi_reduction`; only
+            # named ops (linalg.matmul) get a `vector.contract` from
+            # `create_named_contraction`. Fold them into one before any
+            # canonicalization: that drops a one-element reduction (u = 1)
+            # to a shape cast, and the multiply of [rows, 1, lanes, 1]
+            # vectors was then lowered lane by lane, with no FMA (BERT's FFN
+            # output at 100 rows in panels, u = 1, 2 threads, Emerald
+            # Rapids: 194 GFLOP/s; folded, 294, as the same schedule with
+            # its row remainder peeled instead of masked, 300).
+            w.apply_patterns(func, ["vector.reduction_to_contract"])
             w.lower_masked_transfers(func)
             w.cleanup(func)
         finish(w, vectorize=True, unit_dims=decomposed)
