@@ -474,6 +474,13 @@ class Target:
             return "aarch64-unknown-linux-gnu"
         return ""
 
+    @property
+    def vector_registers(self) -> int:
+        """How many SIMD registers the schedules' register tiles may fill:
+        32 with AVX-512 (zmm0-31) and on AArch64 (v0-31), else 16 (AVX2's
+        and SSE's ymm/xmm0-15)."""
+        return 32 if self.has("avx512f") or self.has("neon") else 16
+
     def lanes(self, dtype: str) -> int:
         """How many elements of `dtype` fit in one vector register."""
         bits = {"f64": 64, "f32": 32, "f16": 16, "bf16": 16, "i64": 64, "i32": 32, "i8": 8}.get(dtype, 32)

@@ -16,23 +16,24 @@ import pytest
 INPUTS = Path(__file__).parent / "inputs"
 
 # A matmul whose B is laid out in column panels, `graph.prepack`'s
-# ``[N / 32, K, 32]`` (BERT's weights): a linalg.generic, M rows (`m`).
+# ``[N / 32, K, 32]`` (BERT's weights): a linalg.generic, M rows (`m`), N / 32
+# panels (`p`).
 PANELS_MATMUL = """
 #a = affine_map<(d0, d1, d2, d3) -> (d0, d3)>
 #b = affine_map<(d0, d1, d2, d3) -> (d1, d3, d2)>
 #c = affine_map<(d0, d1, d2, d3) -> (d0, d1, d2)>
-func.func @kernel(%x: tensor<{m}x64xf32>, %w: tensor<2x64x32xf32>) -> tensor<{m}x2x32xf32> {{
+func.func @kernel(%x: tensor<{m}x64xf32>, %w: tensor<{p}x64x32xf32>) -> tensor<{m}x{p}x32xf32> {{
   %zero = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<{m}x2x32xf32>
-  %init = linalg.fill ins(%zero : f32) outs(%e : tensor<{m}x2x32xf32>) -> tensor<{m}x2x32xf32>
+  %e = tensor.empty() : tensor<{m}x{p}x32xf32>
+  %init = linalg.fill ins(%zero : f32) outs(%e : tensor<{m}x{p}x32xf32>) -> tensor<{m}x{p}x32xf32>
   %r = linalg.generic {{indexing_maps = [#a, #b, #c], iterator_types = ["parallel", "parallel", "parallel", "reduction"]}}
-      ins(%x, %w : tensor<{m}x64xf32>, tensor<2x64x32xf32>) outs(%init : tensor<{m}x2x32xf32>) attrs = {{ansor.anchor}} {{
+      ins(%x, %w : tensor<{m}x64xf32>, tensor<{p}x64x32xf32>) outs(%init : tensor<{m}x{p}x32xf32>) attrs = {{ansor.anchor}} {{
   ^bb0(%a: f32, %b: f32, %o: f32):
     %p = arith.mulf %a, %b : f32
     %s = arith.addf %o, %p : f32
     linalg.yield %s : f32
-  }} -> tensor<{m}x2x32xf32>
-  return %r : tensor<{m}x2x32xf32>
+  }} -> tensor<{m}x{p}x32xf32>
+  return %r : tensor<{m}x{p}x32xf32>
 }}
 """
 

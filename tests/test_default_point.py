@@ -184,3 +184,73 @@ def test_convolution_default_is_one_register_tile_wide(tmp_path):
     sk = generate_sketches(task.mlir, AVX2)[0]
     p = {k: v for k, v in default_assignment(sk, 1) if k.startswith("p_")}
     assert p and max(p.values()) == 64, p
+
+
+def test_avx512_contraction_default_is_twelve_rows_in_256_row_thread_tiles(tmp_path):
+    """32 vector registers: 12 rows by 2 vectors (24 accumulators), 14 rows
+    offered too, and thread tiles of 256 rows (each packed B tile serves 4x
+    the rows of AVX2's 64). AVX2 keeps 6 rows, 64-row tiles and no 12 or 14."""
+    (task,) = _tasks(workloads.matmul(512, 512, 512), tmp_path)
+    zen4 = Target.cpu("znver4", cores=2)
+    assert zen4.vector_registers == 32 and AVX2.vector_registers == 16
+    sk = generate_sketches(task.mlir, zen4)[0]
+    rows = {k.name: k.options for k in sk.knobs}["r_d0"]
+    assert {12, 14} <= set(rows)
+    a = dict(default_assignment(sk, 1))
+    assert (a["r_d0"], a["r_d1"], a["u_d2"], a["k_d2"], a["pack"]) == (12, 32, 4, 256, 0)
+    assert (a["p_d0"], a["p_d1"]) == (256, 128)
+    sk2 = generate_sketches(task.mlir, AVX2)[0]
+    assert not {12, 14} & set({k.name: k.options for k in sk2.knobs}["r_d0"])
+    # a convolution's rows (pixels) keep their tiles
+    (conv,) = _tasks(workloads.conv2d_nhwc(1, 58, 58, 64, 64, 3, 3), tmp_path)
+    c = dict(default_assignment(generate_sketches(conv.mlir, zen4)[0], 1))
+    assert c["r_d2"] == 4 and c["p_d2"] == 56
+
+
+def test_panels_default_thread_tile_is_128_columns(tmp_path):
+    """B in column panels ([N / 32, K, 32]): the loop over panels gets
+    thread tiles of 4 panels, not all 24 (whose packed tile is 24x the one
+    the vector loop's 128-column preference asks for)."""
+    from conftest import PANELS_MATMUL
+
+    for target in (AVX2, Target.cpu("znver4", cores=2)):
+        (sk,) = [s for s in generate_sketches(PANELS_MATMUL.format(m=384, p=24), target) if s.name == "cpu-contraction"]
+        for threads in (1, 2):
+            a = dict(default_assignment(sk, threads))
+            assert a["p_d1"] == 4 and a["p_d2"] == 32, (target.model, threads, a)
+    # a plain B (row-major K x N): its column loop is the vector loop, 128 wide
+    (task,) = _tasks(workloads.matmul(384, 768, 64), tmp_path)
+    assert dict(default_assignment(generate_sketches(task.mlir, AVX2)[0], 1))["p_d1"] == 128
+
+
+@pytest.mark.skipif(Target.host().vector_registers < 32, reason="the host has 16 vector registers (no AVX-512)")
+@pytest.mark.parametrize("rows", [12, 14])
+def test_wide_row_tiles_match_numpy(tmp_path, rows):
+    """12 and 14 register rows, full tiles and a masked remainder (100 rows)
+    in panels, and peeled (128 rows) in a plain GEMM."""
+    from conftest import PANELS_MATMUL
+
+    from mlir_ansor.measure import jobs
+    from mlir_ansor.measure.runner import Kernel
+    from mlir_ansor.search.sketch import select_knobs
+
+    host = Target.host()
+    rng = np.random.default_rng(0)
+    (sk,) = [s for s in generate_sketches(PANELS_MATMUL.format(m=100, p=4), host) if s.name == "cpu-contraction"]
+    values = dict(default_assignment(sk, 1)) | {"r_d0": rows, "p_d0": 100}
+    so = str(tmp_path / "p.so")
+    jobs.build_candidate(sk.payload, select_knobs(sk.script, values), 1, so)
+    x, w = rng.standard_normal((100, 64)).astype(np.float32), rng.standard_normal((4, 64, 32)).astype(np.float32)
+    out = np.zeros((100, 4, 32), np.float32)
+    Kernel(so).bind([x, w, out])()
+    np.testing.assert_allclose(out, np.einsum("mk,pkl->mpl", x, w), rtol=1e-5, atol=1e-4)
+    (task,) = _tasks(workloads.matmul(128, 64, 48), tmp_path)
+    sk = generate_sketches(task.mlir, host)[0]
+    values = dict(default_assignment(sk, 1)) | {"r_d0": rows}
+    assert is_valid(sk.knobs, tuple(sorted(values.items())))
+    so = str(tmp_path / "g.so")
+    jobs.build_candidate(sk.payload, select_knobs(sk.script, values), 1, so)
+    a, b = rng.standard_normal((128, 48)).astype(np.float32), rng.standard_normal((48, 64)).astype(np.float32)
+    out = np.zeros((128, 64), np.float32)
+    Kernel(so).bind([a, b, out])()
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)

@@ -369,7 +369,7 @@ def test_odd_rows_of_a_matmul_in_panels_unrolled_once_still_use_fmas(tmp_path):
 
     from mlir_ansor.schedule.apply import apply_schedule
 
-    (sk,) = [s for s in generate_sketches(PANELS_MATMUL.format(m=100), AVX2) if s.name == "cpu-contraction"]
+    (sk,) = [s for s in generate_sketches(PANELS_MATMUL.format(m=100, p=2), AVX2) if s.name == "cpu-contraction"]
     knobs = {k.name: k for k in sk.knobs}
     assert "pack" not in knobs and 1 in knobs["u_d3"].options  # partial rows
     values = {"r_d0": 6, "r_d2": 32, "u_d3": 1, "p_d0": 100, "p_d1": 1, "p_d2": 32, "k_d3": 64}

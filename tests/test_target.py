@@ -90,6 +90,8 @@ def test_cpuinfo_features_and_width():
     assert {"amx_tile", "amx_bf16", "amx_int8", "avx512_fp16", "avx_vnni"} <= set(spr.features)
     assert not {"sse2", "avx512dq", "vaes", "serialize"} & set(spr.features)  # untracked flags are not recorded
     assert z4.llvm_cpu == "native" and z4.has("avx512_bf16") and not z3.has("avx512_bf16")
+    # register tiles: zmm0-31 with AVX-512, ymm0-15 with AVX2
+    assert (z3.vector_registers, z4.vector_registers, spr.vector_registers) == (16, 32, 32)
 
 
 def test_cpuinfo_first_processor_arm_and_empty():

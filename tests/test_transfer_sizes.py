@@ -162,8 +162,8 @@ def test_a_copy_of_b_already_in_panels_is_carried_as_a_read_in_place():
     from mlir_ansor.search.transfer import faithful
 
     target = Target.host()
-    (sk100,) = [s for s in generate_sketches(PANELS_MATMUL.format(m=100), target) if s.name == "cpu-contraction"]
-    (sk128,) = [s for s in generate_sketches(PANELS_MATMUL.format(m=128), target) if s.name == "cpu-contraction"]
+    (sk100,) = [s for s in generate_sketches(PANELS_MATMUL.format(m=100, p=2), target) if s.name == "cpu-contraction"]
+    (sk128,) = [s for s in generate_sketches(PANELS_MATMUL.format(m=128, p=2), target) if s.name == "cpu-contraction"]
     assert "pack" not in {k.name for k in sk100.knobs} and "pack" in {k.name for k in sk128.knobs}
     assert sk100.implied == ()
     copied = tuple((k.name, 0 if k.name == "pack" else k.options[0]) for k in sk128.knobs)

@@ -47,6 +47,8 @@ generation of that took minutes (436 s for one candidate).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from mlir_ansor.schedule.writer import ScheduleWriter
 from mlir_ansor.search.rules.base import (
     Rule,
@@ -73,6 +75,12 @@ UNROLLS = (1, 2, 4)
 # the default point, 0.95 with 256-row thread tiles (llvm-mca: both loops
 # FMA-bound, 2 FMAs per cycle; no spills).
 EXTRA_ROW_TILES = (6,)
+# And on a target with 32 vector registers (AVX-512): 12 or 14 rows by 2
+# vectors keep 24 or 28 accumulators, the shape of AVX-512 f32 micro-kernels.
+# BERT's FFN output (384 x 3072 x 768, B in 32-wide panels, so at most 2
+# vectors wide), 2 threads, Emerald Rapids: 352 GFLOP/s with 8 rows, 377
+# with 12, 381 with 14; its FFN input: 340, 338, 347.
+WIDE_ROW_TILES = (12, 14)
 
 # Ops that `transform.structured.decompose` turns into 1-D ones once their
 # outer window loops are tiled to 1 (upstream DecomposeConvolutionPatterns).
@@ -208,6 +216,7 @@ class MultiLevelTiling(Rule):
         partial_rows = not is_window and row is not None and odd[row]
         if partial_rows:
             reused = None
+        extra_rows = EXTRA_ROW_TILES + (WIDE_ROW_TILES if ctx.target.vector_registers >= 32 else ())
 
         # The knobs, in sampling order: register tile first, then outer tiles.
         specs: list[KnobSpec] = []
@@ -220,7 +229,7 @@ class MultiLevelTiling(Rule):
                 if not is_window:
                     # Peeled like the rows of odd loops; the thread tile of the
                     # rows is then any larger divisor (`KnobSpec.multiple_of`).
-                    opts = tuple(sorted(set(opts) | {x for x in EXTRA_ROW_TILES if x <= ranges[d]}))
+                    opts = tuple(sorted(set(opts) | {x for x in extra_rows if x <= ranges[d]}))
                 specs.append(KnobSpec(f"r_d{d}", opts, doc=f"register rows of loop d{d}"))
         if inner_red:
             d = inner_red[-1]
@@ -258,7 +267,7 @@ class MultiLevelTiling(Rule):
             r_name = f"r_d{d}" if f"r_d{d}" in reg else None
             doc = f"parallel (scf.forall) tile of loop d{d}"
             if d == row and partial_rows:
-                opts = partial_tile_options(ranges[d], ROW_TILES)
+                opts = partial_tile_options(ranges[d], ROW_TILES + extra_rows)
                 # Or the whole loop in one tile, its last register tile
                 # masked: 100 rows in register tiles of 6 had thread tiles of
                 # 96 and 4 rows, and each 4-row tile streamed all of B.
@@ -383,13 +392,18 @@ class MultiLevelTiling(Rule):
             w.cleanup(func)
         finish(w, vectorize=True, unit_dims=decomposed)
         forall_knobs = tuple((f"p_d{d}", ranges[d]) for d in anchor.parallel)
-        prefer = _preferred(specs, vec, row, inner_red, lanes, narrow=is_window and reused is not None)
+        b = reused_operand(anchor, row)
+        b_in_panels = b is not None and in_panels(anchor, b, vec, lanes)
+        panels = {d: ranges[vec] for d in anchor.operand_dims[b][:-2] if d in anchor.parallel and d != row} if b_in_panels else {}
+        prefer = _preferred(
+            specs, vec, row, inner_red, lanes, narrow=is_window and reused is not None,
+            wide=ctx.target.vector_registers >= 32 and not is_window, panels=panels,
+        )
         # Without the packing alternative (partial rows), B is read in place:
         # a schedule of another size that copied B is a different one
         # (`search.transfer.faithful`), unless B is laid out in panels
         # already (`in_panels`), where the copy changes next to nothing.
-        b = reused_operand(anchor, row)
-        implied = (("pack", 1),) if partial_rows and b is not None and not in_panels(anchor, b, vec, lanes) else ()
+        implied = (("pack", 1),) if partial_rows and b is not None and not b_in_panels else ()
         return [Sketch(self.name, ctx.payload, w.text(), tuple(specs), forall=forall_knobs, prefer=prefer, implied=implied)]
 
 
@@ -410,13 +424,42 @@ class MultiLevelTiling(Rule):
 # depth tap of Ansor's C3D (16x56x56, 64 -> 64, 3x3) at 1 thread: 38.9 ms
 # with 16, 41.7 with 32, 42.2 with 64; the searches of C2D, DIL, CBR and
 # C3D found 16 (or 32) on their own.
+#
+# Contractions on a target with 32 vector registers (AVX-512; every such x86
+# part has 1 MiB of L2 or more, Zen 3 had 512 KiB) get 12 rows by 2 vectors
+# (24 accumulators, WIDE_ROW_TILES) and thread tiles of 256 rows, so each
+# packed tile of B serves 4 times the rows. GEMM 1024, Emerald Rapids, 12 x 32
+# registers, thread tiles of 64 / 128 / 256 / 512 rows: 138, 169, 170, 178
+# GFLOP/s at 1 thread; 286, 320, 347, 338 at 2.
+#
+# Where B is in column panels (`in_panels`: [N / 32, K, 32]), the loop over
+# panels gets thread tiles of 128 columns too (4 panels of 32), not the
+# whole loop: the packed B tile of BERT's FFN input with all 96 panels (3072
+# columns by a 256 cache tile) is 3 MiB, copied for every row tile.
+#
+# BERT's four matmuls at 384 rows (QKV, output, FFN in, FFN out), 2 threads,
+# Emerald Rapids, default points timed in turns: 6 rows, all panels and
+# 64-row thread tiles 298, 302, 151, 294 GFLOP/s; 12 rows and 4 panels 313,
+# 311, 283, 312; with 256-row (192) thread tiles as well 349, 324, 314, 337.
 _PREFER_ROWS, _FALLBACK_ROWS, _PREFER_UNROLL, _PREFER_K = 6, 4, 4, 256
 _PREFER_P_ROWS, _PREFER_P_COLS = 64, 128
+_PREFER_WIDE_ROWS, _PREFER_WIDE_P_ROWS = 12, 256
 
 
 def _preferred(
-    specs: list[KnobSpec], vec: int | None, row: int | None, inner_red: list[int], lanes: int, *, narrow: bool = False
+    specs: list[KnobSpec],
+    vec: int | None,
+    row: int | None,
+    inner_red: list[int],
+    lanes: int,
+    *,
+    narrow: bool = False,
+    wide: bool = False,
+    panels: Mapping[int, int] | None = None,
 ) -> tuple[tuple[str, int], ...]:
+    """`wide`: a contraction (not a window op) on a target with 32 vector
+    registers; `panels`: the loops over column panels of B, each with the
+    columns one panel holds."""
     prefer: dict[str, int] = {}
     for sp in specs:
         kind, _, d = sp.name.partition("_d")
@@ -425,6 +468,8 @@ def _preferred(
         elif kind == "r":
             if int(d) == vec:
                 prefer[sp.name] = 2 * lanes
+            elif wide and _PREFER_WIDE_ROWS in sp.options:
+                prefer[sp.name] = _PREFER_WIDE_ROWS
             else:
                 prefer[sp.name] = _PREFER_ROWS if _PREFER_ROWS in sp.options else _FALLBACK_ROWS
         elif kind == "u":
@@ -434,5 +479,7 @@ def _preferred(
         elif kind == "p" and int(d) == vec:
             prefer[sp.name] = 2 * lanes if narrow else _PREFER_P_COLS
         elif kind == "p" and int(d) == row:
-            prefer[sp.name] = _PREFER_P_ROWS
+            prefer[sp.name] = _PREFER_WIDE_P_ROWS if wide else _PREFER_P_ROWS
+        elif kind == "p" and panels and int(d) in panels:
+            prefer[sp.name] = max(1, _PREFER_P_COLS // panels[int(d)])
     return tuple(sorted(prefer.items()))
