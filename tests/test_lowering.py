@@ -732,3 +732,40 @@ CHECK: arith.divf %{{\w+}}, %{{\w+}} : f32
 CHECK: arith.divf %{{\w+}}, %{{\w+}} fastmath<arcp> : vector<16xf32>
 CHECK: arith.divf %{{\w+}}, %{{\w+}} fastmath<arcp> : vector<16xf32>
 """)
+
+
+_LANE_LOADS = """
+func.func @f(%a: memref<8x16xf32>, %i: index, %j: index) -> (f32, f32, vector<2xf32>, vector<2xi1>) {
+  %v = vector.load %a[%i, %j] : memref<8x16xf32>, vector<2xf32>
+  %x = vector.extract %v[0] : f32 from vector<2xf32>
+  %y = vector.extract %v[1] : f32 from vector<2xf32>
+  %w = vector.load %a[%j, %i] : memref<8x16xf32>, vector<2xf32>
+  %z = vector.extract %w[1] : f32 from vector<2xf32>
+  %b = arith.cmpf olt, %w, %w : vector<2xf32>
+  return %x, %y, %w, %b : f32, f32, vector<2xf32>, vector<2xi1>
+}
+"""
+
+
+def test_short_loads_read_lane_by_lane_become_scalar_loads():
+    """A vector<2xf32> load whose lanes are only extracted (a register
+    tile's A row, u = 2) is read as two scalars, so each broadcast of a lane
+    reads memory; a load with another use stays whole."""
+    from mlir_ansor.passes.lane_loads import scalarize_lane_loads
+
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(_LANE_LOADS)
+        assert scalarize_lane_loads(module) == 1
+        module.operation.verify()
+        text = str(module)
+    filecheck(
+        text,
+        """
+        CHECK: %[[X:.*]] = memref.load %arg0[%arg1, %arg2]
+        CHECK: %[[J1:.*]] = arith.addi %arg2, %c1
+        CHECK: %[[Y:.*]] = memref.load %arg0[%arg1, %[[J1]]]
+        CHECK: %[[W:.*]] = vector.load %arg0[%arg2, %arg1]
+        CHECK: vector.extract %[[W]][1]
+        CHECK: return %[[X]], %[[Y]], %[[W]]
+        """,
+    )

@@ -41,6 +41,7 @@ from mlir_ansor.passes.drivers import (
     views_into_kernels,
     widen_bool_buffers,
 )
+from mlir_ansor.passes.lane_loads import scalarize_lane_loads
 from mlir_ansor.passes.math_approx import expand_math
 from mlir_ansor.passes.vector_flatten import flatten_contiguous_transfers
 from mlir_ansor.target import Target
@@ -112,6 +113,7 @@ def lower_to_llvm(module: ir.Module, threads: int = 1, target: Target | None = N
     lower_pair_contracts(module)
     if flatten_contiguous_transfers(module):
         passmanager.PassManager.parse("builtin.module(canonicalize,cse)").run(module.operation)
+    scalarize_lane_loads(module)
     # exp/erf/tanh as SIMD arith ops, not one libm call per lane; after
     # bufferization, which refuses the `ldexp` intrinsic call it may emit.
     expand_math(module, None if target is None else target.has("avx512f"))
