@@ -90,6 +90,24 @@ def test_register_tiles_compute_the_attention(tmp_path, values):
     np.testing.assert_allclose(out, _ref(*args), rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("r_keys", [16, 32])
+def test_keys_no_vector_divides_get_whole_vector_tiles_with_a_peeled_remainder(tmp_path, r_keys):
+    """50 keys: besides the divisors up to a vector (1, 2, 5), key tiles of
+    whole vectors (3 x 16 + 2, 32 + 18), the remainder peeled."""
+    s = 50
+    (task,) = extract_tasks(mlir_ansor.load(text=workloads.attention(H, s, D)), prepack=weight_packing(AVX2))
+    sk = generate_sketches(task.mlir, AVX2)[0]
+    assert sk.name == "cpu-attention"
+    assert {k.name: k.options for k in sk.knobs}["r_keys"] == (1, 2, 5, 8, 16, 32)
+    values = {"r_rows": 2, "r_keys": r_keys, "u_head": 4, "r_out": 16, "u_keys": 2, "p_d0": 1, "p_d1": 10}
+    so = str(tmp_path / "a.so")
+    jobs.build_candidate(sk.payload, select_knobs(sk.script, values), 1, so)
+    args = _inputs(seed=r_keys, s=s)
+    out = np.zeros((H, s, D), np.float32)
+    Kernel(so).bind([*args, out])()
+    np.testing.assert_allclose(out, _ref(*args), rtol=2e-5, atol=2e-6)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("shape", [(H, S, D), (2, 32, 32)])
 def test_default_schedule_matches_numpy(threads, shape):

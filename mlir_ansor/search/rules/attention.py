@@ -79,7 +79,13 @@ class Attention(Rule):
         lanes = ctx.lanes()
         rows_d = nr - 1
         specs = [KnobSpec("r_rows", tuple(x for x in ROWS if ranges[rows_d] % x == 0), doc="register rows of both matmuls")]
-        specs.append(KnobSpec("r_keys", vector_tile_options(keys, lanes), doc="vector tile of the scores' key loop"))
+        # Keys that no vector divides (a sequence of 100) also get key tiles
+        # of whole vectors, their remainder peeled, beside the divisors.
+        odd_keys = keys % lanes != 0
+        key_opts = set(vector_tile_options(keys, lanes))
+        if odd_keys:
+            key_opts |= set(vector_tile_options(keys, lanes, partial=True))
+        specs.append(KnobSpec("r_keys", tuple(sorted(key_opts)), doc="vector tile of the scores' key loop"))
         specs.append(KnobSpec("u_head", tuple(x for x in UNROLLS if head % x == 0), doc="inner unroll of the scores' head loop"))
         specs.append(KnobSpec("r_out", vector_tile_options(cols, lanes), doc="vector tile of P.V's output columns"))
         specs.append(KnobSpec("u_keys", tuple(x for x in UNROLLS if keys % x == 0), doc="inner unroll of P.V's key loop"))
@@ -107,6 +113,8 @@ class Attention(Rule):
         w.tile_for(w.match_op_id(forall, out.op_id), [0] * nr + [h["r_out"], 0], fuse=True)
         w.tile_for(w.match_op_id(forall, out.op_id), ones + [h["r_rows"], 0, 0], fuse=True)
         w.tile_each(w.match_op_id(forall, out.op_id), [0] * (nr + 1) + [h["u_keys"]])
+        if odd_keys:
+            w.peel_partial_loops("%root")
         finish(w, vectorize=True, reduction="innerreduction")
         block = nearest_option(divisors(ranges[rows_d]), 16)
         prefer = (
