@@ -37,6 +37,23 @@ func.func @kernel(%x: tensor<{m}x64xf32>, %w: tensor<{p}x64x32xf32>) -> tensor<{
 }}
 """
 
+def run_schedule(payload: str, script: str, arrays: list, tmp_path: Path, threads: int = 1) -> None:
+    """Build the schedule `script` of `payload` into a library of its own
+    under `tmp_path` and call it once on `arrays` (its inputs, then its
+    outputs, which it writes)."""
+    from mlir_ansor.measure import jobs
+    from mlir_ansor.measure.runner import Kernel
+
+    fd, so = tempfile.mkstemp(suffix=".so", dir=tmp_path)
+    os.close(fd)
+    jobs.build_candidate(payload, script, threads, so)
+    kernel = Kernel(so)
+    try:
+        kernel.bind(arrays)()
+    finally:
+        kernel.close()
+
+
 # The compile cache (mlir_ansor.passes.compile_cache) of a test session: a folder of
 # its own, never the user's ~/.cache nor one beside a test's database.
 if "MLIR_ANSOR_CACHE_DIR" not in os.environ:

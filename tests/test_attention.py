@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import run_schedule
 
 import mlir_ansor
 import mlir_ansor.graph.task as graph_task
 from mlir_ansor import TuneConfig, tune
 from mlir_ansor.examples import workloads
 from mlir_ansor.graph.task import extract_tasks
-from mlir_ansor.measure import jobs
-from mlir_ansor.measure.runner import Kernel, TimingPolicy
+from mlir_ansor.measure.runner import TimingPolicy
 from mlir_ansor.search.generate import generate_sketches
 from mlir_ansor.search.rules.dot_product import weight_packing
 from mlir_ansor.search.sketch import select_knobs
@@ -82,11 +82,9 @@ def test_register_tiles_compute_the_attention(tmp_path, values):
     (task,) = extract_tasks(mlir_ansor.load(text=workloads.attention(H, S, D)), prepack=weight_packing(AVX2))
     sk = generate_sketches(task.mlir, AVX2)[0]
     assert {k.name for k in sk.knobs} == set(values)
-    so = str(tmp_path / "a.so")
-    jobs.build_candidate(sk.payload, select_knobs(sk.script, values), 1, so)
     args = _inputs(seed=values["r_rows"])
     out = np.zeros((H, S, D), np.float32)
-    Kernel(so).bind([*args, out])()
+    run_schedule(sk.payload, select_knobs(sk.script, values), [*args, out], tmp_path)
     np.testing.assert_allclose(out, _ref(*args), rtol=2e-5, atol=2e-6)
 
 
@@ -100,11 +98,9 @@ def test_keys_no_vector_divides_get_whole_vector_tiles_with_a_peeled_remainder(t
     assert sk.name == "cpu-attention"
     assert {k.name: k.options for k in sk.knobs}["r_keys"] == (1, 2, 5, 8, 16, 32)
     values = {"r_rows": 2, "r_keys": r_keys, "u_head": 4, "r_out": 16, "u_keys": 2, "p_d0": 1, "p_d1": 10}
-    so = str(tmp_path / "a.so")
-    jobs.build_candidate(sk.payload, select_knobs(sk.script, values), 1, so)
     args = _inputs(seed=r_keys, s=s)
     out = np.zeros((H, s, D), np.float32)
-    Kernel(so).bind([*args, out])()
+    run_schedule(sk.payload, select_knobs(sk.script, values), [*args, out], tmp_path)
     np.testing.assert_allclose(out, _ref(*args), rtol=2e-5, atol=2e-6)
 
 

@@ -14,7 +14,7 @@ from mlir_ansor.graph.task import extract_tasks
 from mlir_ansor.records import Database
 from mlir_ansor.search.generate import generate_sketches
 from mlir_ansor.search.sketch import default_assignment
-from mlir_ansor.search.space import is_valid
+from mlir_ansor.search.space import is_valid, make_assignment
 from mlir_ansor.target import Target
 
 AVX2 = Target("cpu", 256, 2, "test", ("avx2", "fma"))
@@ -228,29 +228,23 @@ def test_panels_default_thread_tile_is_128_columns(tmp_path):
 def test_wide_row_tiles_match_numpy(tmp_path, rows):
     """12 and 14 register rows, full tiles and a masked remainder (100 rows)
     in panels, and peeled (128 rows) in a plain GEMM."""
-    from conftest import PANELS_MATMUL
+    from conftest import PANELS_MATMUL, run_schedule
 
-    from mlir_ansor.measure import jobs
-    from mlir_ansor.measure.runner import Kernel
     from mlir_ansor.search.sketch import select_knobs
 
     host = Target.host()
     rng = np.random.default_rng(0)
     (sk,) = [s for s in generate_sketches(PANELS_MATMUL.format(m=100, p=4), host) if s.name == "cpu-contraction"]
     values = dict(default_assignment(sk, 1)) | {"r_d0": rows, "p_d0": 100}
-    so = str(tmp_path / "p.so")
-    jobs.build_candidate(sk.payload, select_knobs(sk.script, values), 1, so)
     x, w = rng.standard_normal((100, 64)).astype(np.float32), rng.standard_normal((4, 64, 32)).astype(np.float32)
     out = np.zeros((100, 4, 32), np.float32)
-    Kernel(so).bind([x, w, out])()
+    run_schedule(sk.payload, select_knobs(sk.script, values), [x, w, out], tmp_path)
     np.testing.assert_allclose(out, np.einsum("mk,pkl->mpl", x, w), rtol=1e-5, atol=1e-4)
     (task,) = _tasks(workloads.matmul(128, 64, 48), tmp_path)
     sk = generate_sketches(task.mlir, host)[0]
     values = dict(default_assignment(sk, 1)) | {"r_d0": rows}
-    assert is_valid(sk.knobs, tuple(sorted(values.items())))
-    so = str(tmp_path / "g.so")
-    jobs.build_candidate(sk.payload, select_knobs(sk.script, values), 1, so)
+    assert is_valid(sk.knobs, make_assignment(values))
     a, b = rng.standard_normal((128, 48)).astype(np.float32), rng.standard_normal((48, 64)).astype(np.float32)
     out = np.zeros((128, 64), np.float32)
-    Kernel(so).bind([a, b, out])()
+    run_schedule(sk.payload, select_knobs(sk.script, values), [a, b, out], tmp_path)
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)

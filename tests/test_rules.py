@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import PANELS_MATMUL
+from conftest import PANELS_MATMUL, run_schedule
 
 import mlir_ansor
 from mlir_ansor import TuneConfig, tune
 from mlir_ansor.examples import workloads
 from mlir_ansor.graph.task import extract_tasks
-from mlir_ansor.measure import jobs
-from mlir_ansor.measure.runner import Kernel, TimingPolicy
+from mlir_ansor.measure.runner import TimingPolicy
 from mlir_ansor.search.generate import generate_sketches
 from mlir_ansor.search.sketch import select_knobs
 from mlir_ansor.search.space import is_valid, make_assignment
@@ -188,12 +187,10 @@ def test_every_rfactor_choice_computes_the_reduction(tmp_path, workload, rfactor
         if "rfactor" not in knobs:
             continue  # the final divide of softmax: no reduction
         values = {"rfactor": rfactor, "v_d1": 8, "r_d0": 2, "p_d0": 4}
-        so = str(tmp_path / f"{task.name}.so")
-        jobs.build_candidate(sk.payload, select_knobs(sk.script, values), 1, so)
         x = rng.standard_normal((12, 64)).astype(np.float32)
         inputs = [x] if len(task.inputs) == 1 else [x, x.max(1)]
         out = np.zeros(tuple(task.outputs[0].shape), np.float32)
-        Kernel(so).bind([*inputs, out])()
+        run_schedule(sk.payload, select_knobs(sk.script, values), [*inputs, out], tmp_path)
         body = task.mlir
         if "math.exp" in body:
             want = np.exp(x - x.max(1, keepdims=True)).sum(1)
@@ -325,13 +322,11 @@ def test_six_row_tiles_on_even_rows_match_numpy(tmp_path, p_rows, pack):
     sk = generate_sketches(task.mlir, AVX2)[0]
     assert 6 in {k.name: k for k in sk.knobs}["r_d0"].options
     values = {"r_d0": 6, "r_d1": 16, "u_d2": 4, "p_d0": p_rows, "p_d1": 48, "k_d2": 16, "pack": pack}
-    so = str(tmp_path / "k.so")
-    jobs.build_candidate(sk.payload, select_knobs(sk.script, values), 1, so)
     rng = np.random.default_rng(pack)
     a = rng.standard_normal((64, 32)).astype(np.float32)
     b = rng.standard_normal((32, 48)).astype(np.float32)
     out = np.zeros((64, 48), np.float32)
-    Kernel(so).bind([a, b, out])()
+    run_schedule(sk.payload, select_knobs(sk.script, values), [a, b, out], tmp_path)
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
 
 
@@ -349,13 +344,11 @@ def test_a_whole_odd_row_loop_is_one_thread_tile_of_six_row_tiles(tmp_path):
     assert {96, 100} <= set(allowed) and 50 in knobs["p_d0"].options and 50 not in allowed
     values = {"r_d0": 6, "r_d1": 16, "u_d2": 4, "p_d0": 100, "p_d1": 48, "k_d2": 16}
     assert is_valid(sk.knobs, make_assignment(values))
-    so = str(tmp_path / "k.so")
-    jobs.build_candidate(sk.payload, select_knobs(sk.script, values), 1, so)
     rng = np.random.default_rng(0)
     a = rng.standard_normal((100, 32)).astype(np.float32)
     b = rng.standard_normal((32, 48)).astype(np.float32)
     out = np.zeros((100, 48), np.float32)
-    Kernel(so).bind([a, b, out])()
+    run_schedule(sk.payload, select_knobs(sk.script, values), [a, b, out], tmp_path)
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
 
 
@@ -380,13 +373,11 @@ def test_odd_rows_of_a_matmul_in_panels_unrolled_once_still_use_fmas(tmp_path):
     # one FMA per row of the 6-row tiles and of the masked remainder, no
     # multiply left over (unfolded: a multiply of [6, 1, 32, 1] vectors)
     assert text.count("vector.fma") >= 12 and "arith.mulf" not in text, text.count("vector.fma")
-    so = str(tmp_path / "k.so")
-    jobs.build_candidate(sk.payload, script, 1, so)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((100, 64)).astype(np.float32)
     w = rng.standard_normal((2, 64, 32)).astype(np.float32)
     out = np.zeros((100, 2, 32), np.float32)
-    Kernel(so).bind([x, w, out])()
+    run_schedule(sk.payload, script, [x, w, out], tmp_path)
     np.testing.assert_allclose(out, np.einsum("mk,pkl->mpl", x, w), rtol=1e-5, atol=1e-4)
 
 
@@ -472,12 +463,10 @@ def test_depthwise_accumulators_stay_in_registers_and_start_at_zero(tmp_path, pa
     assert "iter_args" in text and "-> (vector<4x16xf32>)" in text, "the kh loop does not carry the accumulators"
     assert (not loads and not zeros) if pack == 1 else (len(loads) == 4 and len(zeros) == 4)
 
-    so = str(tmp_path / "k.so")
-    jobs.build_candidate(sk.payload, script, 1, so)
     rng = np.random.default_rng(unroll)
     x = rng.standard_normal((1, 10, 10, 16)).astype(np.float32)
     w = rng.standard_normal((3, 3, 16)).astype(np.float32)
     out = np.full((1, 8, 8, 16), np.nan, np.float32)
-    Kernel(so).bind([x, w, out])()
+    run_schedule(sk.payload, script, [x, w, out], tmp_path)
     want = sum(x[:, i : i + 8, j : j + 8, :] * w[i, j] for i in range(3) for j in range(3))
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
