@@ -104,6 +104,36 @@ def test_first_batch_measures_the_default_point(tmp_path):
         assert want not in [(r.sketch_hash, tuple(r.knobs)) for r in d.records()]
 
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("factor, retimed", [(1.5, True), (1.2, False)])
+def test_a_default_point_timed_in_a_slow_phase_is_timed_again_at_the_end(tmp_path, factor, retimed):
+    """The re-timing at the end of a search takes the default point beside the
+    best ones when its one timing is within `retime_default_factor` of the best's."""
+    import json
+    import sqlite3
+
+    path = tmp_path / "mm.mlir"
+    path.write_text(workloads.matmul(64, 64, 32))
+    db = tmp_path / "t.db"
+    tune(str(path), config=TuneConfig(trials=4, batch_size=4, strategy="random", seed=5, retime_rounds=0), db=db)
+    want = _default_point(path)
+    # As if the default had been timed while the machine ran slow: 1.4x the best.
+    with sqlite3.connect(db) as c:
+        rows = c.execute("SELECT id, sketch_hash, knobs FROM records").fetchall()
+        assert len(rows) == 4
+        for n, (row_id, sketch_hash, knobs) in enumerate(rows):
+            is_default = (sketch_hash, tuple(tuple(kv) for kv in json.loads(knobs))) == want
+            cost = 1.4e-3 if is_default else 1e-3 * (1 + 0.01 * n)
+            c.execute("UPDATE records SET costs = ?, latency_s = ? WHERE id = ?", (json.dumps([cost]), cost, row_id))
+    config = TuneConfig(trials=0, retime_top=2, retime_rounds=1, retime_default_factor=factor)
+    tune(str(path), config=config, db=db)
+    with Database(db) as d:
+        again = [(r.sketch_hash, tuple(r.knobs)) for r in d.records() if r.retime]
+    assert len(again) == 2 + retimed  # the two best, and the default when near them
+    assert (want in again) == retimed
+
+
 def test_compile_without_records_uses_the_rule_default(tmp_path):
     path = tmp_path / "mm.mlir"
     path.write_text(workloads.matmul(96, 80, 48))
