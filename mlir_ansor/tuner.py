@@ -813,7 +813,7 @@ class _Batches:
                 continue
             if set(dict(r.best_knobs)) != {k.name for k in their_sketch.knobs}:
                 continue
-            knobs = transfer_knobs(my_sketch, tuple(r.best_knobs))
+            knobs = transfer_knobs(my_sketch, tuple(r.best_knobs), source=their_sketch)
             if knobs is None:
                 continue
             seed = (my_sketch, knobs)

@@ -15,6 +15,7 @@ from mlir_ansor.compiler import DynamicModule
 from mlir_ansor.graph.dynamic import parse_sizes, specializations
 from mlir_ansor.records.database import Database
 from mlir_ansor.search.generate import generate_sketches
+from mlir_ansor.search.sketch import default_assignment
 from mlir_ansor.search.transfer import family_key, size_distance, transfer_knobs, transferred
 from mlir_ansor.target import Target
 
@@ -67,14 +68,37 @@ def test_knobs_are_carried_to_the_options_of_other_extents():
         new = {k.name: k for k in odd[name].knobs}
         for pick in (-1, 0):
             knobs = tuple((k.name, k.options[pick]) for k in sk.knobs) + (("no_such_knob", 4),)
-            got = transfer_knobs(odd[name], knobs)
+            got = transfer_knobs(odd[name], knobs, source=sk)
             assert got is not None
             carried += 1
             assert odd[name].knob_problem(got) is None and {k for k, _ in got} == set(new)
-            free = [k for k, v in knobs if k in new and v in new[k].options and not (new[k].divides or new[k].multiple_of)]
+            whole = {k for k, extent in sk.forall if dict(knobs)[k] >= extent}
+            free = [k for k, v in knobs
+                    if k in new and k not in whole and v in new[k].options and not (new[k].divides or new[k].multiple_of)]
             assert all(dict(got)[k] == dict(knobs)[k] for k in free)
     assert carried
     assert transfer_knobs(next(iter(odd.values())), (("no_such_knob", 4),)) is None
+
+
+def test_a_parallel_tile_over_a_whole_loop_stays_whole():
+    """One row tile at 64 rows is one row tile at 104 (not 52, the option
+    nearest to 64, which split the rows in two with a 4-row remainder each);
+    a tile of part of the loop goes to the nearest option."""
+    from mlir_ansor.examples import workloads
+
+    target = Target.host()
+    sk = {m: generate_sketches(mlir_ansor.extract_tasks(mlir_ansor.load(text=workloads.matmul(m, 256, 128)))[0].mlir,
+                               target)[0] for m in (64, 104)}
+    assert dict(sk[64].forall)["p_d0"] == 64 and dict(sk[104].forall)["p_d0"] == 104
+    knobs = dict(default_assignment(sk[64], 2))
+    for p, want in ((64, 104), (32, 26)):
+        knobs["p_d0"] = p
+        got = dict(transfer_knobs(sk[104], tuple(knobs.items()), source=sk[64]))
+        assert got["p_d0"] == want
+        assert {k: v for k, v in got.items() if k != "p_d0"} == {k: v for k, v in knobs.items() if k != "p_d0"}
+    # without its source sketch, the value alone: the nearest option
+    knobs["p_d0"] = 64
+    assert dict(transfer_knobs(sk[104], tuple(knobs.items())))["p_d0"] == 52
 
 
 @pytest.mark.slow
