@@ -237,6 +237,26 @@ def test_avx512_contraction_default_is_twelve_rows_in_256_row_thread_tiles(tmp_p
     assert c["r_d2"] == 4 and c["p_d2"] == 56
 
 
+
+def test_thread_tiles_leave_no_sliver_and_split_the_columns_where_the_rows_fit(tmp_path):
+    """Where the preferred thread tiles give every thread as many tiles, they
+    are taken: a 100-row GEMM keeps its rows in one tile and splits the
+    columns at 2 threads (rows in tiles of 96 left a 4-row tile, a pass over
+    all of B for 4 rows). A tile is one that leaves no remainder or one of
+    at least half a tile: 333 rows at one thread are one tile, not 240 and
+    93. A loop without a preference is still split for the threads."""
+    zen4 = Target.cpu("znver4", cores=2)
+    for m, threads, rows in ((100, 2, 100), (64, 2, 64), (333, 1, 333), (384, 2, 192)):
+        (task,) = _tasks(workloads.matmul(m, 1024, 1024), tmp_path)
+        sk = generate_sketches(task.mlir, zen4)[0]
+        a = default_assignment(sk, threads)
+        assert dict(a)["p_d0"] == rows, (m, threads, dict(a))
+        assert sk.parallelism(a) % threads == 0
+    (task,) = _tasks(workloads.elementwise_add_relu(16, 64), tmp_path)
+    sk = generate_sketches(task.mlir, zen4)[0]
+    assert sk.parallelism(default_assignment(sk, 2)) >= 2
+
+
 def test_panels_default_thread_tile_is_128_columns(tmp_path):
     """B in column panels ([N / 32, K, 32]): the loop over panels gets
     thread tiles of 4 panels, not all 24 (whose packed tile is 24x the one

@@ -423,12 +423,29 @@ def nearest_option(options: Sequence[int], target: int) -> int:
 def default_assignment(sketch: Sketch, threads: int) -> Assignment:
     """The knob values a sketch gets without measurements: the rule's
     preferred values (`Sketch.prefer`, nearest allowed option), and parallel
-    tiles that give the scf.forall at least `threads` iterations, an even
-    split where one exists (outer loops first). A parallel tile without a
-    preference is as large as the thread count allows (the whole extent at
-    one thread); knobs without a preference take their first option.
+    tiles that give the scf.forall at least `threads` iterations.
+
+    The preferred parallel tiles are taken as they are where together they
+    give a multiple of `threads` iterations; else the outer loops are split
+    first, evenly where they can be. A parallel tile is one that leaves no
+    remainder, or one of at least half a tile, where such an option exists:
+    100 rows in tiles of 96 left a 4-row tile, a pass over all of B for
+    4 rows (a 100 x 1024 x 1024 GEMM at 2 threads: 0.939 ms, against
+    0.649 with one row tile and the columns split). A parallel tile without
+    a preference is as large as the thread count allows (the whole extent
+    at one thread); knobs without a preference take their first option.
     Always valid: every value is among those its knob allows."""
     need = max(1, threads)
+    preferred = _default_values(sketch, need, split=False)
+    if all(name in dict(sketch.prefer) for name, _ in sketch.forall) and sketch.parallelism(preferred) % need == 0:
+        return preferred
+    return _default_values(sketch, need, split=True)
+
+
+def _default_values(sketch: Sketch, need: int, split: bool) -> Assignment:
+    """`default_assignment`'s values: parallel tiles nearest their preference
+    (`split` False), or splitting the outer loops first into at least `need`
+    iterations (True)."""
     prefer = dict(sketch.prefer)
     extents = dict(sketch.forall)
     values: dict[str, int] = {}
@@ -438,11 +455,15 @@ def default_assignment(sketch: Sketch, threads: int) -> Assignment:
         if extent is not None and not spec.alternatives:
             target = prefer.get(spec.name, extent)
             chunks = {t: -(-extent // t) for t in allowed}
-            fits = [t for t in allowed if chunks[t] >= need]
-            even = [t for t in fits if chunks[t] % need == 0]
-            tile = nearest_option(even or fits or [min(allowed)], target)
+            balanced = [t for t in allowed if extent % t == 0 or 2 * (extent % t) >= t]
+            if split:
+                fits = [t for t in allowed if chunks[t] >= need]
+                even = [t for t in fits if chunks[t] % need == 0 and t in balanced]
+                tile = nearest_option(even or [t for t in fits if t in balanced] or fits or [min(allowed)], target)
+                need = max(1, -(-need // chunks[tile]))
+            else:
+                tile = nearest_option(balanced or allowed, target)
             values[spec.name] = tile
-            need = max(1, -(-need // chunks[tile]))
         elif spec.name in prefer and prefer[spec.name] in allowed:
             values[spec.name] = prefer[spec.name]
         elif spec.name in prefer and not spec.alternatives:
