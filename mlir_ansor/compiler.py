@@ -346,6 +346,10 @@ COPY_BYTES_PER_S = 12e9
 """What copying an argument to an aligned buffer moves per second, one
 thread (4 MiB in 0.305 ms on an Emerald Rapids core)."""
 
+COPY_CALL_S = 3e-6
+"""What a copy costs besides its bytes (allocating, aligning, numpy's call:
+`aligned_copy` of 16 KiB took 3.2 us)."""
+
 MISALIGNED_SHARE = 0.2
 """What a kernel may lose on arguments off cache lines, as a share of its
 time: Ansor's DIL ran 20% and 36% slower 16 and 32 bytes past one (its
@@ -359,7 +363,7 @@ def copy_pays(nbytes: int, expected_s: float | None) -> bool:
     """Whether copying a misaligned argument of `nbytes` to an aligned
     buffer costs less than what misalignment may cost a call that takes
     `expected_s` (None: unknown, copied)."""
-    return expected_s is None or nbytes / COPY_BYTES_PER_S <= MISALIGNED_SHARE * expected_s
+    return expected_s is None or COPY_CALL_S + nbytes / COPY_BYTES_PER_S <= MISALIGNED_SHARE * expected_s
 
 
 def expected_seconds(kernels: Sequence[KernelPlan]) -> float:
