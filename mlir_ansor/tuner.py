@@ -1076,10 +1076,22 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
             # the fresh ones take turns with (the best of them), not rebuilt all.
             old = [key for key in keys if key in earlier[i]][:1]
             wanted = set(fresh + old)
+            # A second or third attempt times its new best in turns with the
+            # incumbent (the best this run re-timed), timed again, not against
+            # timings taken in another phase of the machine: FFN-out's third
+            # attempt at 128 rows won at 3.3 ms against the default's 4.1,
+            # timed minutes before; in one process they ran 3.00 and 2.99 ms.
+            pairs = list(zip(top, keys))
+            incumbent = None
+            if attempt > 0:
+                incumbent = next(((r.sketch_hash, r.knobs) for r in ranked if (r.sketch_hash, r.knobs) in retimed[i]), None)
+                if incumbent is not None:
+                    pairs += [(r, k) for r in ranked if (k := (r.sketch_hash, r.knobs)) == incumbent and k not in keys]
+                    wanted.add(incumbent)
             kept = {(c.sketch.hash, c.knobs): c for _, c in st.kept}
             by_hash = {sk.hash: sk for sk in st.sketches}
-            for rec, key in zip(top, keys):
-                if key in retimed[i] or key not in wanted or rec.sketch_hash not in by_hash:
+            for rec, key in pairs:
+                if key in retimed[i] and key != incumbent or key not in wanted or rec.sketch_hash not in by_hash:
                     continue
                 c = kept.pop(key, None)
                 if c is None:  # measured by an earlier run, or displaced: built again

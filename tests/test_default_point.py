@@ -134,6 +134,38 @@ def test_a_default_point_timed_in_a_slow_phase_is_timed_again_at_the_end(tmp_pat
     assert (want in again) == retimed
 
 
+
+@pytest.mark.slow
+def test_a_second_re_timing_takes_turns_with_the_incumbent(tmp_path):
+    """When the re-timing leaves a schedule it has not timed again as the
+    best, the second attempt times that one in turns with the incumbent
+    (the best it did re-time), not against the incumbent's earlier timings."""
+    import json
+    import sqlite3
+
+    path = tmp_path / "mm.mlir"
+    path.write_text(workloads.matmul(64, 64, 32))
+    db = tmp_path / "t.db"
+    tune(str(path), config=TuneConfig(trials=4, batch_size=4, strategy="random", seed=5, retime_rounds=0), db=db)
+    # A and B look impossibly fast, C next (faster than any real timing), D slow:
+    # the first attempt re-times A and B, whose real timings then rank C first.
+    fake = [1e-9, 1.1e-9, 1e-6, 1.0]
+    with sqlite3.connect(db) as c:
+        rows = c.execute("SELECT id, sketch_hash, knobs FROM records ORDER BY id").fetchall()
+        for (row_id, _, _), cost in zip(rows, fake):
+            c.execute("UPDATE records SET costs = ?, latency_s = ? WHERE id = ?", (json.dumps([cost]), cost, row_id))
+    key = {(h, tuple(tuple(kv) for kv in json.loads(k))): n for n, (_, h, k) in zip("ABCD", rows)}
+    tune(str(path), config=TuneConfig(trials=0, retime_top=2, retime_rounds=3, retime_default_factor=1.0), db=db)
+    with Database(db) as d:
+        counts = {}
+        for r in d.records():
+            if r.retime:
+                n = key[(r.sketch_hash, tuple(r.knobs))]
+                counts[n] = counts.get(n, 0) + 1
+    assert counts.get("C") == 3 and "D" not in counts
+    assert sorted([counts.get("A", 0), counts.get("B", 0)]) == [3, 6]  # the incumbent, timed again beside C
+
+
 def test_compile_without_records_uses_the_rule_default(tmp_path):
     path = tmp_path / "mm.mlir"
     path.write_text(workloads.matmul(96, 80, 48))
