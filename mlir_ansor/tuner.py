@@ -581,8 +581,9 @@ def _prepare(
             sketches = task_sketches(task, target, config)
         t_resume = time.perf_counter()
         ctx = TaskContext(task, sketches, target, config.threads, config.seed)
-        if config.default_candidate and sketches and sketches[0].prefer:
-            ctx.seeds.append((sketches[0], default_assignment(sketches[0], config.threads)))
+        default = _default_point(sketches, config.threads) if config.default_candidate else None
+        if default is not None:
+            ctx.seeds.append(default)
         st = _TaskState(task, sketches, make_strategy(config), TaskResult(task))
         st.tol = task.tolerance
         database.add_workload(task.workload_key, task.name, task.mlir, task.flops)
@@ -1050,6 +1051,10 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
             for r in recs
             if not r.retime and (run_id is None or r.run == run_id or r.run not in retimed_runs)
         }
+    defaults = {}
+    for i, st in enumerate(states):
+        point = _default_point(st.sketches, config.threads)
+        defaults[i] = None if point is None else (point[0].hash, point[1])
     for attempt in range(3):
         todo: list[tuple[int, Candidate]] = []
         for i, st in enumerate(states):
@@ -1062,7 +1067,7 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
             # no tuning at all (BERT's 768 x 768 projection at 384 rows,
             # 1 thread, Emerald Rapids: the pick 3.46 ms, the default 3.0,
             # timed in turns; the default's one timing in the search: 4.17).
-            default = _default_key(st, config)
+            default = defaults[i]
             extra = next((r for r in ranked[config.retime_top :] if (r.sketch_hash, r.knobs) == default), None)
             if extra is not None and top and extra.latency_s <= config.retime_default_factor * top[0].latency_s:
                 top.append(extra)
@@ -1141,14 +1146,13 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
         st.kept = []
 
 
-def _default_key(st: _TaskState, config: TuneConfig) -> tuple | None:
-    """``(sketch_hash, knobs)`` of the task's default point (`default_assignment`
-    of its preferred sketch, as `compile` picks it without records), or None
-    where the first sketch has no preference."""
-    if not st.sketches or not st.sketches[0].prefer:
+def _default_point(sketches: list[Sketch], threads: int) -> tuple[Sketch, Assignment] | None:
+    """The task's default point: its first sketch and that sketch's
+    `default_assignment`, as `compile` picks it without records; None where
+    the first sketch has no preference."""
+    if not sketches or not sketches[0].prefer:
         return None
-    sk = st.sketches[0]
-    return sk.hash, default_assignment(sk, config.threads)
+    return sketches[0], default_assignment(sketches[0], threads)
 
 
 def _ptxas_json(value: dict) -> str:

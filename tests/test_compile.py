@@ -132,7 +132,6 @@ def test_calls_pass_aligned_arrays_as_they_are_and_copy_the_rest(monkeypatch):
         cm(x, w1)
 
 
-
 @pytest.mark.parametrize("expected_s, copied", [(1.0, 4), (1e-9, 0)])
 def test_misaligned_arguments_are_copied_only_where_the_copy_pays(monkeypatch, expected_s, copied):
     """An argument 16 bytes past a cache line (where numpy puts its buffers)

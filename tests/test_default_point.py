@@ -104,28 +104,40 @@ def test_first_batch_measures_the_default_point(tmp_path):
         assert want not in [(r.sketch_hash, tuple(r.knobs)) for r in d.records()]
 
 
+def _four_candidates_not_retimed(tmp_path) -> tuple:
+    """A 64x64x32 matmul tuned with 4 candidates (its default point among
+    them) and no re-timing: (its path, the database, each record's
+    ``(sketch_hash, knobs)`` in the order of their rows)."""
+    path = tmp_path / "mm.mlir"
+    path.write_text(workloads.matmul(64, 64, 32))
+    db = tmp_path / "t.db"
+    tune(str(path), config=TuneConfig(trials=4, batch_size=4, strategy="random", seed=5, retime_rounds=0), db=db)
+    with Database(db) as d:
+        keys = [(r.sketch_hash, tuple(r.knobs)) for r in d.records()]
+    assert len(keys) == 4
+    return path, db, keys
+
+
+def _set_timings(db, costs: list[float]) -> None:
+    """Give the records, in the order of their rows, one timing each."""
+    import json
+    import sqlite3
+
+    with sqlite3.connect(db) as c:
+        ids = [row_id for (row_id,) in c.execute("SELECT id FROM records ORDER BY id")]
+        for row_id, cost in zip(ids, costs, strict=True):
+            c.execute("UPDATE records SET costs = ?, latency_s = ? WHERE id = ?", (json.dumps([cost]), cost, row_id))
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("factor, retimed", [(1.5, True), (1.2, False)])
 def test_a_default_point_timed_in_a_slow_phase_is_timed_again_at_the_end(tmp_path, factor, retimed):
     """The re-timing at the end of a search takes the default point beside the
     best ones when its one timing is within `retime_default_factor` of the best's."""
-    import json
-    import sqlite3
-
-    path = tmp_path / "mm.mlir"
-    path.write_text(workloads.matmul(64, 64, 32))
-    db = tmp_path / "t.db"
-    tune(str(path), config=TuneConfig(trials=4, batch_size=4, strategy="random", seed=5, retime_rounds=0), db=db)
+    path, db, keys = _four_candidates_not_retimed(tmp_path)
     want = _default_point(path)
     # As if the default had been timed while the machine ran slow: 1.4x the best.
-    with sqlite3.connect(db) as c:
-        rows = c.execute("SELECT id, sketch_hash, knobs FROM records").fetchall()
-        assert len(rows) == 4
-        for n, (row_id, sketch_hash, knobs) in enumerate(rows):
-            is_default = (sketch_hash, tuple(tuple(kv) for kv in json.loads(knobs))) == want
-            cost = 1.4e-3 if is_default else 1e-3 * (1 + 0.01 * n)
-            c.execute("UPDATE records SET costs = ?, latency_s = ? WHERE id = ?", (json.dumps([cost]), cost, row_id))
+    _set_timings(db, [1.4e-3 if key == want else 1e-3 * (1 + 0.01 * n) for n, key in enumerate(keys)])
     config = TuneConfig(trials=0, retime_top=2, retime_rounds=1, retime_default_factor=factor)
     tune(str(path), config=config, db=db)
     with Database(db) as d:
@@ -134,27 +146,16 @@ def test_a_default_point_timed_in_a_slow_phase_is_timed_again_at_the_end(tmp_pat
     assert (want in again) == retimed
 
 
-
 @pytest.mark.slow
 def test_a_second_re_timing_takes_turns_with_the_incumbent(tmp_path):
     """When the re-timing leaves a schedule it has not timed again as the
     best, the second attempt times that one in turns with the incumbent
     (the best it did re-time), not against the incumbent's earlier timings."""
-    import json
-    import sqlite3
-
-    path = tmp_path / "mm.mlir"
-    path.write_text(workloads.matmul(64, 64, 32))
-    db = tmp_path / "t.db"
-    tune(str(path), config=TuneConfig(trials=4, batch_size=4, strategy="random", seed=5, retime_rounds=0), db=db)
+    path, db, keys = _four_candidates_not_retimed(tmp_path)
     # A and B look impossibly fast, C next (faster than any real timing), D slow:
     # the first attempt re-times A and B, whose real timings then rank C first.
-    fake = [1e-9, 1.1e-9, 1e-6, 1.0]
-    with sqlite3.connect(db) as c:
-        rows = c.execute("SELECT id, sketch_hash, knobs FROM records ORDER BY id").fetchall()
-        for (row_id, _, _), cost in zip(rows, fake):
-            c.execute("UPDATE records SET costs = ?, latency_s = ? WHERE id = ?", (json.dumps([cost]), cost, row_id))
-    key = {(h, tuple(tuple(kv) for kv in json.loads(k))): n for n, (_, h, k) in zip("ABCD", rows)}
+    _set_timings(db, [1e-9, 1.1e-9, 1e-6, 1.0])
+    key = dict(zip(keys, "ABCD"))
     tune(str(path), config=TuneConfig(trials=0, retime_top=2, retime_rounds=3, retime_default_factor=1.0), db=db)
     with Database(db) as d:
         counts = {}
@@ -267,7 +268,6 @@ def test_avx512_contraction_default_is_twelve_rows_in_256_row_thread_tiles(tmp_p
     (conv,) = _tasks(workloads.conv2d_nhwc(1, 58, 58, 64, 64, 3, 3), tmp_path)
     c = dict(default_assignment(generate_sketches(conv.mlir, zen4)[0], 1))
     assert c["r_d2"] == 4 and c["p_d2"] == 56
-
 
 
 def test_thread_tiles_leave_no_sliver_and_split_the_columns_where_the_rows_fit(tmp_path):

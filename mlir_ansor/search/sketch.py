@@ -436,9 +436,10 @@ def default_assignment(sketch: Sketch, threads: int) -> Assignment:
     at one thread); knobs without a preference take their first option.
     Always valid: every value is among those its knob allows."""
     need = max(1, threads)
-    preferred = _default_values(sketch, need, split=False)
-    if all(name in dict(sketch.prefer) for name, _ in sketch.forall) and sketch.parallelism(preferred) % need == 0:
-        return preferred
+    if all(name in dict(sketch.prefer) for name, _ in sketch.forall):
+        preferred = _default_values(sketch, need, split=False)
+        if sketch.parallelism(preferred) % need == 0:
+            return preferred
     return _default_values(sketch, need, split=True)
 
 
@@ -454,9 +455,9 @@ def _default_values(sketch: Sketch, need: int, split: bool) -> Assignment:
         extent = extents.get(spec.name)
         if extent is not None and not spec.alternatives:
             target = prefer.get(spec.name, extent)
-            chunks = {t: -(-extent // t) for t in allowed}
             balanced = [t for t in allowed if extent % t == 0 or 2 * (extent % t) >= t]
             if split:
+                chunks = {t: -(-extent // t) for t in allowed}
                 fits = [t for t in allowed if chunks[t] >= need]
                 even = [t for t in fits if chunks[t] % need == 0 and t in balanced]
                 tile = nearest_option(even or [t for t in fits if t in balanced] or fits or [min(allowed)], target)
