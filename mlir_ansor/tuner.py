@@ -368,6 +368,7 @@ class _TaskState:
     tol: float = 1e-4
     binaries: dict = field(default_factory=dict)  # binary hash -> its Measurement
     kept: list = field(default_factory=list)  # [(latency, Candidate)]: the best built libraries, kept for `_retime`
+    default_key: tuple | None = None  # (sketch hash, knobs) of the task's default point (`_default_point`)
     bundle_dir: str = ""  # build-only CUDA: where this task's bundles are kept (`gpu_measure`)
 
 
@@ -581,11 +582,12 @@ def _prepare(
             sketches = task_sketches(task, target, config)
         t_resume = time.perf_counter()
         ctx = TaskContext(task, sketches, target, config.threads, config.seed)
-        default = _default_point(sketches, config.threads) if config.default_candidate else None
-        if default is not None:
+        default = _default_point(sketches, config.threads)
+        if default is not None and config.default_candidate:
             ctx.seeds.append(default)
         st = _TaskState(task, sketches, make_strategy(config), TaskResult(task))
         st.tol = task.tolerance
+        st.default_key = None if default is None else (default[0].hash, default[1])
         database.add_workload(task.workload_key, task.name, task.mlir, task.flops)
         # Resume: skip what is measured, start from the best valid record.
         # A measuring run measures what a build-only run only built. What
@@ -1009,14 +1011,17 @@ def _record(
 
 def _keep_or_release(st: _TaskState, c: Candidate, rec: Record, config: TuneConfig, m: Measurer) -> None:
     """Keep `c`'s library while it is among the task's `retime_top` best
-    (for `_retime`); release it, or the one it displaces, otherwise."""
+    (for `_retime`); release it, or the one it displaces, otherwise. The
+    default point's library is kept beside them: `_retime` may time it in
+    turns with the best, and would otherwise build it again."""
     if config.retime_rounds <= 0 or config.retime_top <= 0 or not rec.valid or c.artifact is None:
         m.release(c)
         return
     st.kept.append((rec.latency_s, c))
     st.kept.sort(key=lambda lc: lc[0])
-    while len(st.kept) > config.retime_top:
-        m.release(st.kept.pop()[1])
+    ranked = [j for j, (_, k) in enumerate(st.kept) if (k.sketch.hash, k.knobs) != st.default_key]
+    for j in reversed(ranked[config.retime_top :]):
+        m.release(st.kept.pop(j)[1])
 
 
 def _retime(states: list[_TaskState], target: Target, config: TuneConfig, database: Database, m: Measurer, run_id: int | None) -> None:
@@ -1051,10 +1056,7 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
             for r in recs
             if not r.retime and (run_id is None or r.run == run_id or r.run not in retimed_runs)
         }
-    defaults = {}
-    for i, st in enumerate(states):
-        point = _default_point(st.sketches, config.threads)
-        defaults[i] = None if point is None else (point[0].hash, point[1])
+    defaults = {i: st.default_key for i, st in enumerate(states)}
     for attempt in range(3):
         todo: list[tuple[int, Candidate]] = []
         for i, st in enumerate(states):
@@ -1069,12 +1071,17 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
             # timed in turns; the default's one timing in the search: 4.17).
             default = defaults[i]
             extra = next((r for r in ranked[config.retime_top :] if (r.sketch_hash, r.knobs) == default), None)
+            # Taken so, it is new to this run until it is re-timed (a run
+            # before this rule left it out); among the best by its timing, it
+            # is new as any other schedule is.
             if extra is not None and top and extra.latency_s <= config.retime_default_factor * top[0].latency_s:
                 top.append(extra)
+            else:
+                extra = None
             keys = [(r.sketch_hash, r.knobs) for r in top]
             if len(top) < 2 or keys[0] in retimed[i] or keys[0] in earlier[i] and attempt > 0:
                 continue  # nothing to choose between, or the best is re-timed
-            fresh = [key for key in keys if key not in earlier[i] and (key in fresh_keys[i] or key == default)]
+            fresh = [k for k in keys if k not in earlier[i] and (k in fresh_keys[i] or extra is not None and k == default)]
             if not fresh:
                 continue  # nothing new is among them
             # What an earlier run re-timed is timed again only as the incumbent
@@ -1126,11 +1133,19 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
                 for c in cands:
                     out = m.measure(c, st.tol)
                     database.commit_record(_record(st, c, out, 0.0, target, config, versions))
-            for c in cands:
-                retimed[i].add((c.sketch.hash, c.knobs))
-                m.release(c)
             before = st.result.best_latency_s
             _best_from_db(st, database, target, config, m)
+            # The best this run re-timed stays built: a later attempt times
+            # it in turns with its new best (as the incumbent) without
+            # building it again.
+            retimed[i].update((c.sketch.hash, c.knobs) for c in cands)
+            ranked = database.best(st.task.workload_key, target.key, threads=config.threads, k=1 << 30, host=m.host)
+            incumbent = next(((r.sketch_hash, r.knobs) for r in ranked if (r.sketch_hash, r.knobs) in retimed[i]), None)
+            for c in cands:
+                if (c.sketch.hash, c.knobs) == incumbent:
+                    st.kept = [(0.0, c)]
+                else:
+                    m.release(c)
             st.result.retimed = len(retimed[i])
             log.info(
                 "%s: re-timed %d schedule(s) %d times each: best %.3g s (before: %.3g s)",

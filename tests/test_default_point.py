@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import CountingMeasurer
 
 import mlir_ansor
 from mlir_ansor import TuneConfig, tune
@@ -147,6 +148,22 @@ def test_a_default_point_timed_in_a_slow_phase_is_timed_again_at_the_end(tmp_pat
 
 
 @pytest.mark.slow
+def test_the_default_points_library_is_kept_for_the_re_timing(tmp_path):
+    """The search keeps the default point's library beside its best ones:
+    the re-timing times it without building it again."""
+    path = tmp_path / "mm.mlir"
+    path.write_text(workloads.matmul(64, 64, 32))
+    db = tmp_path / "t.db"
+    config = TuneConfig(trials=6, batch_size=3, strategy="random", seed=5, retime_top=2, retime_rounds=1, retime_default_factor=1e9)
+    with CountingMeasurer(config, replay=True) as m:
+        tune(str(path), config=config, db=db, measurer=m)
+    assert m.built == 6
+    with Database(db) as d:
+        again = {(r.sketch_hash, tuple(r.knobs)) for r in d.records() if r.retime}
+    assert _default_point(path) in again
+
+
+@pytest.mark.slow
 def test_a_second_re_timing_takes_turns_with_the_incumbent(tmp_path):
     """When the re-timing leaves a schedule it has not timed again as the
     best, the second attempt times that one in turns with the incumbent
@@ -156,7 +173,11 @@ def test_a_second_re_timing_takes_turns_with_the_incumbent(tmp_path):
     # the first attempt re-times A and B, whose real timings then rank C first.
     _set_timings(db, [1e-9, 1.1e-9, 1e-6, 1.0])
     key = dict(zip(keys, "ABCD"))
-    tune(str(path), config=TuneConfig(trials=0, retime_top=2, retime_rounds=3, retime_default_factor=1.0), db=db)
+    config = TuneConfig(trials=0, retime_top=2, retime_rounds=3, retime_default_factor=1.0)
+    with CountingMeasurer(config) as m:
+        tune(str(path), config=config, db=db, measurer=m)
+    # A and B, then C: the incumbent's library, kept from the first attempt, is not built again
+    assert m.built == 3
     with Database(db) as d:
         counts = {}
         for r in d.records():

@@ -11,7 +11,7 @@ import sys
 import faulty_jobs
 import numpy as np
 import pytest
-from conftest import INPUTS
+from conftest import INPUTS, CountingMeasurer
 
 from mlir_ansor import TuneConfig, tune
 from mlir_ansor.measure.builder import build
@@ -60,22 +60,15 @@ def test_tune_small_matmul_and_check_against_numpy(tmp_path):
         assert best.threads == 1 and best.host
 
 
-class _CountingMeasurer(Measurer):
-    built = 0
-
-    def build(self, cands):
-        self.built += len(cands)
-        return super().build(cands)
-
-
 @pytest.mark.slow
 def test_the_best_schedules_are_re_timed_in_turns(tmp_path):
     """When the search ends, each task's best schedules are timed again,
     `retime_rounds` times each, from the libraries the search kept (nothing
     is built again), and the pick is made on all their timings."""
     db = tmp_path / "rt.db"
-    config = _config(trials=6, retime_top=3, retime_rounds=2)
-    with _CountingMeasurer(config) as m:
+    # (The default point's turn beside the best: tests/test_default_point.py.)
+    config = _config(trials=6, retime_top=3, retime_rounds=2, retime_default_factor=0.0)
+    with CountingMeasurer(config, replay=True) as m:
         result = tune(str(INPUTS / "matmul.mlir"), config=config, db=db, measurer=m)
         assert m.built == 6
     (r,) = result.tasks
@@ -95,7 +88,7 @@ def test_the_best_schedules_are_re_timed_in_turns(tmp_path):
     assert r.retimed == len(top) and r.search_latency_s == pytest.approx(valid[0].latency_s)
     assert result.measured == 6  # re-timings are not trials
     # A resumed run with nothing new among the best re-times nothing (and builds nothing).
-    with _CountingMeasurer(config) as m:
+    with CountingMeasurer(config) as m:
         again = tune(str(INPUTS / "matmul.mlir"), config=dataclasses.replace(config, trials=0), db=db, measurer=m)
         assert m.built == 0
     with Database(db) as d:
@@ -109,7 +102,7 @@ def test_the_best_schedules_are_re_timed_in_turns(tmp_path):
             d.commit_record(x)
         k4 = {(x.sketch_hash, x.knobs) for x in d.best(r.task.workload_key, Target.host().key, k=3)}
         assert k4 - top, "the slowed schedules must leave room for one the first run did not re-time"
-    with _CountingMeasurer(config) as m:
+    with CountingMeasurer(config) as m:
         tune(str(INPUTS / "matmul.mlir"), config=dataclasses.replace(config, trials=0), db=db, measurer=m)
         assert m.built == 0
     retimes += slow
