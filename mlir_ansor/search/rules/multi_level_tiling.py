@@ -47,6 +47,7 @@ generation of that took minutes (436 s for one candidate).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from mlir_ansor.schedule.writer import ScheduleWriter
@@ -395,9 +396,14 @@ class MultiLevelTiling(Rule):
         b = reused_operand(anchor, row)
         b_in_panels = b is not None and in_panels(anchor, b, vec, lanes)
         panels = {d: ranges[vec] for d in anchor.operand_dims[b][:-2] if d in anchor.parallel and d != row} if b_in_panels else {}
+        wide = ctx.target.vector_registers >= 32 and not is_window
+        few_rows = (
+            wide and reused is not None and not b_in_panels and ranges[row] <= _FEW_ROWS
+            and math.prod(ranges[d] for d in anchor.operand_dims[reused] if d is not None) >= _LARGE_B
+        )
         prefer = _preferred(
             specs, vec, row, inner_red, lanes, narrow=is_window and reused is not None,
-            wide=ctx.target.vector_registers >= 32 and not is_window, panels=panels,
+            wide=wide, panels=panels, few_rows=few_rows,
         )
         # Without the packing alternative (partial rows), B is read in place:
         # a schedule of another size that copied B is a different one
@@ -441,9 +447,24 @@ class MultiLevelTiling(Rule):
 # Emerald Rapids, default points timed in turns: 6 rows, all panels and
 # 64-row thread tiles 298, 302, 151, 294 GFLOP/s; 12 rows and 4 panels 313,
 # 311, 283, 312; with 256-row (192) thread tiles as well 349, 324, 314, 337.
+#
+# A contraction of few rows against a large B (8 or 16 rows: at most 16, in
+# whole tiles of 8, where packing is a choice; B of 256 Ki elements or
+# more, not in panels; 32 registers) spends its time streaming B: it reads
+# B in place (`pack` = 1: a packed copy of B serves only these few rows),
+# in register tiles of 8 rows by 4 vectors (each B load feeds 8 FMAs) and
+# thread tiles of 4 vectors of columns. Timed in turns, GEMM M x 1024 x
+# 1024, Emerald Rapids, the default before (12 or 6 rows by 2 vectors, 128
+# columns, B packed) against this: at 2 threads M = 8 0.223 -> 0.135 ms,
+# M = 16 0.263 -> 0.227; at 1 thread 0.453 -> 0.276 and 0.543 -> 0.393.
+# Not taken: 32 rows (8 x 4 in place lost at 1 thread, 0.755 -> 0.803 ms),
+# and the rows without the choice (1 to 7, 12: B is read in place there
+# already; 4 vectors lost at 4 and 7 rows, 0.086 -> 0.105 and 0.126 ->
+# 0.153 ms at 2 threads, and at 1 row at 1 thread, 0.155 -> 0.234).
 _PREFER_ROWS, _FALLBACK_ROWS, _PREFER_UNROLL, _PREFER_K = 6, 4, 4, 256
 _PREFER_P_ROWS, _PREFER_P_COLS = 64, 128
 _PREFER_WIDE_ROWS, _PREFER_WIDE_P_ROWS = 12, 256
+_FEW_ROWS, _LARGE_B, _FEW_ROWS_TILE, _FEW_ROWS_VECTORS = 16, 1 << 18, 8, 4
 
 
 def _preferred(
@@ -456,15 +477,21 @@ def _preferred(
     narrow: bool = False,
     wide: bool = False,
     panels: Mapping[int, int] | None = None,
+    few_rows: bool = False,
 ) -> tuple[tuple[str, int], ...]:
     """`wide`: a contraction (not a window op) on a target with 32 vector
     registers; `panels`: the loops over column panels of B, each with the
-    columns one panel holds."""
+    columns one panel holds; `few_rows`: a wide contraction of few rows
+    against a large B, where packing it is a choice (`_FEW_ROWS`)."""
     prefer: dict[str, int] = {}
     for sp in specs:
         kind, _, d = sp.name.partition("_d")
         if sp.name == "pack":
-            prefer[sp.name] = 0
+            prefer[sp.name] = int(few_rows)
+        elif few_rows and kind in "rp" and int(d) == vec:
+            prefer[sp.name] = _FEW_ROWS_VECTORS * lanes
+        elif few_rows and kind == "r" and int(d) == row:
+            prefer[sp.name] = _FEW_ROWS_TILE
         elif kind == "r":
             if int(d) == vec:
                 prefer[sp.name] = 2 * lanes
