@@ -96,6 +96,23 @@ def test_calls_take_any_array_and_return_fresh_outputs():
     np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-4)  # untouched by the second call
 
 
+def _past_a_cache_line(a: np.ndarray, offset: int, *, writeable: bool = True) -> np.ndarray:
+    """A copy of `a` whose data starts `offset` bytes past a cache line."""
+    raw = np.empty(a.nbytes + 2 * ALIGNMENT, np.uint8)
+    out = np.ndarray(a.shape, a.dtype, raw, offset + (-raw.ctypes.data % ALIGNMENT))
+    out[...] = a
+    out.setflags(write=writeable)
+    return out
+
+
+def _count_copies(monkeypatch) -> list:
+    """The arrays `compiler.aligned_copy` is called on, from now on."""
+    copies = []
+    real_copy = compile_mod.aligned_copy
+    monkeypatch.setattr(compile_mod, "aligned_copy", lambda a, dtype=None: copies.append(a) or real_copy(a, dtype))
+    return copies
+
+
 def test_calls_pass_aligned_arrays_as_they_are_and_copy_the_rest(monkeypatch):
     """The call made for a signature (`CallPlan._fast_call`) copies only
     what the kernel cannot read in place: a misaligned, read-only-but-
@@ -106,20 +123,14 @@ def test_calls_pass_aligned_arrays_as_they_are_and_copy_the_rest(monkeypatch):
     want = ((x @ w1) @ w2) @ w3
     # copies of misaligned arguments pay here (`copy_pays`; the test below has both cases)
     monkeypatch.setattr(compile_mod, "MISALIGNED_SHARE", 1e9)
-    copies = []
-    real_copy = compile_mod.aligned_copy
-    monkeypatch.setattr(compile_mod, "aligned_copy", lambda a, dtype=None: copies.append(a) or real_copy(a, dtype))
+    copies = _count_copies(monkeypatch)
     frozen = aligned_copy(w2)
     frozen.setflags(write=False)
     first = cm(x, w1, frozen, w3)
     assert copies == []
     np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-4)
-    raw = np.empty(w1.nbytes + 2 * ALIGNMENT, np.uint8)
-    off = 4 + (-raw.ctypes.data % ALIGNMENT)  # 4 bytes past a cache line
-    shifted = np.ndarray(w1.shape, w1.dtype, raw, off)
-    shifted[...] = w1
-    frozen_shifted = np.ndarray(w1.shape, w1.dtype, raw, off)
-    frozen_shifted.setflags(write=False)
+    shifted = _past_a_cache_line(w1, 4)
+    frozen_shifted = _past_a_cache_line(w1, 4, writeable=False)
     second = cm(x.tolist(), shifted, w2, w3)
     assert len(copies) == 2
     third = cm(x, frozen_shifted, w2, w3)
@@ -142,15 +153,8 @@ def test_misaligned_arguments_are_copied_only_where_the_copy_pays(monkeypatch, e
     cm = mlir_ansor.compile(str(INPUTS / "two_matmuls.mlir"))
     arrays = [aligned_copy(a) for a in _inputs(cm)]
     want = ((arrays[0] @ arrays[1]) @ arrays[2]) @ arrays[3]
-    shifted = []
-    for a in arrays:
-        raw = np.empty(a.nbytes + 2 * ALIGNMENT, np.uint8)
-        u = np.ndarray(a.shape, a.dtype, raw, 16 + (-raw.ctypes.data % ALIGNMENT))
-        u[...] = a
-        shifted.append(u)
-    copies = []
-    real_copy = compile_mod.aligned_copy
-    monkeypatch.setattr(compile_mod, "aligned_copy", lambda a, dtype=None: copies.append(a) or real_copy(a, dtype))
+    shifted = [_past_a_cache_line(a, 16) for a in arrays]
+    copies = _count_copies(monkeypatch)
     plan = compile_mod.CallPlan(cm._kernel(cm.entry), *cm.functions[cm.entry], expected_s=expected_s)
     for _ in range(2):
         (got,) = plan(cm.entry, shifted)
