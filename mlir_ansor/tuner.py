@@ -1057,6 +1057,7 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
             if not r.retime and (run_id is None or r.run == run_id or r.run not in retimed_runs)
         }
     defaults = {i: st.default_key for i, st in enumerate(states)}
+    broken: dict[int, set] = {i: set() for i in range(len(states))}  # re-timed schedules that no longer build
     for attempt in range(3):
         todo: list[tuple[int, Candidate]] = []
         for i, st in enumerate(states):
@@ -1096,7 +1097,7 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
             pairs = list(zip(top, keys))
             incumbent = None
             if attempt > 0:
-                incumbent = next(((r.sketch_hash, r.knobs) for r in ranked if (r.sketch_hash, r.knobs) in retimed[i]), None)
+                incumbent = _incumbent(ranked, retimed[i] - broken[i])
                 if incumbent is not None:
                     pairs += [(r, k) for r in ranked if (k := (r.sketch_hash, r.knobs)) == incumbent and k not in keys]
                     wanted.add(incumbent)
@@ -1124,6 +1125,7 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
             if b is not None and not b.ok:
                 log.warning("task %s: re-timing: %s no longer builds (%s)", states[i].task.name, c.sketch.name, b.error_kind.value)
                 retimed[i].add((c.sketch.hash, c.knobs))  # not tried again
+                broken[i].add((c.sketch.hash, c.knobs))  # nor taken as the incumbent
                 continue
             by_task.setdefault(i, []).append(c)
         for i, cands in by_task.items():
@@ -1140,7 +1142,7 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
             # building it again.
             retimed[i].update((c.sketch.hash, c.knobs) for c in cands)
             ranked = database.best(st.task.workload_key, target.key, threads=config.threads, k=1 << 30, host=m.host)
-            incumbent = next(((r.sketch_hash, r.knobs) for r in ranked if (r.sketch_hash, r.knobs) in retimed[i]), None)
+            incumbent = _incumbent(ranked, retimed[i] - broken[i])
             for c in cands:
                 if (c.sketch.hash, c.knobs) == incumbent:
                     st.kept = [(0.0, c)]
@@ -1159,6 +1161,12 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
         for _, c in st.kept:
             m.release(c)
         st.kept = []
+
+
+def _incumbent(ranked: list[Record], retimed: set) -> tuple | None:
+    """The best of the `retimed` schedules by `ranked` (the database's
+    order), as ``(sketch hash, knobs)``; None when none is ranked."""
+    return next(((r.sketch_hash, r.knobs) for r in ranked if (r.sketch_hash, r.knobs) in retimed), None)
 
 
 def _default_point(sketches: list[Sketch], threads: int) -> tuple[Sketch, Assignment] | None:
