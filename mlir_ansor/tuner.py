@@ -703,9 +703,12 @@ def _best_from_db(st: _TaskState, database: Database, target: Target, config: Tu
     """Set the task's best from the database (`Database.best`: over every
     timing of each schedule measured on this kind of host)."""
     best = database.best(st.task.workload_key, target.key, threads=config.threads, host=m.host)
-    if not best:
-        return
-    rec = best[0]
+    if best:
+        _set_best(st, best[0])
+
+
+def _set_best(st: _TaskState, rec: Record) -> None:
+    """Make `rec` the task's best."""
     r = st.result
     r.best_latency_s = rec.latency_s
     r.best_knobs = rec.knobs
@@ -1056,7 +1059,6 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
             for r in recs
             if not r.retime and (run_id is None or r.run == run_id or r.run not in retimed_runs)
         }
-    defaults = {i: st.default_key for i, st in enumerate(states)}
     broken: dict[int, set] = {i: set() for i in range(len(states))}  # re-timed schedules that no longer build
     for attempt in range(3):
         todo: list[tuple[int, Candidate]] = []
@@ -1070,7 +1072,7 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
             # no tuning at all (BERT's 768 x 768 projection at 384 rows,
             # 1 thread, Emerald Rapids: the pick 3.46 ms, the default 3.0,
             # timed in turns; the default's one timing in the search: 4.17).
-            default = defaults[i]
+            default = st.default_key
             extra = next((r for r in ranked[config.retime_top :] if (r.sketch_hash, r.knobs) == default), None)
             # Taken so, it is new to this run until it is re-timed (a run
             # before this rule left it out); among the best by its timing, it
@@ -1136,12 +1138,13 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
                     out = m.measure(c, st.tol)
                     database.commit_record(_record(st, c, out, 0.0, target, config, versions))
             before = st.result.best_latency_s
-            _best_from_db(st, database, target, config, m)
+            ranked = database.best(st.task.workload_key, target.key, threads=config.threads, k=1 << 30, host=m.host)
+            if ranked:
+                _set_best(st, ranked[0])  # as `_best_from_db`: the same query, ranked in full for the incumbent
             # The best this run re-timed stays built: a later attempt times
             # it in turns with its new best (as the incumbent) without
             # building it again.
             retimed[i].update((c.sketch.hash, c.knobs) for c in cands)
-            ranked = database.best(st.task.workload_key, target.key, threads=config.threads, k=1 << 30, host=m.host)
             incumbent = _incumbent(ranked, retimed[i] - broken[i])
             for c in cands:
                 if (c.sketch.hash, c.knobs) == incumbent:

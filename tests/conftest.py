@@ -41,6 +41,7 @@ func.func @kernel(%x: tensor<{m}x64xf32>, %w: tensor<{p}x64x32xf32>) -> tensor<{
 }}
 """
 
+
 class CountingMeasurer(Measurer):
     """Counts the libraries it builds. With `replay`, a schedule measured
     again gives its first timings again: the re-timing's ranking cannot
