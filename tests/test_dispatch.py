@@ -133,6 +133,20 @@ func.func @scale(%A: tensor<8x?xf32>, %B: tensor<8x?xf32>) -> tensor<8x?xf32> {
 """
 
 
+@pytest.mark.parametrize("memref, memcpy", [
+    ("memref<?x64xf32>", True),  # identity layouts, any shape
+    ("memref<4x?xf32>", True),
+    ("memref<64x64xf32, strided<[64, 1], offset: ?>>", True),  # a whole block of rows
+    ("memref<?x64xf32, strided<[64, 1], offset: ?>>", False),  # a dynamic count of rows
+    ("memref<8x16xf32, strided<[64, 1], offset: ?>>", False),  # a block of columns
+])
+def test_copies_that_lower_to_memcpy(memref, memcpy):
+    from mlir import ir
+
+    with ir.Context():
+        assert dispatch._memcpy(memref) is memcpy
+
+
 def test_blocks_of_an_inner_dimension():
     """Blocks of columns (strided views of the arguments, not whole rows)."""
     lib = build_library(mlir_ansor.load(text=SCALE), sizes={(0, 1): (4, 16)}, cache_dir=False)
@@ -163,6 +177,14 @@ def test_the_dispatch_is_mlir_in_the_module(library):
     assert "func.call @gemm__0_0_64(" in loop and loop.count("memref.copy") == 2
     rest = default[default.index("call @gemm__cover(") :]
     assert "scf.index_switch" in rest and "case 16 {" in rest and "case 64 {" in rest
+    # the rest is a dynamic count of rows: copied in and out by loops
+    # (linalg.copy), not by memref.copy, which calls the C runtime's
+    # element-at-a-time memrefCopy on a strided view of dynamic size
+    rest = rest[: rest.index("default {")]
+    assert "memref.copy" not in rest and rest.count("linalg.copy ins(%subview") == 2
+    # a padded case copies whole arrays of identity layout: memcpy
+    cases = entry[: entry.index("default {")]
+    assert cases.count("memref.copy %arg0, %cast") == 2 and "linalg.copy" not in cases
     assert "func.call @gemm__generic(" not in entry
     assert 'ansor.dispatch = ["0: 0.0=16 exact", "1: 0.0=64 exact", "2: 0.0=14..16 padded", "3: 0.0=56..64 padded"]' in text
     # the generic path is the function itself, on dynamic shapes, its
