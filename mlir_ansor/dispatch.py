@@ -38,8 +38,9 @@ for each size T, largest first, an ``scf.for`` over the blocks of T rows
 that fit in what is left, each copied into a static buffer, run by
 ``@gemm__0_0_T`` and its output rows copied back (a block of a row-major
 array is one contiguous run: the copies are memcpy); then the rest, fewer
-rows than the smallest block size used, copied into a zero-padded buffer
-of the smallest specialised size that holds it. 333 rows at 16, 64, 256:
+rows than the smallest block size used, copied (by loops, :func:`_copy`:
+its row count is dynamic) into a zero-padded buffer of the smallest
+specialised size that holds it. 333 rows at 16, 64, 256:
 256 + 64 + 13 padded to 16. It is valid for the same functions as
 padding: each row of the output depends only on the same row of the
 inputs.
