@@ -49,7 +49,17 @@ Where the sizes come from the records (no sizes given) and the function
 has one paddable symbol, the library also specialises the powers of two
 between tuned sizes more than twice apart (:func:`between_sizes`: 1, 16,
 64 gives 2, 4, 8 and 32 too), on schedules carried over from the nearest
-tuned size; 7 rows then run padded to 8, not to 16.
+tuned size; 7 rows then run padded to 8, not to 16. And where the function
+is one task whose ops are its own, the rows no specialization takes run
+on kernels on dynamic rows instead of the blocked path
+(:func:`_ranged_functions`, ``@gemm__rows_64``): each tuned size's record
+carried to a row loop of any extent (its thread tile over all the rows,
+where the record's spanned them; its last register tile of rows masked),
+taking the rows nearest that size (:func:`ranged_cases`). The blocked path
+calls a kernel per block, each reading all of B: 100 rows at 1, 16, 64,
+256, 1024 ran as 64 + 32 + 4 in 1.40x the time of a module tuned at 100,
+and on 64's record on dynamic rows as fast as the same record compiled at
+104 rows, padded (Emerald Rapids, 2 threads).
 
 The padded ranges follow `compiler.DynamicModule`'s rule: a symbol the
 function keeps apart (`graph.dynamic.paddable`: no reduction, window or
@@ -93,7 +103,7 @@ from mlir_ansor.passes.lowering import BUFFERIZE
 from mlir_ansor.target import Target
 
 __all__ = ["BLOCK_CALL_ROWS", "PAD_WORK", "Blocks", "Case", "DynamicLibrary", "between_sizes", "build_library", "dynamic_entry",
-           "plan_blocks", "plan_cases", "tuned_sizes"]
+           "plan_blocks", "plan_cases", "ranged_cases", "tuned_sizes", "ROWS_PROBE"]
 
 log = logging.getLogger("mlir_ansor")
 
@@ -112,7 +122,7 @@ class Case:
     (at `sizes`; "padded": on inputs padded to those sizes)."""
 
     kind: str
-    """"exact" or "padded"."""
+    """"exact", "padded" or "ranged" (a kernel on dynamic rows, :func:`_ranged_functions`)."""
     function: str
     sizes: tuple[int, ...]
     low: tuple[int, ...]
@@ -124,7 +134,7 @@ class Case:
         parts = []
         for (i, d), lo, s in zip((g[0] for g in groups), self.low, self.sizes):
             parts.append(f"{i}.{d}={s}" if lo == s else f"{i}.{d}={lo}..{s}")
-        return ", ".join(parts) + (" exact" if self.kind == "exact" else " padded")
+        return ", ".join(parts) + {"exact": " exact", "padded": " padded"}.get(self.kind, " on dynamic rows")
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "function": self.function, "sizes": list(self.sizes), "low": list(self.low)}
@@ -407,6 +417,114 @@ def _generic_function(text: str, entry: str, name: str, tiles: bool = True) -> s
                 log.info("compile: @%s: the generic path's tiles do not apply (%s); plain loops", entry, e)
         passmanager.PassManager.parse(f"builtin.module({BUFFERIZE},{_OUT_PARAMS},canonicalize,cse)").run(module.operation)
         return str(module)
+
+
+ROWS_PROBE = 1_000_003
+"""The row count at which the ranged kernels' sketches are made: a prime
+above the rows they run, so that the contraction rule writes its schedule
+for a row loop its thread tiles need not divide (the remainder masked, as
+on a dynamic extent), and a thread tile over all the rows stays one."""
+
+
+def _linalg_ops(op: ir.Operation) -> list[ir.Operation]:
+    """The Linalg operations in `op`, in order (not their bodies' ops)."""
+    found: list[ir.Operation] = []
+
+    def visit(inner: ir.Operation) -> ir.WalkResult:
+        if inner.name.startswith("linalg.") and inner.name not in ("linalg.yield", "linalg.index"):
+            found.append(inner)
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found
+
+
+def _ranged_functions(text: str, entry: str, dim: Dim, tuned: tuple[int, ...], *, db, target: Target,
+                      threads: int) -> list[tuple[int, str, str]]:
+    """Kernels on a dynamic row count, one per tuned size T: the function
+    (one symbol, its rows; one task) scheduled with T's best record carried
+    to a row loop of any extent (`search.transfer`: the sketch made at
+    :data:`ROWS_PROBE` rows, whose thread tile over the rows spans them all
+    where T's did, and whose last register tile of rows is masked), then
+    bufferized on its dynamic shapes, its results trailing arguments.
+    Returns ``(T, name, module text)``; none where the function is more
+    than one task, its task's ops are not the function's own (rewritten
+    by the task extraction), or a schedule does not apply."""
+    from mlir.dialects.transform import interpreter
+
+    from mlir_ansor.ir.attrs import FLOPS_ATTR
+    from mlir_ansor.records import Database
+    from mlir_ansor.search.generate import generate_sketches
+    from mlir_ansor.search.tasks import tasks_for
+    from mlir_ansor.search.transfer import transferred
+
+    def task_at(rows: int):
+        sized, _ = specializations(text, {dim: (rows,)}, func=entry, keep_name=True)
+        tasks = tasks_for(_load_text(sized), target, func=entry)
+        return tasks[0] if len(tasks) == 1 else None
+
+    if db is None or not os.path.exists(db):
+        return []
+    try:
+        probe = task_at(ROWS_PROBE)
+        sketches = generate_sketches(probe.mlir, target) if probe is not None else []
+    except AnsorError as e:
+        log.info("compile: @%s: no kernel on dynamic rows (%s)", entry, str(e).splitlines()[0])
+        return []
+    out = []
+    with Database(db, readonly=True) as d:
+        for size in tuned:
+            task = task_at(size)
+            carried = task and transferred(d, probe, sketches, target, threads=threads, relatives=1, per_relative=1,
+                                           source_key=task.workload_key)
+            if not carried:
+                continue
+            t = carried[0]
+            name = f"{entry}__rows_{size}"
+            with ir.Context(), ir.Location.unknown():
+                module = ir.Module.parse(text)
+                fn = dynamic_function(module, entry)
+                for op in list(module.body.operations):
+                    if op.operation != fn:
+                        op.operation.erase()
+                fn.attributes["sym_name"] = ir.StringAttr.get(name)
+                fn.attributes[FLOPS_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), task.flops)
+                payload = ir.Module.parse(t.sketch.payload)
+                theirs = _linalg_ops(payload.operation)
+                mine = _linalg_ops(fn)
+                if [op.name for op in theirs] != [op.name for op in mine]:
+                    log.info("compile: @%s: its task rewrites its ops; no kernel on dynamic rows", entry)
+                    return []
+                for a, b in zip(theirs, mine):
+                    for key in a.attributes:
+                        if key.startswith("ansor."):
+                            b.attributes[key] = a.attributes[key]
+                script = ir.Module.parse(t.sketch.concrete(t.knobs))
+                try:
+                    interpreter.apply_named_sequence(module.operation, script.body.operations[0], script)
+                    passmanager.PassManager.parse(f"builtin.module({BUFFERIZE},{_OUT_PARAMS},canonicalize,cse)").run(
+                        module.operation)
+                    module.operation.verify()
+                except ir.MLIRError as e:
+                    log.info("compile: @%s: the schedule of %d rows does not apply on dynamic rows (%s)", entry, size,
+                             str(e).splitlines()[0])
+                    continue
+                out.append((size, name, str(module)))
+    return out
+
+
+def ranged_cases(sizes: list[tuple[int, str]]) -> list[Case]:
+    """The rows of the dispatch table that the kernels on dynamic rows take
+    (``(T, function)``): each the rows nearest its size T on a log scale,
+    from 1 to :data:`ROWS_PROBE` (cut at the geometric means of neighbours)."""
+    sizes = sorted(sizes)
+    cases = []
+    for k, (size, function) in enumerate(sizes):
+        low = 1 if k == 0 else math.isqrt(sizes[k - 1][0] * size) + 1
+        high = ROWS_PROBE if k == len(sizes) - 1 else math.isqrt(size * sizes[k + 1][0])
+        if low <= high:
+            cases.append(Case("ranged", function, (high,), (low,)))
+    return cases
 
 
 def _memref(t: ir.Type) -> ir.MemRefType:
@@ -819,12 +937,15 @@ class _Built:
 
 def _build_module(program: Program, entry: str | None, sizes: dict[Dim, tuple[int, ...]], *, db, threads: int,
                   target: Target, default: str, pad: bool, pad_work: float, tiles: bool = True,
-                  call_rows: int = BLOCK_CALL_ROWS, between: bool = False) -> tuple[str, _Built]:
+                  call_rows: int = BLOCK_CALL_ROWS, between: bool = False, ranged: bool = False) -> tuple[str, _Built]:
     """The entry's name and the module of the module docstring (on
     memrefs, before LLVM), with what the library's caller needs to know.
     The default case is the blocked path where the function has one
     symbol, paddable (and `pad`), and some specialization; else generic.
-    `between`: that symbol is also specialised at :func:`between_sizes`."""
+    `between`: that symbol is also specialised at :func:`between_sizes`.
+    `ranged`: there, the rows no specialization takes run on kernels on
+    dynamic rows carried from the records (:func:`_ranged_functions`)
+    where the function allows them, instead of the blocked path."""
     with program.context:
         text = str(program.module)
         fn = dynamic_function(program.module, entry)
@@ -839,6 +960,7 @@ def _build_module(program: Program, entry: str | None, sizes: dict[Dim, tuple[in
                   for t in ftype.inputs]
         n_in = len(inputs)
     out_dims = _output_dims(text, name, groups)
+    tuned = dict(sizes)
     if between and pad and len(groups) == 1 and padding[0] and len(sizes) == 1:
         ((dim, values),) = sizes.items()
         sizes = {dim: between_sizes(values)}
@@ -855,11 +977,20 @@ def _build_module(program: Program, entry: str | None, sizes: dict[Dim, tuple[in
         made, spec_text, kernels = [], "module {}", []
     cases = plan_cases(groups, padding if pad else [False] * len(groups), made, pad_work)
     blocked = {values[groups[0][0]]: n for n, values in made} if pad and len(groups) == 1 and padding[0] else {}
+    rows = []
+    if ranged and blocked and len(tuned) == 1:
+        ((dim, values),) = tuned.items()
+        rows = _ranged_functions(text, name, dim, values, db=db, target=target, threads=threads)
+        if rows:
+            cases = cases + ranged_cases([(size, fn) for size, fn, _ in rows])
+            blocked = {}
     helpers = (f"{name}__block", f"{name}__cover")
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse(spec_text)
         passmanager.PassManager.parse(f"builtin.module({_OUT_PARAMS})").run(module.operation)
         _move_in(module, _generic_function(text, name, generic, tiles))
+        for _, _, ranged_text in rows:
+            _move_in(module, ranged_text)
         funcs = {ir.StringAttr(op.operation.attributes["sym_name"]).value: op.operation
                  for op in module.body.operations if op.operation.name == "func.func"}
         arg_types = list(ir.FunctionType(ir.TypeAttr(funcs[generic].attributes["function_type"]).value).inputs)
@@ -878,7 +1009,7 @@ def _build_module(program: Program, entry: str | None, sizes: dict[Dim, tuple[in
         except ir.MLIRError as e:
             raise AnsorError(f"@{name}: the dispatching module does not verify: {e}") from None
         mlir = str(module)
-    functions = [name, case_fn, generic] + (list(helpers) if blocked else []) + [n for n, _ in made]
+    functions = [name, case_fn, generic] + (list(helpers) if blocked else []) + [n for n, _ in made] + [fn for _, fn, _ in rows]
     return name, _Built(mlir, functions, inputs, outputs, groups, cases, kernels, tuple(sorted(blocked)))
 
 
@@ -971,8 +1102,10 @@ class DynamicLibrary:
     def dispatch_at(self, values: dict[Dim, int] | tuple[int, ...]) -> dict:
         """Which path runs the symbols' `values` (one per symbol, in order,
         or by dimension), as the library's own ``@<entry>__case`` decides:
-        ``{"path": "exact" | "padded" | "blocked" | "generic", "function":
-        ..., "sizes": {dimension: size it runs at}}``. A blocked one also
+        ``{"path": "exact" | "padded" | "ranged" | "blocked" | "generic",
+        "function": ..., "sizes": {dimension: size it runs at}}``. A ranged
+        one (a kernel on dynamic rows) runs at the sizes themselves and has a
+        "label" (``"0.0=100: on dynamic rows, gemm__rows_64"``). A blocked one also
         has "blocks", the :class:`Blocks` (``@<entry>__block``'s choice),
         "sizes" the largest size it calls, and "label" (``"0.0=100: 1 x 64
         + 36 padded to 64"``)."""
@@ -992,6 +1125,9 @@ class DynamicLibrary:
         if row < 0:
             return {"path": "generic", "function": f"{self.entry}__generic", "sizes": dict(zip(firsts, values))}
         c = self.cases[row]
+        if c.kind == "ranged":  # runs at its own sizes
+            return {"path": "ranged", "function": c.function, "sizes": dict(zip(firsts, values)),
+                    "label": f"{firsts[0][0]}.{firsts[0][1]}={values[0]}: on dynamic rows, {c.function}"}
         return {"path": c.kind, "function": c.function, "sizes": dict(zip(firsts, c.sizes))}
 
     def dispatch(self, *arrays: np.ndarray) -> dict:
@@ -1087,6 +1223,7 @@ def build_library(
     opt_level: int = 3,
     cache_dir: str | os.PathLike | bool | None = None,
     between: bool | None = None,
+    ranged: bool | None = None,
 ) -> DynamicLibrary:
     """Compile a function with dynamic dimensions into one library that
     dispatches among static specializations at run time (the module
@@ -1101,8 +1238,12 @@ def build_library(
     function allows it. `between`: where the function has one dynamic
     dimension, paddable, also specialise it at the powers of two between
     sizes more than twice apart (:func:`between_sizes`); None (default):
-    when the sizes are those of the records. The other arguments are
-    `compiler.compile`'s."""
+    when the sizes are those of the records. `ranged`: there, the rows no
+    specialization takes run on kernels on dynamic rows, one per tuned size
+    (its record carried to a row loop of any extent: :func:`ranged_cases`
+    says which rows each takes), where the function is one task whose ops
+    are its own, instead of in blocks of specialised sizes; None (default):
+    with `between`. The other arguments are `compiler.compile`'s."""
     from mlir_ansor.importers import load
     from mlir_ansor.passes.compile_cache import cache_for
 
@@ -1114,11 +1255,14 @@ def build_library(
         text = str(program.module)
     if between is None:
         between = sizes is None
+    if ranged is None:
+        ranged = between
     if sizes is None:
         sizes = tuned_sizes(text, entry, db, target)
         log.info("compile: specialised sizes from the records: %s",
                  "; ".join(f"{i}.{d}={','.join(map(str, v))}" for (i, d), v in sizes.items()) or "none")
-    options = dict(db=db, threads=threads, target=target, default=default, pad=pad, pad_work=pad_work, between=between)
+    options = dict(db=db, threads=threads, target=target, default=default, pad=pad, pad_work=pad_work, between=between,
+                   ranged=ranged)
     name, built = _build_module(program, entry, sizes, **options)
     workdir = tempfile.mkdtemp(prefix="mlir-ansor-dispatch-")
     so_path = os.path.join(workdir, "module.so")
@@ -1130,9 +1274,9 @@ def build_library(
         try:
             compiler.lower_and_link(built.mlir, dict.fromkeys(built.functions), threads, so_path, opt_level, cache)
         except AnsorError as e:
-            log.warning("compile: @%s with the generic path's tiles failed to build (%s); "
-                        "again with plain loops there", name, str(e).splitlines()[0])
-            name, built = _build_module(program, entry, sizes, **options, tiles=False)
+            log.warning("compile: @%s with the generic path's tiles or the kernels on dynamic rows failed to "
+                        "build (%s); again with plain loops there and blocks", name, str(e).splitlines()[0])
+            name, built = _build_module(program, entry, sizes, **{**options, "ranged": False}, tiles=False)
             compiler.lower_and_link(built.mlir, dict.fromkeys(built.functions), threads, so_path, opt_level, cache)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -133,6 +133,14 @@ func.func @scale(%A: tensor<8x?xf32>, %B: tensor<8x?xf32>) -> tensor<8x?xf32> {
 """
 
 
+def test_ranged_cases_take_the_rows_nearest_each_tuned_size():
+    assert dispatch.ranged_cases([(24, "b"), (8, "a"), (1024, "c")]) == [
+        Case("ranged", "a", (13,), (1,)), Case("ranged", "b", (156,), (14,)),
+        Case("ranged", "c", (dispatch.ROWS_PROBE,), (157,))]
+    assert dispatch.ranged_cases([(16, "a")]) == [Case("ranged", "a", (dispatch.ROWS_PROBE,), (1,))]
+    assert Case("ranged", "a", (13,), (1,)).label([[(0, 0)]]) == "0.0=1..13 on dynamic rows"
+
+
 @pytest.mark.parametrize("memref, memcpy", [
     ("memref<?x64xf32>", True),  # identity layouts, any shape
     ("memref<4x?xf32>", True),
@@ -291,9 +299,11 @@ def test_without_sizes_only_the_generic_path():
 def test_compile_finds_the_tuned_sizes_in_the_records(tmp_path, capsys):
     """`tune --sizes` at 8 and 24, then `compile` with no --sizes: the
     library specialises those two (found from the records) and 16 between
-    them on a schedule carried over from a tuned size, writes the dispatch
-    into the MLIR and the library, and the saved .so runs; with the sizes
-    given, it specialises just those."""
+    them on a schedule carried over from a tuned size, runs the other rows
+    on kernels on dynamic rows (each tuned size's record carried to a row
+    loop of any extent), writes the dispatch into the MLIR and the library,
+    and the saved .so runs; with the sizes given, it specialises just those
+    and runs the other rows in blocks."""
     src = tmp_path / "gemm.mlir"
     src.write_text(GEMM)
     db = str(tmp_path / "g.db")
@@ -305,7 +315,12 @@ def test_compile_finds_the_tuned_sizes_in_the_records(tmp_path, capsys):
     text = out.read_text()
     assert "scf.index_switch" in text and all(f"@gemm__0_0_{m}(" in text for m in (8, 16, 24))
     assert ("dispatch: 0.0=8 exact; 0.0=16 exact; 0.0=24 exact; 0.0=7..8 padded; 0.0=14..16 padded; "
-            "0.0=21..24 padded; else blocked in 8, 16, 24" in capsys.readouterr().err)
+            "0.0=21..24 padded; 0.0=1..13 on dynamic rows; 0.0=14..1000003 on dynamic rows; else generic"
+            in capsys.readouterr().err)
+    for m in (8, 24):  # the tuned schedule (threads, FMAs), its last row tile masked
+        rows = text[text.index(f"func.func @gemm__rows_{m}(%arg0: memref<?x64xf32>") :]
+        rows = rows[: rows.index("\n  }\n")]
+        assert "scf.forall" in rows and "vector.fma" in rows and "vector.create_mask" in rows
     lib = build_library(mlir_ansor.load(text=GEMM), db=db, cache_dir=False)
     assert sorted((k.task.name, k.source) for k in lib.kernels) == [
         ("matmul_16x64x64_f32", "transferred"), ("matmul_24x64x64_f32", "tuned"), ("matmul_8x64x64_f32", "tuned")]
@@ -314,7 +329,10 @@ def test_compile_finds_the_tuned_sizes_in_the_records(tmp_path, capsys):
     so = tmp_path / "g.so"
     assert main(["compile", str(src), "--db", db, "-o", str(so)]) == 0
     lib = DynamicLibrary.load(so)
-    for m, path in ((24, "exact"), (22, "padded"), (5, "blocked"), (50, "blocked")):
+    for m, path in ((24, "exact"), (22, "padded"), (1, "ranged"), (5, "ranged"), (13, "ranged"), (50, "ranged"),
+                    (101, "ranged")):
         a, b = _inputs(m, seed=2)
         np.testing.assert_allclose(lib(a, b), a @ b, rtol=1e-4, atol=1e-4)
         assert lib.dispatch(a, b)["path"] == path
+    assert lib.dispatch(*_inputs(13))["function"] == "gemm__rows_8" and lib.dispatch(*_inputs(14))["function"] == "gemm__0_0_16"
+    assert lib.dispatch(*_inputs(50))["label"] == "0.0=50: on dynamic rows, gemm__rows_24"

@@ -149,9 +149,11 @@ def transferred(
     prefer_host: str | None = None,
     relatives: int = 2,
     per_relative: int = 2,
+    source_key: str | None = None,
 ) -> list[Transfer]:
     """The best schedules of `task`'s nearest relatives in `database`
-    (`relatives` of them, nearest first, `per_relative` each), carried to
+    (`relatives` of them, nearest first, `per_relative` each; `source_key`:
+    only the relative of that workload key), carried to
     `sketches` (the task's own, by sketch name). Of a relative's records,
     those `sketch` can make as they are come first (`faithful`: a relative
     tuned at a multiple of 8 rows may have chosen to copy B, which a sketch
@@ -165,6 +167,7 @@ def transferred(
         w
         for w in database.workloads()
         if w["workload_key"] != task.workload_key and family_key(w["task_mlir"]) == family
+        and source_key in (None, w["workload_key"])
     ]
     others.sort(key=lambda w: size_distance(w["task_mlir"], task.mlir))
     mine = {}
