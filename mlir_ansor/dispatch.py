@@ -392,6 +392,18 @@ module attributes {transform.with_named_sequence} {
 that need not divide): an outer product per step of the reduction."""
 
 
+def _alone(text: str, entry: str, name: str) -> tuple[ir.Module, ir.Operation]:
+    """A module (in the current context) of the dynamic function `entry` of
+    `text` alone, renamed `name`; and the function."""
+    module = ir.Module.parse(text)
+    fn = dynamic_function(module, entry)
+    for op in list(module.body.operations):
+        if op.operation != fn:
+            op.operation.erase()
+    fn.attributes["sym_name"] = ir.StringAttr.get(name)
+    return module, fn
+
+
 def _generic_function(text: str, entry: str, name: str, tiles: bool = True) -> str:
     """The dynamic function alone, renamed `name`, bufferized on its dynamic
     shapes, its results turned into trailing arguments: a module's text.
@@ -400,12 +412,7 @@ def _generic_function(text: str, entry: str, name: str, tiles: bool = True) -> s
     from mlir.dialects.transform import interpreter
 
     with ir.Context(), ir.Location.unknown():
-        module = ir.Module.parse(text)
-        fn = dynamic_function(module, entry)
-        for op in list(module.body.operations):
-            if op.operation != fn:
-                op.operation.erase()
-        fn.attributes["sym_name"] = ir.StringAttr.get(name)
+        module, _ = _alone(text, entry, name)
         if tiles:
             tiled = ir.Module.parse(str(module))
             script = ir.Module.parse(_GENERIC_TILES)
@@ -505,12 +512,7 @@ def _ranged_functions(text: str, entry: str, dim: Dim, tuned: tuple[int, ...], *
             t = carried[0]
             name = f"{entry}__rows_{size}"
             with ir.Context(), ir.Location.unknown():
-                module = ir.Module.parse(text)
-                fn = dynamic_function(module, entry)
-                for op in list(module.body.operations):
-                    if op.operation != fn:
-                        op.operation.erase()
-                fn.attributes["sym_name"] = ir.StringAttr.get(name)
+                module, fn = _alone(text, entry, name)
                 fn.attributes[FLOPS_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), task.flops)
                 payload = ir.Module.parse(t.sketch.payload)
                 theirs = _linalg_ops(payload.operation)
