@@ -332,7 +332,7 @@ def test_six_row_tiles_on_even_rows_match_numpy(tmp_path, p_rows, pack):
 
 def test_a_whole_odd_row_loop_is_one_thread_tile_of_six_row_tiles(tmp_path):
     """100 rows in register tiles of 6: the thread tile may be the whole
-    loop (its last register tile masked), not only multiples of 6 (96 and a
+    loop (its last register tile partial), not only multiples of 6 (96 and a
     4-row tile that streams all of B for 4 rows)."""
     path = tmp_path / "m.mlir"
     path.write_text(workloads.matmul(100, 48, 32))
@@ -349,6 +349,35 @@ def test_a_whole_odd_row_loop_is_one_thread_tile_of_six_row_tiles(tmp_path):
     b = rng.standard_normal((32, 48)).astype(np.float32)
     out = np.zeros((100, 48), np.float32)
     run_schedule(sk.payload, select_knobs(sk.script, values), [a, b, out], tmp_path)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("m, p_rows", [(100, 48), (37, 12)])
+def test_the_rows_past_a_partial_thread_tiles_register_tiles_run_one_by_one(tmp_path, m, p_rows):
+    """A thread tile of rows that does not divide the loop leaves its last
+    tile partial, and the register tiles' remainder there of a dynamic row
+    count: it runs in rows of one, static, with no masks (masked to the
+    register tile's shape, it cost about two whole tiles)."""
+    from mlir import ir
+
+    from mlir_ansor.schedule.apply import apply_schedule
+
+    path = tmp_path / "m.mlir"
+    path.write_text(workloads.matmul(m, 48, 32))
+    (task,) = extract_tasks(str(path))
+    sk = generate_sketches(task.mlir, AVX2)[0]
+    values = {"r_d0": 6, "r_d1": 16, "u_d2": 4, "p_d0": p_rows, "p_d1": 48, "k_d2": 16}
+    assert is_valid(sk.knobs, make_assignment(values))
+    script = select_knobs(sk.script, values)
+    assert "transform.foreach_match" in script
+    with ir.Context(), ir.Location.unknown():
+        text = str(apply_schedule(sk.payload, script))
+    assert "vector.fma" in text and not any(m in text for m in ("vector.create_mask", "vector.mask", "maskedload"))
+    rng = np.random.default_rng(m)
+    a = rng.standard_normal((m, 32)).astype(np.float32)
+    b = rng.standard_normal((32, 48)).astype(np.float32)
+    out = np.zeros((m, 48), np.float32)
+    run_schedule(sk.payload, script, [a, b, out], tmp_path)
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
 
 
@@ -370,9 +399,10 @@ def test_odd_rows_of_a_matmul_in_panels_unrolled_once_still_use_fmas(tmp_path):
     script = select_knobs(sk.script, values)
     with ir.Context(), ir.Location.unknown():
         text = str(apply_schedule(sk.payload, script))
-    # one FMA per row of the 6-row tiles and of the masked remainder, no
-    # multiply left over (unfolded: a multiply of [6, 1, 32, 1] vectors)
-    assert text.count("vector.fma") >= 12 and "arith.mulf" not in text, text.count("vector.fma")
+    # one FMA per row of the 6-row tiles and of the 4-row remainder (static
+    # here: the thread tile is the whole loop), no multiply left over
+    # (unfolded: a multiply of [6, 1, 32, 1] vectors)
+    assert text.count("vector.fma") == 10 and "arith.mulf" not in text, text.count("vector.fma")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((100, 64)).astype(np.float32)
     w = rng.standard_normal((2, 64, 32)).astype(np.float32)

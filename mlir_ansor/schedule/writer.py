@@ -37,6 +37,10 @@ class ScheduleWriter:
     lines: list[str] = field(default_factory=list)
     _counter: int = 0
     _indent: int = 2
+    sequences: list[str] = field(default_factory=list)
+    """Named sequences the body calls (matchers and actions of
+    `transform.foreach_match`): written after ``@__transform_main``, which
+    stays the module's first (its entry, for whoever runs the script)."""
 
     # ---------------------------------------------------------------- naming
     def _fresh(self, stem: str) -> str:
@@ -317,6 +321,44 @@ class ScheduleWriter:
         self.emit(f"  transform.structured.vectorize %each vector_sizes {text}{attr} : {types}")
         self.emit("}")
 
+    def tile_dynamic_rows(self, root: str, ops: Sequence[tuple[str, int, int]]) -> None:
+        """Tile every op under `root` whose row extent is dynamic into rows
+        of one (static tiles, vectorized without masks). `ops`: (op name,
+        its row loop, its loop count) of each kind of op to split; an op
+        matches where its name is that and its extent on that loop is not
+        static (`transform.match.structured.dim` gives a negative size).
+        The remainder of a register tile over a row loop of dynamic extent
+        is such an op: masked to the register tile's vector shape, it cost
+        about two whole tiles (its contraction an FMA and a select per row
+        and step), where rows of one cost less than the rows they hold."""
+        pairs = []
+        for name, row, rank in dict.fromkeys(ops):
+            k = len(self.sequences) // 2
+            matcher, action = f"@dynamic_rows_{k}", f"@rows_of_one_{k}"
+            sizes = ", ".join("1" if d == row else "0" for d in range(rank))
+            loops = ", ".join([ANY] * 2)
+            self.sequences += [
+                f"  transform.named_sequence {matcher}(%op: {ANY} {{transform.readonly}}) -> {ANY} {{\n"
+                f'    transform.match.operation_name %op ["{name}"] : {ANY}\n'
+                f"    %size = transform.match.structured %op : ({ANY}) -> {PARAM} {{\n"
+                f"    ^bb0(%s: {ANY}):\n"
+                f"      %d = transform.match.structured.dim %s[{row}] : ({ANY}) -> {PARAM}\n"
+                f"      transform.match.structured.yield %d : {PARAM}\n"
+                "    }\n"
+                f"    %zero = transform.param.constant 0 : i64 -> {PARAM}\n"
+                f"    transform.match.param.cmpi lt %size, %zero : {PARAM}\n"
+                f"    transform.yield %op : {ANY}\n"
+                "  }",
+                f"  transform.named_sequence {action}(%op: {ANY} {{transform.consumed}}) {{\n"
+                f"    %t, %l = transform.structured.tile_using_for %op tile_sizes [{sizes}] : ({ANY}) -> ({loops})\n"
+                "    transform.yield\n"
+                "  }",
+            ]
+            pairs.append(f"{matcher} -> {action}")
+        if pairs:
+            h = self._fresh("rows")
+            self.emit(f"{h} = transform.foreach_match in {root} {', '.join(pairs)} : ({ANY}) -> {ANY}")
+
     def lower_masked_transfers(self, func: str) -> None:
         """Fold `vector.mask` regions around transfers into masked transfers
         (a masked region holding more than one op fails to lower)."""
@@ -431,7 +473,8 @@ class ScheduleWriter:
             f"{body}\n"
             "    transform.yield\n"
             "  }\n"
-            "}\n"
+            + "".join(f"{seq}\n" for seq in self.sequences)
+            + "}\n"
         )
 
     def __post_init__(self) -> None:

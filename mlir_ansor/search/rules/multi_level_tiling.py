@@ -353,7 +353,7 @@ class MultiLevelTiling(Rule):
         for d in anchor.reductions:
             u_sizes[d] = h.get(f"u_d{d}", 1)
         w.tile_each(w.match_op_id(forall, anchor.op_id), u_sizes)
-        others = tile_others_like(w, ctx, forall, r_sizes, skip={anchor.op_id})
+        tile_others_like(w, ctx, forall, r_sizes, skip={anchor.op_id})
         if reused is not None:
             # The packing copy: one row of the innermost dimension per step.
             # Tiled along its first dimension only, a convolution filter's
@@ -368,29 +368,21 @@ class MultiLevelTiling(Rule):
         if decomposed:
             w.decompose(w.match_op_id(forall, anchor.op_id))
         if partial_rows:
-            # Remainders of a partial thread tile have dynamic shapes: give
-            # every tile of the task its register-tile vector shape, masked
-            # where it is smaller. Then fold the tiles' insert_slice ops into
-            # the vector transfers before the rest is vectorized (vectorized
-            # first, they lose the in-bounds fact and stores become masked).
-            v_sizes = [r_sizes[d] if d in anchor.parallel else u_sizes[d] for d in range(len(ranges))]
-            w.vectorize_each(w.match_op_id(forall, anchor.op_id), v_sizes, contraction=True)
-            for op_id, sizes in others:
-                w.vectorize_each(w.match_op_id(forall, op_id), sizes)
-            func = w.match_func("%root")
-            # The vectorizer writes a contraction in a linalg.generic (B in
-            # panels) as a multiply and a `vector.multi_reduction`; only
-            # named ops (linalg.matmul) get a `vector.contract` from
-            # `create_named_contraction`. Fold them into one before any
-            # canonicalization: that drops a one-element reduction (u = 1)
-            # to a shape cast, and the multiply of [rows, 1, lanes, 1]
-            # vectors was then lowered lane by lane, with no FMA (BERT's FFN
-            # output at 100 rows in panels, u = 1, 2 threads, Emerald
-            # Rapids: 194 GFLOP/s; folded, 294, as the same schedule with
-            # its row remainder peeled instead of masked, 300).
-            w.apply_patterns(func, ["vector.reduction_to_contract"])
-            w.lower_masked_transfers(func)
-            w.cleanup(func)
+            # The remainder of the register tiles of a partial thread tile of
+            # rows has a dynamic row extent: tiled into rows of one, every
+            # tile is static and vectorized as any is. Masked to the register
+            # tile's vector shape instead (as until session 44), the
+            # remainder cost about two whole tiles, its contraction an FMA
+            # and a select per row and step: M x 1024 x 1024 on dynamic rows,
+            # 8 x 64 registers, 2 threads, Emerald Rapids, masked against
+            # rows of one: 7 rows 0.267 / 0.136 ms, 13 rows 0.390 / 0.236,
+            # 20 rows 0.471 / 0.280, 100 rows 1.290 / 1.067.
+            at = anchor.output_dims.index(row)
+            kinds = [(anchor.name, row, len(ranges))]
+            for o in ctx.ops:
+                if o.op_id != anchor.op_id and at < len(o.output_dims) and o.output_dims[at] is not None:
+                    kinds.append((o.name, o.output_dims[at], len(o.loop_ranges)))
+            w.tile_dynamic_rows(w.match_func("%root"), kinds)
         finish(w, vectorize=True, unit_dims=decomposed)
         forall_knobs = tuple((f"p_d{d}", ranges[d]) for d in anchor.parallel)
         b = reused_operand(anchor, row)
