@@ -381,6 +381,31 @@ def test_the_rows_past_a_partial_thread_tiles_register_tiles_run_one_by_one(tmp_
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
 
 
+def test_rows_one_by_one_in_panels_with_an_epilogue_of_another_loop_count(tmp_path):
+    """Two linalg.generic ops of one task, the contraction in panels (4
+    loops) and its epilogue (3 loops): each remainder of a dynamic row
+    count is tiled by its own loop count (a tile size per loop of the other
+    fails to apply), and the result matches numpy."""
+    text = PANELS_MATMUL.format(m=37, p=2).replace(
+        "  return %r : tensor<37x2x32xf32>",
+        """  %relu = linalg.generic {indexing_maps = [#c3, #c3], iterator_types = ["parallel", "parallel", "parallel"]}
+      ins(%r : tensor<37x2x32xf32>) outs(%e : tensor<37x2x32xf32>) {
+  ^bb0(%v: f32, %o: f32):
+    %m = arith.maximumf %v, %zero : f32
+    linalg.yield %m : f32
+  } -> tensor<37x2x32xf32>
+  return %relu : tensor<37x2x32xf32>""").replace("#c = affine_map", "#c3 = affine_map<(d0, d1, d2) -> (d0, d1, d2)>\n#c = affine_map")
+    (sk,) = [s for s in generate_sketches(text, AVX2) if s.name == "cpu-contraction"]
+    values = {"r_d0": 6, "r_d2": 32, "u_d3": 4, "p_d0": 12, "p_d1": 1, "p_d2": 32, "k_d3": 64}
+    assert is_valid(sk.knobs, make_assignment(values))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((37, 64)).astype(np.float32)
+    w = rng.standard_normal((2, 64, 32)).astype(np.float32)
+    out = np.zeros((37, 2, 32), np.float32)
+    run_schedule(sk.payload, select_knobs(sk.script, values), [x, w, out], tmp_path)
+    np.testing.assert_allclose(out, np.maximum(np.einsum("mk,pkl->mpl", x, w), 0), rtol=1e-5, atol=1e-4)
+
+
 def test_odd_rows_of_a_matmul_in_panels_unrolled_once_still_use_fmas(tmp_path):
     """A contraction in a linalg.generic (B in panels) at odd rows is
     vectorized with explicit sizes, as a multiply and a one-element

@@ -325,8 +325,9 @@ class ScheduleWriter:
         """Tile every op under `root` whose row extent is dynamic into rows
         of one (static tiles, vectorized without masks). `ops`: (op name,
         its row loop, its loop count) of each kind of op to split; an op
-        matches where its name is that and its extent on that loop is not
-        static (`transform.match.structured.dim` gives a negative size).
+        matches where its name and loop count are those and its extent on
+        that loop is not static (`transform.match.structured.dim` gives a
+        negative size).
         The remainder of a register tile over a row loop of dynamic extent
         is such an op: masked to the register tile's vector shape, it cost
         about two whole tiles (its contraction an FMA and a select per row
@@ -340,11 +341,14 @@ class ScheduleWriter:
             self.sequences += [
                 f"  transform.named_sequence {matcher}(%op: {ANY} {{transform.readonly}}) -> {ANY} {{\n"
                 f'    transform.match.operation_name %op ["{name}"] : {ANY}\n'
-                f"    %size = transform.match.structured %op : ({ANY}) -> {PARAM} {{\n"
+                f"    %size, %loops = transform.match.structured %op : ({ANY}) -> ({PARAM}, {PARAM}) {{\n"
                 f"    ^bb0(%s: {ANY}):\n"
+                f"      %r = transform.match.structured.rank %s : ({ANY}) -> {PARAM}\n"
                 f"      %d = transform.match.structured.dim %s[{row}] : ({ANY}) -> {PARAM}\n"
-                f"      transform.match.structured.yield %d : {PARAM}\n"
+                f"      transform.match.structured.yield %d, %r : {PARAM}, {PARAM}\n"
                 "    }\n"
+                f"    %rank = transform.param.constant {rank} : i64 -> {PARAM}\n"
+                f"    transform.match.param.cmpi eq %loops, %rank : {PARAM}\n"
                 f"    %zero = transform.param.constant 0 : i64 -> {PARAM}\n"
                 f"    transform.match.param.cmpi lt %size, %zero : {PARAM}\n"
                 f"    transform.yield %op : {ANY}\n"
