@@ -305,20 +305,16 @@ class ScheduleWriter:
         self.emit(f"{h} = transform.structured.vectorize_children_and_apply_patterns {func} : ({ANY}) -> {ANY}")
         return h
 
-    def vectorize_each(self, ops: str, sizes: Sequence[Size], *, contraction: bool = False) -> None:
+    def vectorize_each(self, ops: str, sizes: Sequence[Size]) -> None:
         """Vectorize every op of the handle `ops` to vectors of `sizes` (one
         per loop; knob handles allowed), masked where the op's extent is
         dynamic or smaller (partial tiles). Where the shape equals `sizes`
-        no mask is made. `contraction`: emit `vector.contract` directly
-        (else a multiply and a reduction, which the lowering patterns later
-        rewrote back and forth without end when the reduction had one
-        element)."""
+        no mask is made."""
         text, params = self._sizes(sizes)
         types = ", ".join([ANY] + [PARAM] * len(params))
-        attr = " {create_named_contraction}" if contraction else ""
         self.emit(f"transform.foreach {ops} : {ANY} {{")
         self.emit(f"^bb0(%each: {ANY}):")
-        self.emit(f"  transform.structured.vectorize %each vector_sizes {text}{attr} : {types}")
+        self.emit(f"  transform.structured.vectorize %each vector_sizes {text} : {types}")
         self.emit("}")
 
     def tile_dynamic_rows(self, root: str, ops: Sequence[tuple[str, int, int]]) -> None:
@@ -362,13 +358,6 @@ class ScheduleWriter:
         if pairs:
             h = self._fresh("rows")
             self.emit(f"{h} = transform.foreach_match in {root} {', '.join(pairs)} : ({ANY}) -> {ANY}")
-
-    def lower_masked_transfers(self, func: str) -> None:
-        """Fold `vector.mask` regions around transfers into masked transfers
-        (a masked region holding more than one op fails to lower)."""
-        self.emit(f"transform.apply_patterns to {func} {{")
-        self.emit("  transform.apply_patterns.vector.lower_masked_transfers")
-        self.emit(f"}} : {ANY}")
 
     def cleanup(self, func: str) -> None:
         """Canonicalize, fold tensor slices into transfers, CSE."""

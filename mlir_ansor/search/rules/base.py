@@ -84,11 +84,9 @@ def root_sizes_from_anchor(ctx: SketchContext, anchor_sizes: dict[int, int | str
 
 def tile_others_like(
     w: ScheduleWriter, ctx: SketchContext, forall: str, anchor_sizes: list[int | str], skip: set[int]
-) -> list[tuple[int, list[int | str]]]:
+) -> None:
     """Tile the ops of the task other than `skip` inside `forall` like the
-    anchor's output loops (register-sized), so their vectors stay small.
-    Returns (op id, tile sizes) of each op tiled."""
-    tiled: list[tuple[int, list[int | str]]] = []
+    anchor's output loops (register-sized), so their vectors stay small."""
     for o in ctx.ops:
         if o.op_id in skip:
             continue
@@ -99,9 +97,6 @@ def tile_others_like(
                 sizes[o_d] = s if s != 0 else 1
         if any(s != 0 for s in sizes):
             w.tile_for(w.match_op_id(forall, o.op_id), sizes)
-            if all(s != 0 for s in sizes):
-                tiled.append((o.op_id, sizes))
-    return tiled
 
 
 def finish(w: ScheduleWriter, *, vectorize: bool, unit_dims: bool = False, reduction: str = "innerparallel") -> None:

@@ -32,11 +32,12 @@ did. On other ("odd") loops, 367 or 7 or 35, tiles need not divide:
   loop's extent is, and both are vectorized as usual;
 * the thread tile of a contraction's row loop may leave a partial last tile
   (a prime row extent has no other divisors); its register loops then have
-  dynamic bounds, and the tiles of the task are vectorized with explicit
-  vector sizes, masked in the remainder rows only (`vectorize ...
-  vector_sizes`). Packing is not offered there (a pad of the dynamic output
-  tile would copy it at every cache step). Window ops are not masked (the
-  vectorizer has none for convolutions), so their thread tiles divide.
+  dynamic bounds, and the remainder rows after peeling, of a dynamic count,
+  are tiled into rows of one (`ScheduleWriter.tile_dynamic_rows`), so that
+  every tile is static (masked to the register tile's shape, the remainder
+  cost about two whole tiles). Packing is not offered there (a pad of the
+  dynamic output tile would copy it at every cache step). Window ops keep
+  thread tiles that divide their loops.
 
 What not to do, measured on 367^3: padding whole operands with
 `structured.pad` and vectorizing the pad copies (tensor.pad / insert_slice of
