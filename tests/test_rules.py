@@ -353,11 +353,14 @@ def test_a_whole_odd_row_loop_is_one_thread_tile_of_six_row_tiles(tmp_path):
 
 
 @pytest.mark.parametrize("m, p_rows", [(100, 48), (37, 12)])
-def test_the_rows_past_a_partial_thread_tiles_register_tiles_run_one_by_one(tmp_path, m, p_rows):
+def test_the_rows_past_a_partial_thread_tiles_register_tiles_run_in_static_tiles(tmp_path, m, p_rows):
     """A thread tile of rows that does not divide the loop leaves its last
     tile partial, and the register tiles' remainder there of a dynamic row
-    count: it runs in rows of one, static, with no masks (masked to the
-    register tile's shape, it cost about two whole tiles)."""
+    count: it runs in a static tile of 4 rows that keeps its accumulators
+    in registers over the reduction, the rest in rows of one, with no masks
+    (masked to the register tile's shape, it cost about two whole tiles; in
+    rows of one only, each row loaded and stored its accumulators at every
+    step)."""
     from mlir import ir
 
     from mlir_ansor.schedule.apply import apply_schedule
@@ -373,6 +376,7 @@ def test_the_rows_past_a_partial_thread_tiles_register_tiles_run_one_by_one(tmp_
     with ir.Context(), ir.Location.unknown():
         text = str(apply_schedule(sk.payload, script))
     assert "vector.fma" in text and not any(m in text for m in ("vector.create_mask", "vector.mask", "maskedload"))
+    assert "-> (vector<6x16xf32>)" in text and "-> (vector<4x16xf32>)" in text  # accumulators of 6 and 4 rows
     rng = np.random.default_rng(m)
     a = rng.standard_normal((m, 32)).astype(np.float32)
     b = rng.standard_normal((32, 48)).astype(np.float32)

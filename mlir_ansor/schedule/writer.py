@@ -155,16 +155,30 @@ class ScheduleWriter:
         )
         return tuple(outs)  # type: ignore[return-value]
 
-    def tile_each(self, ops: str, sizes: Sequence[Size], *, fuse: bool = False) -> None:
+    def tile_each(self, ops: str, sizes: Sequence[Size], *, fuse: bool = False, peel: bool = False) -> None:
         """Tile every op of the handle `ops` separately (`transform.foreach`);
         works when `ops` is empty too. Sizes may be knob handles: tiling one
         handle that holds several ops with knob sizes is refused ("expected
         as many parameter values as target ops"), tiling each is not.
-        `fuse`: as :meth:`tile_for`'s."""
+        `fuse`: as :meth:`tile_for`'s. `peel`: peel the partial last tile
+        of the innermost loop made (`transform.loop.peel`, where its step
+        does not divide its range; the other sizes must divide theirs), as
+        :meth:`peel_partial_loops` does for every loop, but only for these
+        (the pass peels again every loop whose bounds it cannot prove whole,
+        :meth:`tile_dynamic_rows`' too). Canonicalize after, so that the
+        full tiles have static shapes."""
         self.emit(f"transform.foreach {ops} : {ANY} {{")
         self.emit(f"^bb0(%each: {ANY}):")
         self._indent += 2
-        self.tile_for("%each", sizes, fuse=fuse)
+        _, loops = self.tile_for("%each", sizes, fuse=fuse)
+        if peel and loops:
+            for_op = self._fresh("for")
+            self.emit(f'{for_op} = transform.cast {loops[-1]} : {ANY} to !transform.op<"scf.for">')
+            # A step that divides the range is refused (a silenceable error): nothing to peel.
+            self.emit(f'transform.sequence {for_op} : !transform.op<"scf.for"> failures(suppress) {{')
+            self.emit('^bb0(%loop: !transform.op<"scf.for">):')
+            self.emit(f'  %full, %rest = transform.loop.peel %loop : (!transform.op<"scf.for">) -> ({ANY}, {ANY})')
+            self.emit("}")
         self._indent -= 2
         self.emit("}")
 
@@ -317,47 +331,65 @@ class ScheduleWriter:
         self.emit(f"  transform.structured.vectorize %each vector_sizes {text} : {types}")
         self.emit("}")
 
-    def tile_dynamic_rows(self, root: str, ops: Sequence[tuple[str, int, int]]) -> None:
-        """Tile every op under `root` whose row extent is dynamic into rows
-        of one (static tiles, vectorized without masks). `ops`: (op name,
-        its row loop, its loop count) of each kind of op to split; an op
-        matches where its name and loop count are those and its extent on
-        that loop is not static (`transform.match.structured.dim` gives a
-        negative size).
-        The remainder of a register tile over a row loop of dynamic extent
-        is such an op: masked to the register tile's vector shape, it cost
-        about two whole tiles (its contraction an FMA and a select per row
-        and step), where rows of one cost less than the rows they hold."""
+    def tile_dynamic_rows(self, root: str, ops: Sequence[tuple[str, int, int]], rows: Size,
+                          options: Sequence[int] = (), down_to: int = 1) -> None:
+        """Split every op under `root` whose row extent is dynamic into
+        static tiles of rows, vectorized without masks. `ops`: (op name, its
+        row loop, its loop count) of each kind of op to split; an op matches
+        where its name and loop count are those and its extent on that loop
+        is not static (`transform.match.structured.dim` gives a negative
+        size). `rows`: fewer rows than the op has at most (the register
+        tile's rows: an int, or a knob handle taking one of `options`); the
+        op is tiled by the largest power of two below that, the rest peeled
+        and tiled by the next (:func:`row_cascade`), down to tiles of
+        `down_to` rows: fewer rows than that are left as they are, of a
+        dynamic count, for a later call to split."""
+        groups: dict[tuple[int, ...], tuple[int, int]] = {}
+        for r in ([rows] if isinstance(rows, int) else options):
+            steps = tuple(s for s in row_cascade(r) if s >= down_to)
+            if steps:
+                lo, hi = groups.get(steps, (r, r))
+                groups[steps] = (min(lo, r), max(hi, r))
         pairs = []
         for name, row, rank in dict.fromkeys(ops):
-            k = len(self.sequences) // 2
-            matcher, action = f"@dynamic_rows_{k}", f"@rows_of_one_{k}"
-            sizes = ", ".join("1" if d == row else "0" for d in range(rank))
-            loops = ", ".join([ANY] * 2)
-            self.sequences += [
-                f"  transform.named_sequence {matcher}(%op: {ANY} {{transform.readonly}}) -> {ANY} {{\n"
-                f'    transform.match.operation_name %op ["{name}"] : {ANY}\n'
-                f"    %size, %loops = transform.match.structured %op : ({ANY}) -> ({PARAM}, {PARAM}) {{\n"
-                f"    ^bb0(%s: {ANY}):\n"
-                f"      %r = transform.match.structured.rank %s : ({ANY}) -> {PARAM}\n"
-                f"      %d = transform.match.structured.dim %s[{row}] : ({ANY}) -> {PARAM}\n"
-                f"      transform.match.structured.yield %d, %r : {PARAM}, {PARAM}\n"
-                "    }\n"
-                f"    %rank = transform.param.constant {rank} : i64 -> {PARAM}\n"
-                f"    transform.match.param.cmpi eq %loops, %rank : {PARAM}\n"
-                f"    %zero = transform.param.constant 0 : i64 -> {PARAM}\n"
-                f"    transform.match.param.cmpi lt %size, %zero : {PARAM}\n"
-                f"    transform.yield %op : {ANY}\n"
-                "  }",
-                f"  transform.named_sequence {action}(%op: {ANY} {{transform.consumed}}) {{\n"
-                f"    %t, %l = transform.structured.tile_using_for %op tile_sizes [{sizes}] : ({ANY}) -> ({loops})\n"
-                "    transform.yield\n"
-                "  }",
-            ]
-            pairs.append(f"{matcher} -> {action}")
+            for steps, (lo, hi) in groups.items():
+                k = len(self.sequences) // 2
+                matcher, action = f"@dynamic_rows_{k}", f"@rows_by_{'_'.join(map(str, steps))}_{k}"
+                if isinstance(rows, int):
+                    args, check = "", ""
+                else:
+                    args = f", %rows: {PARAM} {{transform.readonly}}"
+                    check = (f"    %lo = transform.param.constant {lo} : i64 -> {PARAM}\n"
+                             f"    transform.match.param.cmpi ge %rows, %lo : {PARAM}\n"
+                             f"    %hi = transform.param.constant {hi} : i64 -> {PARAM}\n"
+                             f"    transform.match.param.cmpi le %rows, %hi : {PARAM}\n")
+                self.sequences += [
+                    f"  transform.named_sequence {matcher}(%op: {ANY} {{transform.readonly}}{args}) -> {ANY} {{\n"
+                    f'    transform.match.operation_name %op ["{name}"] : {ANY}\n'
+                    f"    %size, %loops = transform.match.structured %op : ({ANY}) -> ({PARAM}, {PARAM}) {{\n"
+                    f"    ^bb0(%s: {ANY}):\n"
+                    f"      %r = transform.match.structured.rank %s : ({ANY}) -> {PARAM}\n"
+                    f"      %d = transform.match.structured.dim %s[{row}] : ({ANY}) -> {PARAM}\n"
+                    f"      transform.match.structured.yield %d, %r : {PARAM}, {PARAM}\n"
+                    "    }\n"
+                    f"    %rank = transform.param.constant {rank} : i64 -> {PARAM}\n"
+                    f"    transform.match.param.cmpi eq %loops, %rank : {PARAM}\n"
+                    f"    %zero = transform.param.constant 0 : i64 -> {PARAM}\n"
+                    f"    transform.match.param.cmpi lt %size, %zero : {PARAM}\n"
+                    f"{check}"
+                    f"    transform.yield %op : {ANY}\n"
+                    "  }",
+                    f"  transform.named_sequence {action}(%op: {ANY} {{transform.consumed}}) {{\n"
+                    + _cascade_body(name, row, rank, steps)
+                    + "    transform.yield\n"
+                    "  }",
+                ]
+                pairs.append(f"{matcher} -> {action}")
         if pairs:
             h = self._fresh("rows")
-            self.emit(f"{h} = transform.foreach_match in {root} {', '.join(pairs)} : ({ANY}) -> {ANY}")
+            forwarded = "" if isinstance(rows, int) else f", {rows}"
+            types = ANY if isinstance(rows, int) else f"{ANY}, {PARAM}"
+            self.emit(f"{h} = transform.foreach_match in {root}{forwarded} {', '.join(pairs)} : ({types}) -> {ANY}")
 
     def cleanup(self, func: str) -> None:
         """Canonicalize, fold tensor slices into transfers, CSE."""
@@ -472,3 +504,49 @@ class ScheduleWriter:
 
     def __post_init__(self) -> None:
         self._indent = 4
+
+
+def row_cascade(rows: int) -> tuple[int, ...]:
+    """The tile sizes that split fewer rows than a register tile of `rows`
+    (a dynamic count) into static tiles: the powers of two below `rows`,
+    largest first (8 rows: 4, 2, 1; any remainder up to 7 is at most one
+    tile of each). Empty for one row, which leaves no remainder."""
+    steps, p = [], 1
+    while p < rows:
+        steps.append(p)
+        p *= 2
+    return tuple(reversed(steps))
+
+
+def _cascade_body(name: str, row: int, rank: int, steps: Sequence[int]) -> str:
+    """The action of :meth:`ScheduleWriter.tile_dynamic_rows`: `%op` tiled
+    by each of `steps` in turn, rows, the full tiles of each peeled off and
+    canonicalized to static shapes, the rest, matched again in the
+    remainder loop, tiled by the next (after the last step, left as it is;
+    by one row, nothing is left).
+
+    Before each step the op is tiled by twice the step (more rows than it
+    has: a loop of one iteration), so that its extent is an `affine.min` of
+    its own. Tiled as it came, its extent (an `affine.apply` of the
+    enclosing loops) was folded into each tile's `affine.min`, where
+    peeling cannot relate it to the loop's bound: the full tiles kept a
+    dynamic shape and were not vectorized."""
+    def sizes(step: int) -> str:
+        return ", ".join(str(step) if d == row else "0" for d in range(rank))
+
+    lines, op = [], "%op"
+    for i, step in enumerate(steps):
+        if step == 1:
+            lines.append(f"    %t{i}, %l{i} = transform.structured.tile_using_for {op} tile_sizes [{sizes(1)}] : ({ANY}) -> ({ANY}, {ANY})")
+            break
+        lines += [
+            f"    %w{i}, %once{i} = transform.structured.tile_using_for {op} tile_sizes [{sizes(2 * step)}] : ({ANY}) -> ({ANY}, {ANY})",
+            f"    %t{i}, %l{i} = transform.structured.tile_using_for %w{i} tile_sizes [{sizes(step)}] : ({ANY}) -> ({ANY}, {ANY})",
+            f'    %f{i} = transform.cast %l{i} : {ANY} to !transform.op<"scf.for">',
+            f'    %full{i}, %rest{i} = transform.loop.peel %f{i} : (!transform.op<"scf.for">) -> ({ANY}, {ANY})',
+            f"    transform.apply_patterns to %full{i} {{\n      transform.apply_patterns.canonicalization\n    }} : {ANY}",
+        ]
+        if i < len(steps) - 1:
+            lines.append(f'    %o{i + 1} = transform.structured.match ops{{["{name}"]}} in %rest{i} : ({ANY}) -> {ANY}')
+            op = f"%o{i + 1}"
+    return "".join(line + "\n" for line in lines)

@@ -33,11 +33,13 @@ did. On other ("odd") loops, 367 or 7 or 35, tiles need not divide:
 * the thread tile of a contraction's row loop may leave a partial last tile
   (a prime row extent has no other divisors); its register loops then have
   dynamic bounds, and the remainder rows after peeling, of a dynamic count,
-  are tiled into rows of one (`ScheduleWriter.tile_dynamic_rows`), so that
-  every tile is static (masked to the register tile's shape, the remainder
-  cost about two whole tiles). Packing is not offered there (a pad of the
-  dynamic output tile would copy it at every cache step). Window ops keep
-  thread tiles that divide their loops.
+  are tiled into static tiles of the powers of two from 4 up (a 4-row tile
+  below 5-8 register rows; 8 and 4 below 12 or 14) and rows of one
+  (`ScheduleWriter.tile_dynamic_rows`), so that every tile is static
+  (masked to the register tile's shape, the remainder cost about two whole
+  tiles). Packing is not offered there (a pad of the dynamic output tile
+  would copy it at every cache step). Window ops keep thread tiles that
+  divide their loops.
 
 What not to do, measured on 367^3: padding whole operands with
 `structured.pad` and vectorizing the pad copies (tensor.pad / insert_slice of
@@ -350,11 +352,44 @@ class MultiLevelTiling(Rule):
             )
         else:
             register_tiles(w, a_h, decomposed)
+        if partial_rows:
+            # The register tiles of a partial thread tile of rows leave a
+            # remainder of a dynamic row count. Peeled, it is tiled by the
+            # powers of two from 4 up to below the register rows (8 rows: 4),
+            # each tile static and vectorized as any is, before the
+            # reduction is unrolled, so that each keeps its accumulators in
+            # registers over the cache tile; the rest, fewer than 4 rows,
+            # runs in rows of one inside the unrolled reduction, where the
+            # rows share each step's vectors of B (below). In turns, 2
+            # threads, Emerald Rapids, M x 1024 x 1024 on dynamic rows with
+            # 16's knobs (8 x 64 registers, k = 256), rows of one against
+            # this: 5 rows 0.143 / 0.125 ms, 13 rows (8 + 5) 0.250 / 0.214,
+            # 20 rows 0.278 / 0.230, 3 rows 0.101 / 0.103; with 3 rows as
+            # 2 + 1, 0.095 / 0.116: each tile read the cache tile of B
+            # again, where rows of one read it once. Masked to the register tile's
+            # vector shape (until session 44) the remainder cost about two
+            # whole tiles, its contraction an FMA and a select per row and
+            # step.
+            tile_others_like(w, ctx, forall, r_sizes, skip={anchor.op_id})
+            forall = w.peel_partial_loops("%root")
+            at = anchor.output_dims.index(row)
+            kinds = [(anchor.name, row, len(ranges))]
+            for o in ctx.ops:
+                if o.op_id != anchor.op_id and at < len(o.output_dims) and o.output_dims[at] is not None:
+                    kinds.append((o.name, o.output_dims[at], len(o.loop_ranges)))
+            row_opts = next(sp.options for sp in specs if sp.name == f"r_d{row}")
+            w.tile_dynamic_rows(forall, kinds, r_sizes[row], row_opts, down_to=4)
+            forall = w.match_func("%root")
         u_sizes: list[int | str] = [0] * len(ranges)
         for d in anchor.reductions:
             u_sizes[d] = h.get(f"u_d{d}", 1)
-        w.tile_each(w.match_op_id(forall, anchor.op_id), u_sizes)
-        tile_others_like(w, ctx, forall, r_sizes, skip={anchor.op_id})
+        w.tile_each(w.match_op_id(forall, anchor.op_id), u_sizes, peel=partial_rows)
+        if partial_rows:
+            w.apply_patterns(forall, ["canonicalization"])
+            w.tile_dynamic_rows(forall, kinds, 2)  # rows of one
+            forall = w.match_func("%root")
+        else:
+            tile_others_like(w, ctx, forall, r_sizes, skip={anchor.op_id})
         if reused is not None:
             # The packing copy: one row of the innermost dimension per step.
             # Tiled along its first dimension only, a convolution filter's
@@ -363,27 +398,12 @@ class MultiLevelTiling(Rule):
             # took minutes per kernel (ResNet-50 with the layout pass).
             rank = sum(1 for d in anchor.operand_dims[reused] if d is not None)
             w.tile_each(w.match_ops(forall, ["linalg.copy"]), [1] * (rank - 1) + [0])
-        # Register tiles that do not divide their loop leave remainders:
-        # peel them, so full tiles are static.
-        forall = w.peel_partial_loops("%root")
+        # Register tiles and unrolls that do not divide their loop leave
+        # remainders: peel them, so full tiles are static.
+        if not partial_rows:
+            forall = w.peel_partial_loops("%root")
         if decomposed:
             w.decompose(w.match_op_id(forall, anchor.op_id))
-        if partial_rows:
-            # The remainder of the register tiles of a partial thread tile of
-            # rows has a dynamic row extent: tiled into rows of one, every
-            # tile is static and vectorized as any is. Masked to the register
-            # tile's vector shape instead (as until session 44), the
-            # remainder cost about two whole tiles, its contraction an FMA
-            # and a select per row and step: M x 1024 x 1024 on dynamic rows,
-            # 8 x 64 registers, 2 threads, Emerald Rapids, masked against
-            # rows of one: 7 rows 0.267 / 0.136 ms, 13 rows 0.390 / 0.236,
-            # 20 rows 0.471 / 0.280, 100 rows 1.290 / 1.067.
-            at = anchor.output_dims.index(row)
-            kinds = [(anchor.name, row, len(ranges))]
-            for o in ctx.ops:
-                if o.op_id != anchor.op_id and at < len(o.output_dims) and o.output_dims[at] is not None:
-                    kinds.append((o.name, o.output_dims[at], len(o.loop_ranges)))
-            w.tile_dynamic_rows(w.match_func("%root"), kinds)
         finish(w, vectorize=True, unit_dims=decomposed)
         forall_knobs = tuple((f"p_d{d}", ranges[d]) for d in anchor.parallel)
         b = reused_operand(anchor, row)
