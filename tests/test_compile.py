@@ -249,6 +249,42 @@ def test_best_record_is_applied(tmp_path):
     np.testing.assert_allclose(cm3(a, b), a @ b, rtol=1e-4, atol=1e-4)
 
 
+def test_a_record_that_copied_b_in_panels_applies_read_in_place(tmp_path, caplog):
+    """The rules no longer offer the copy of a B already in column panels
+    (session 45). A record tuned when they did (its sketch's hash, and a
+    "pack" knob) still applies: its other knobs, B read in place, and the
+    log says which choice it made that the sketch no longer offers."""
+    import logging
+
+    from conftest import PANELS_MATMUL
+
+    from mlir_ansor.records import Database, Record
+    from mlir_ansor.search.generate import generate_sketches
+    from mlir_ansor.search.sketch import default_assignment
+    from mlir_ansor.target import Target
+
+    target = Target.host()
+    src = tmp_path / "p.mlir"
+    src.write_text(PANELS_MATMUL.format(m=16, p=4))
+    (task,) = extract_tasks(str(src))
+    (sk,) = [s for s in generate_sketches(task.mlir, target) if s.name == "cpu-contraction"]
+    assert "pack" not in {k.name for k in sk.knobs}
+    knobs = dict(default_assignment(sk, 1)) | {"pack": 0}
+    db = tmp_path / "t.db"
+    with Database(str(db)) as d:
+        d.commit_record(Record(task.workload_key, target.key, "earlier", tuple(sorted(knobs.items())), (1e-5,), "none",
+                               host=target.model, threads=1))
+    with caplog.at_level(logging.INFO, logger="mlir_ansor"):
+        cm = mlir_ansor.compile(str(src), db=db, cache_dir=False)
+    (k,) = cm.kernels
+    assert k.source == "tuned" and k.origin == "an earlier form of its sketch"
+    assert dict(k.knobs) == {n: v for n, v in knobs.items() if n != "pack"}
+    assert "but pack = 0, which it no longer offers" in caplog.text
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((16, 64)).astype(np.float32), rng.standard_normal((4, 64, 32)).astype(np.float32)
+    np.testing.assert_allclose(cm(x, w), np.einsum("mk,pkn->mpn", x, w), rtol=1e-4, atol=1e-4)
+
+
 def test_default_assignment_gives_threads_work():
     from mlir_ansor.search.generate import generate_sketches
     from mlir_ansor.search.sketch import default_assignment

@@ -25,7 +25,7 @@ import hashlib
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from mlir_ansor.errors import AnsorError
@@ -116,6 +116,30 @@ def faithful(sketch: Sketch, knobs: Sequence[tuple[str, int]]) -> bool:
     return all(implied.get(k, v) == v for k, v in knobs if k not in names)
 
 
+DROPPABLE = frozenset({"pack"})
+"""Knobs of structural choices a sketch may no longer offer where records
+made before it had them (the copy of B, which the contraction rule dropped
+for a B in column panels in session 45): a record of an earlier form of a
+sketch still applies without them (:func:`earlier_form`)."""
+
+
+def earlier_form(sketches: Iterable[Sketch], knobs: Sequence[tuple[str, int]]) -> Sketch | None:
+    """The sketch among `sketches` that a record of an earlier form of it
+    (a hash the rules no longer make) with `knobs` was tuned on: the one
+    with exactly its knobs, else one with its knobs but :data:`DROPPABLE`
+    ones it takes as choices it does not need (:func:`faithful`). None when
+    none is."""
+    names = {k for k, _ in knobs}
+    for sk in sketches:
+        if {k.name for k in sk.knobs} == names:
+            return sk
+    for sk in sketches:
+        mine = {k.name for k in sk.knobs}
+        if mine and mine <= names and names - mine <= DROPPABLE and faithful(sk, knobs):
+            return sk
+    return None
+
+
 def size_distance(a_mlir: str, b_mlir: str) -> float:
     """How far apart two relatives (task texts of one family) are: the sum,
     over the dimensions of their shaped types in the order the texts write
@@ -190,7 +214,7 @@ def transferred(
         used += 1
         carried: list[tuple[bool, Transfer]] = []
         for rec in best:
-            src = theirs.get(rec.sketch_hash)
+            src = theirs.get(rec.sketch_hash) or earlier_form(theirs.values(), rec.knobs)
             sk = mine.get(src.name) if src is not None else None
             if sk is None:
                 continue
