@@ -165,8 +165,8 @@ class ScheduleWriter:
         does not divide its range; the other sizes must divide theirs), as
         :meth:`peel_partial_loops` does for every loop, but only for these
         (the pass peels again every loop whose bounds it cannot prove whole,
-        :meth:`tile_dynamic_rows`' too). Canonicalize after, so that the
-        full tiles have static shapes."""
+        :meth:`tile_dynamic_rows`' too). The caller canonicalizes after,
+        so that the full tiles have static shapes."""
         self.emit(f"transform.foreach {ops} : {ANY} {{")
         self.emit(f"^bb0(%each: {ANY}):")
         self._indent += 2
