@@ -228,8 +228,11 @@ class MultiLevelTiling(Rule):
         # rows 1.80 / 1.62 ms (64 MB touched between calls: 1.84 / 1.69),
         # the output projection at 384 rows 1.66 / 1.28, FFN-out at 16 rows
         # 0.37 / 0.25 (0.47 / 0.27); FFN-in at 384 rows 5.30 / 5.38 warm,
-        # 5.61 / 5.36 with B cold. The tune at 128 had chosen the copy for 3
-        # of its 4 weight matmuls. Window ops keep the choice (not measured).
+        # 5.61 / 5.36 with B cold. Later, in a slower phase of that VM, with
+        # B in memory (600 MB written between calls), the same within 2%:
+        # 2.59 / 2.60 (FFN-in, 128), 1.61 / 1.63 (projection, 384), 0.72 /
+        # 0.71 (FFN-out, 16). The tune at 128 had chosen the copy for 3 of
+        # its 4 weight matmuls. Window ops keep the choice (not measured).
         if reused is not None and not is_window and in_panels(anchor, reused, vec, lanes):
             reused = None
         extra_rows = EXTRA_ROW_TILES + (WIDE_ROW_TILES if ctx.target.vector_registers >= 32 else ())
