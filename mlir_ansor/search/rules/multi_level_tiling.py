@@ -226,9 +226,9 @@ class MultiLevelTiling(Rule):
         # B for nothing. BERT's weight matmuls, 2 threads, Emerald Rapids,
         # the tuned knobs with the copy and without, in turns: FFN-in at 128
         # rows 1.80 / 1.62 ms (64 MB touched between calls: 1.84 / 1.69),
-        # the output projection at 384 rows 1.66 / 1.28, FFN-out at 16 rows
-        # 0.37 / 0.25 (0.47 / 0.27); FFN-in at 384 rows 5.30 / 5.38 warm,
-        # 5.61 / 5.36 with B cold. Later, in a slower phase of that VM, with
+        # a Q/K/V projection at 384 rows 1.66 / 1.28, FFN-out at 16 rows
+        # 0.37 / 0.25 (0.47 / 0.27); FFN-in at 384 rows 5.30 / 5.38 (5.61 /
+        # 5.36). Later, in a slower phase of that VM, with
         # B in memory (600 MB written between calls), the same within 2%:
         # 2.59 / 2.60 (FFN-in, 128), 1.61 / 1.63 (projection, 384), 0.72 /
         # 0.71 (FFN-out, 16). The tune at 128 had chosen the copy for 3 of
