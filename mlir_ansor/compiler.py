@@ -400,24 +400,22 @@ def _earlier_sketch_plan(records, task: Task, sym: str, sketches) -> KernelPlan 
     them) whose sketch the rules no longer make as it was (a newer
     mlir-ansor changed the sketch's script or payload:
     `search.sketch.fuse_epilogue` changed every task with ops after its
-    anchor), applied to the sketch that has the record's knobs
-    (`search.transfer.earlier_form`: exactly, or but a structural choice
+    anchor), applied to a sketch that has the record's knobs
+    (`search.transfer.earlier_forms`: exactly, or but a structural choice
     the sketch no longer offers, such as the copy of a B in column panels),
     if its values are valid there; None when no record fits."""
-    from mlir_ansor.search.transfer import earlier_form
+    from mlir_ansor.search.transfer import earlier_forms
 
     for rec in records:
-        sk = earlier_form(sketches, rec.knobs)
-        if sk is None:
-            continue
-        mine = {spec.name for spec in sk.knobs}
-        knobs = tuple((k, v) for k, v in rec.knobs if k in mine)
-        if sk.knob_problem(knobs) is None:
-            dropped = ", ".join(f"{k} = {v}" for k, v in rec.knobs if k not in mine)
-            log.info("compile: task %s: record %s was tuned on an earlier form of sketch %s; its knobs apply%s",
-                     task.name, rec.row_id, sk.name, f" but {dropped}, which it no longer offers" if dropped else "")
-            return KernelPlan(task, sym, "tuned", sk.payload, sk.concrete(knobs), sk.name, knobs,
-                              rec.latency_s, origin="an earlier form of its sketch")
+        for sk in earlier_forms(sketches, rec.knobs):
+            mine = {spec.name for spec in sk.knobs}
+            knobs = tuple((k, v) for k, v in rec.knobs if k in mine)
+            if sk.knob_problem(knobs) is None:
+                dropped = ", ".join(f"{k} = {v}" for k, v in rec.knobs if k not in mine)
+                log.info("compile: task %s: record %s was tuned on an earlier form of sketch %s; its knobs apply%s",
+                         task.name, rec.row_id, sk.name, f" but {dropped}, which it no longer offers" if dropped else "")
+                return KernelPlan(task, sym, "tuned", sk.payload, sk.concrete(knobs), sk.name, knobs,
+                                  rec.latency_s, origin="an earlier form of its sketch")
     return None
 
 

@@ -201,7 +201,7 @@ def test_a_copy_of_b_already_in_panels_is_carried_as_a_read_in_place():
 def test_a_record_of_the_sketch_that_offered_the_copy_of_b_in_panels_is_carried(tmp_path):
     """A relative's record tuned when the rule still offered the copy of a
     B in column panels (its sketch's hash no longer made, a "pack" knob)
-    is carried to another size, read in place (`transfer.earlier_form`);
+    is carried to another size, read in place (`transfer.earlier_forms`);
     a record whose knobs no sketch has is not."""
     from mlir_ansor.records import Record
 

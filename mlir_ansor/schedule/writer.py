@@ -338,9 +338,9 @@ class ScheduleWriter:
         row loop, its loop count) of each kind of op to split; an op matches
         where its name and loop count are those and its extent on that loop
         is not static (`transform.match.structured.dim` gives a negative
-        size). `rows`: fewer rows than the op has at most (the register
+        size). `rows`: a bound the op's rows stay below (the register
         tile's rows: an int, or a knob handle taking one of `options`); the
-        op is tiled by the largest power of two below that, the rest peeled
+        op is tiled by the largest power of two below it, the rest peeled
         and tiled by the next (:func:`row_cascade`), down to tiles of
         `down_to` rows: fewer rows than that are left as they are, of a
         dynamic count, for a later call to split."""

@@ -120,24 +120,24 @@ DROPPABLE = frozenset({"pack"})
 """Knobs of structural choices a sketch may no longer offer where records
 made before it had them (the copy of B, which the contraction rule dropped
 for a B in column panels in session 45): a record of an earlier form of a
-sketch still applies without them (:func:`earlier_form`)."""
+sketch still applies without them (:func:`earlier_forms`)."""
 
 
-def earlier_form(sketches: Iterable[Sketch], knobs: Sequence[tuple[str, int]]) -> Sketch | None:
-    """The sketch among `sketches` that a record of an earlier form of it
-    (a hash the rules no longer make) with `knobs` was tuned on: the one
-    with exactly its knobs, else one with its knobs but :data:`DROPPABLE`
-    ones it takes as choices it does not need (:func:`faithful`). None when
-    none is."""
+def earlier_forms(sketches: Iterable[Sketch], knobs: Sequence[tuple[str, int]]) -> list[Sketch]:
+    """The sketches among `sketches` that a record of an earlier form of
+    one (a hash the rules no longer make) with `knobs` may have been tuned
+    on, best first: those with exactly its knobs, then those with its knobs
+    but :data:`DROPPABLE` ones they take as choices they do not need
+    (:func:`faithful`)."""
     names = {k for k, _ in knobs}
-    for sk in sketches:
-        if {k.name for k in sk.knobs} == names:
-            return sk
+    exact, dropping = [], []
     for sk in sketches:
         mine = {k.name for k in sk.knobs}
-        if mine and mine <= names and names - mine <= DROPPABLE and faithful(sk, knobs):
-            return sk
-    return None
+        if mine == names:
+            exact.append(sk)
+        elif mine and mine <= names and names - mine <= DROPPABLE and faithful(sk, knobs):
+            dropping.append(sk)
+    return exact + dropping
 
 
 def size_distance(a_mlir: str, b_mlir: str) -> float:
@@ -214,7 +214,7 @@ def transferred(
         used += 1
         carried: list[tuple[bool, Transfer]] = []
         for rec in best:
-            src = theirs.get(rec.sketch_hash) or earlier_form(theirs.values(), rec.knobs)
+            src = theirs.get(rec.sketch_hash) or next(iter(earlier_forms(theirs.values(), rec.knobs)), None)
             sk = mine.get(src.name) if src is not None else None
             if sk is None:
                 continue

@@ -228,11 +228,11 @@ class MultiLevelTiling(Rule):
         # rows 1.80 / 1.62 ms (64 MB touched between calls: 1.84 / 1.69),
         # a Q/K/V projection at 384 rows 1.66 / 1.28, FFN-out at 16 rows
         # 0.37 / 0.25 (0.47 / 0.27); FFN-in at 384 rows 5.30 / 5.38 (5.61 /
-        # 5.36). Later, in a slower phase of that VM, with
-        # B in memory (600 MB written between calls), the same within 2%:
-        # 2.59 / 2.60 (FFN-in, 128), 1.61 / 1.63 (projection, 384), 0.72 /
-        # 0.71 (FFN-out, 16). The tune at 128 had chosen the copy for 3 of
-        # its 4 weight matmuls. Window ops keep the choice (not measured).
+        # 5.36). Later, in a slower phase of that VM, with B in memory
+        # (600 MB written between calls), the same within 2%: 2.59 / 2.60
+        # (FFN-in, 128), 1.61 / 1.63 (projection, 384), 0.72 / 0.71
+        # (FFN-out, 16). The tune at 128 had chosen the copy for 3 of its 4
+        # weight matmuls. Window ops keep the choice (not measured).
         if reused is not None and not is_window and in_panels(anchor, reused, vec, lanes):
             reused = None
         extra_rows = EXTRA_ROW_TILES + (WIDE_ROW_TILES if ctx.target.vector_registers >= 32 else ())
@@ -381,10 +381,10 @@ class MultiLevelTiling(Rule):
             # this: 5 rows 0.143 / 0.125 ms, 13 rows (8 + 5) 0.250 / 0.214,
             # 20 rows 0.278 / 0.230, 3 rows 0.101 / 0.103; with 3 rows as
             # 2 + 1, 0.095 / 0.116: each tile read the cache tile of B
-            # again, where rows of one read it once. Masked to the register tile's
-            # vector shape (until session 44) the remainder cost about two
-            # whole tiles, its contraction an FMA and a select per row and
-            # step.
+            # again, where rows of one read it once. Masked to the register
+            # tile's vector shape (until session 44) the remainder cost
+            # about two whole tiles, its contraction an FMA and a select per
+            # row and step.
             tile_others_like(w, ctx, forall, r_sizes, skip={anchor.op_id})
             forall = w.peel_partial_loops("%root")
             at = anchor.output_dims.index(row)
