@@ -178,10 +178,11 @@ class CompiledModule:
         """A callable for another function of the module."""
         if name not in self.functions:
             raise AnsorError(f"no function @{name} in the compiled module ({', '.join(self.functions)})")
-        return lambda *arrays: self._call(name, arrays)
+        return lambda *arrays: self._plan(name).call(*arrays)
 
     def __call__(self, *arrays: np.ndarray):
-        return self._call(self.entry, arrays)
+        plan = self._plans.get(self.entry) or self._plan(self.entry)
+        return plan.call(*arrays)
 
     def _kernel(self, name: str) -> Kernel:
         if name not in self._lib:
@@ -202,14 +203,9 @@ class CompiledModule:
     def _plan(self, name: str) -> CallPlan:
         plan = self._plans.get(name)
         if plan is None:
-            plan = self._plans[name] = CallPlan(self._kernel(name), *self.functions[name], expected_s=expected_seconds(self.kernels))
+            plan = self._plans[name] = CallPlan(self._kernel(name), *self.functions[name], expected_s=expected_seconds(self.kernels),
+                                                name=name)
         return plan
-
-    def _call(self, name: str, arrays) -> np.ndarray | tuple[np.ndarray, ...] | None:
-        results = self._plan(name)(name, arrays)
-        if not results:
-            return None
-        return results[0] if len(results) == 1 else tuple(results)
 
     def close(self) -> None:
         for k in self._lib.values():
@@ -226,10 +222,12 @@ class CallPlan:
     descriptors (static shapes: only the data pointers change from call to
     call) and a ctypes prototype of its own. A call of an aligned,
     C-contiguous argument of the right type passes it as it is, and costs
-    about 0.5 us per argument and 1 us per output beyond the kernels
-    (`benchmarks/call_overhead.py`); it was 9.7 us for a one-kernel module
-    of two arguments and one output, and about 20 with descriptors made per
-    call. A function with dynamic dimensions gets one per argument shapes
+    about 0.2 us per argument the last call passed too (weights), 0.6 us
+    per other one and 1 us per output beyond the kernels: 2.9 us for a
+    one-kernel module of two arguments and one output called on the same
+    arrays, 4.7 on others (`benchmarks/call_overhead.py`, Emerald Rapids).
+    It was 9.7 us, and about 20 with descriptors made per call. A function
+    with dynamic dimensions gets one per argument shapes
     (`dispatch.DynamicLibrary`).
 
     An argument that starts off a cache line (numpy's own buffers are
@@ -239,8 +237,10 @@ class CallPlan:
     weights of a 7-row GEMM took 0.305 ms to copy, and the kernel 0.086 ms
     (0.104 on the misaligned weights)."""
 
-    def __init__(self, kernel: Kernel, ins_spec, outs_spec, written, expected_s: float | None = None) -> None:
+    def __init__(self, kernel: Kernel, ins_spec, outs_spec, written, expected_s: float | None = None,
+                 name: str = "") -> None:
         self.kernel = kernel  # keeps the library loaded
+        self.name = name  # the function's, for errors
         self.ins = [(tuple(shape), np_dtype(dtype)) for shape, dtype in ins_spec]
         self.outs = [(tuple(shape), np_dtype(dtype)) for shape, dtype in outs_spec]
         self.out_bytes = [math.prod(shape) * dt.itemsize for shape, dt in self.outs]
@@ -260,7 +260,7 @@ class CallPlan:
         # cost as much as a small kernel.
         proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(self.descs)))
         self.fn = proto(ctypes.cast(kernel.fn, ctypes.c_void_p).value)
-        self.fast = self._fast_call()
+        self.call = self._fast_call()
 
     def _argument(self, name: str, i: int, a, copy: bool) -> tuple[np.ndarray, int]:
         """Argument `i` as the kernel reads it, and its data pointer: `a`
@@ -295,33 +295,45 @@ class CallPlan:
         """What a call returns: its outputs, or the memref arguments it wrote."""
         return outs if self.outs else [bufs[i] for i in self.written]
 
-    def __call__(self, name: str, arrays) -> list[np.ndarray]:
-        self._count(name, arrays)
-        return self.fast(name, *arrays)
-
     def _fast_call(self):
-        """The call as straight-line Python made for this signature (one
-        block per argument and output, every constant a local): about 1 us
-        less than the same steps in loops, a third of what a small call
-        costs beyond its kernel. An argument that is not passed as it is
-        goes through :meth:`_argument`."""
+        """The call, ``call(*arrays)``, as straight-line Python made for this
+        signature (one block per argument and output, the count of arguments
+        checked by unpacking them): it returns what the function does, one
+        array, a tuple of them, or None. About 1 us less than the same steps
+        in loops, and 0.6 us less than behind the dispatch through the plan
+        and a list of results it replaced (`benchmarks/call_overhead.py`).
+        An argument that is not passed as it is goes through :meth:`_argument`."""
+        name = self.name
         env = {"np": np, "ndarray": np.ndarray, "uint8": np.uint8, "addressof": ctypes.addressof,
-               "BYTE": ONE_BYTE, "A": ALIGNMENT, "argument": self._argument, "fn": self.fn, "raw": self.raw}
+               "BYTE": ONE_BYTE, "A": ALIGNMENT, "argument": self._argument, "fn": self.fn,
+               "count": self._count, "NAME": name, "ref": weakref.ref}
         params = [f"a{i}" for i in range(len(self.ins))]
-        lines = [f"def call(name, {', '.join(params)}):" if params else "def call(name):"]
+        cached = [f"W{i}, P{i}" for i in range(len(self.ins)) if i not in self.copied]
+        lines = ["def call(*args):"] + ([f"    global {', '.join(cached)}"] if cached else []) + ["    try:"]
+        lines.append(f"        {', '.join(params)}{',' if len(params) == 1 else ''} = args" if params else "        () = args")
+        lines += ["    except ValueError:", "        count(NAME, args)"]
         for i, ((shape, dtype), d) in enumerate(zip(self.ins, self.descs)):
             env.update({f"S{i}": shape, f"D{i}": dtype, f"d{i}": d, f"A{i}": self.align[i]})
             test = f"type(a{i}) is ndarray and a{i}.shape == S{i} and a{i}.dtype == D{i} and a{i}.flags.c_contiguous"
             if i in self.copied:
-                lines.append(f"    a{i}, p{i} = argument(name, {i}, a{i}, False)")
+                lines.append(f"    a{i}, p{i} = argument(NAME, {i}, a{i}, False)")
             else:
-                lines += [  # p = 0: not an array to pass as it is
-                    "    try:",
-                    f"        p{i} = addressof(BYTE.from_buffer(a{i})) if {test} else 0",
-                    "    except (TypeError, ValueError, BufferError):",
-                    f"        p{i} = 0",
-                    f"    if not p{i} or p{i} % A{i}:",
-                    f"        a{i}, p{i} = argument(name, {i}, a{i}, False)",
+                # The array of the last call again (weights, mostly): its data
+                # pointer is known (0.4 us less); its shape, type and layout
+                # are checked again, since they can be set in place.
+                env.update({f"W{i}": _DEAD, f"P{i}": 0})
+                lines += [
+                    f"    if W{i}() is a{i} and a{i}.shape == S{i} and a{i}.dtype == D{i} and a{i}.flags.c_contiguous:",
+                    f"        p{i} = P{i}",
+                    "    else:",
+                    "        try:",  # p = 0: not an array to pass as it is
+                    f"            p{i} = addressof(BYTE.from_buffer(a{i})) if {test} else 0",
+                    "        except (TypeError, ValueError, BufferError):",
+                    f"            p{i} = 0",
+                    f"        if not p{i} or p{i} % A{i}:",
+                    f"            a{i}, p{i} = argument(NAME, {i}, a{i}, False)",
+                    "        else:",
+                    f"            W{i}, P{i} = ref(a{i}), p{i}",
                 ]
             lines.append(f"    d{i}.allocated = d{i}.aligned = p{i}")
         outs = []
@@ -335,12 +347,20 @@ class CallPlan:
                 f"    e{j}.allocated = e{j}.aligned = q + s",
             ]
             outs.append(f"o{j}")
-        lines.append("    fn(*raw)")
+        env.update({f"R{i}": r for i, r in enumerate(self.raw)})
+        lines.append(f"    fn({', '.join(f'R{i}' for i in range(len(self.raw)))})")
         results = outs if self.outs else [f"a{i}" for i in self.written]
-        lines.append(f"    return [{', '.join(results)}]")
+        lines.append(f"    return {results[0]}" if len(results) == 1 else f"    return ({', '.join(results)},)" if results else "    return None")
         exec("\n".join(lines), env)  # noqa: S102 - our own text, from the signature
         return env["call"]
 
+
+class _Gone:
+    pass
+
+
+_DEAD = weakref.ref(_Gone())
+"""A reference to nothing: no argument is the last call's before the first call."""
 
 COPY_BYTES_PER_S = 12e9
 """What copying an argument to an aligned buffer moves per second, one

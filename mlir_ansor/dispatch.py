@@ -1173,17 +1173,14 @@ class DynamicLibrary:
             sym = [values[g[0]] for g in self.symbols]
             ins = [(shape, dtype) for shape, (_, dtype) in zip(shapes, self.inputs)]
             outs = [(tuple(d if d >= 0 else sym[-1 - d] for d in dims), dtype) for dims, dtype in self.outputs]
-            plan = compiler.CallPlan(self._library()[0], ins, outs, ())
+            plan = compiler.CallPlan(self._library()[0], ins, outs, (), name=self.entry)
             if len(self._plans) >= PLANS_KEPT:
                 del self._plans[next(iter(self._plans))]  # the oldest shapes
             self._plans[shapes] = plan
         return plan
 
     def __call__(self, *arrays: np.ndarray):
-        outs = self._plan(arrays)(self.entry, arrays)
-        if not outs:
-            return None
-        return outs[0] if len(outs) == 1 else tuple(outs)
+        return self._plan(arrays).call(*arrays)
 
     def to_json(self) -> dict:
         return {

@@ -143,6 +143,28 @@ def test_calls_pass_aligned_arrays_as_they_are_and_copy_the_rest(monkeypatch):
         cm(x, w1)
 
 
+def test_the_last_calls_arrays_are_checked_again_when_passed_again():
+    """The call keeps the data pointer of each argument it last passed as it
+    was (a weak reference): the same arrays again are read where they are,
+    written in between or not; an array whose shape was set in place since
+    is refused, and a new array after the old one was freed is read anew."""
+    cm = mlir_ansor.compile(str(INPUTS / "two_matmuls.mlir"))
+    x, w1, w2, w3 = (aligned_copy(a) for a in _inputs(cm))
+    np.testing.assert_allclose(cm(x, w1, w2, w3), ((x @ w1) @ w2) @ w3, rtol=1e-4, atol=1e-4)
+    x *= 2  # in place: the same buffer
+    np.testing.assert_allclose(cm(x, w1, w2, w3), ((x @ w1) @ w2) @ w3, rtol=1e-4, atol=1e-4)
+    square = w2.shape
+    w2.shape = (w2.size,)
+    with pytest.raises(mlir_ansor.AnsorError, match="argument 2 has shape"):
+        cm(x, w1, w2, w3)
+    w2.shape = square
+    for seed in range(3):  # each x freed before the next is made, often at the same address
+        shape = x.shape
+        del x
+        x = aligned_copy(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
+        np.testing.assert_allclose(cm(x, w1, w2, w3), ((x @ w1) @ w2) @ w3, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("expected_s, copied", [(1.0, 4), (1e-9, 0)])
 def test_misaligned_arguments_are_copied_only_where_the_copy_pays(monkeypatch, expected_s, copied):
     """An argument 16 bytes past a cache line (where numpy puts its buffers)
@@ -155,9 +177,9 @@ def test_misaligned_arguments_are_copied_only_where_the_copy_pays(monkeypatch, e
     want = ((arrays[0] @ arrays[1]) @ arrays[2]) @ arrays[3]
     shifted = [_past_a_cache_line(a, 16) for a in arrays]
     copies = _count_copies(monkeypatch)
-    plan = compile_mod.CallPlan(cm._kernel(cm.entry), *cm.functions[cm.entry], expected_s=expected_s)
+    plan = compile_mod.CallPlan(cm._kernel(cm.entry), *cm.functions[cm.entry], expected_s=expected_s, name=cm.entry)
     for _ in range(2):
-        (got,) = plan(cm.entry, shifted)
+        got = plan.call(*shifted)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert len(copies) == 2 * copied
     # what the module expects its default kernels to take: their flops at the fallback rate
