@@ -39,7 +39,9 @@ func.func @gemm(%A: tensor<?x32xf32>, %B: tensor<32x16xf32>) -> tensor<?x16xf32>
 def test_parse_sizes_and_its_errors():
     assert parse_sizes(["0.0=1,16,64", "1.1=8"]) == {(0, 0): (1, 16, 64), (1, 1): (8,)}
     assert parse_sizes("0.0=3;2.1=4") == {(0, 0): (3,), (2, 1): (4,)}
-    for bad in (["0=4"], ["0.0="], ["0.0=0"], ["a.b=1"], []):
+    assert parse_sizes("0.0=..1024") == {(0, 0): (1, 4, 16, 64, 256, 1024)}
+    assert parse_sizes(["0.0=..384", "1.1=..1"]) == {(0, 0): (1, 4, 16, 64, 256, 384), (1, 1): (1,)}
+    for bad in (["0=4"], ["0.0="], ["0.0=0"], ["a.b=1"], [], ["0.0=..0"], ["0.0=.."], ["0.0=1,..4"]):
         with pytest.raises(InputError, match="--sizes"):
             parse_sizes(bad)
 
@@ -74,14 +76,15 @@ def test_tune_at_sizes_then_run_and_compile_one(tmp_path, capsys):
     src = tmp_path / "gemm.mlir"
     src.write_text(GEMM)
     db = str(tmp_path / "g.db")
-    assert main(["tune", str(src), "--sizes", "0.0=4,9", "--trials", "4", "--batch-size", "2", "--db", db,
+    # ..9: a spread of sizes up to 9, the powers of 4 below it and 9
+    assert main(["tune", str(src), "--sizes", "0.0=..9", "--trials", "4", "--batch-size", "2", "--db", db,
                  "--progress", "none", "--json"]) == 0
     tuned = json.loads(capsys.readouterr().out)
     shapes = {t["name"] for t in tuned["tasks"]}
-    assert any("4x16x32" in n for n in shapes) and any("9x16x32" in n for n in shapes), shapes
+    assert all(any(f"_{m}x16x32" in n for n in shapes) for m in (1, 4, 9)), shapes
     with Database(db) as d:
         names = {w["name"] for w in d.workloads()}
-    assert any("4x16x32" in n for n in names) and any("9x16x32" in n for n in names), names
+    assert all(any(f"_{m}x16x32" in n for n in names) for m in (1, 4, 9)), names
     # A tuned size and one between them, each checked against its untuned build.
     for size in (9, 6):
         assert main(["run", str(src), "--sizes", f"0.0={size}", "--db", db, "--repeat", "2", "--json"]) == 0

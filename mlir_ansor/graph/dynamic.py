@@ -30,17 +30,33 @@ from mlir import ir, passmanager
 from mlir_ansor.errors import InputError, UnsupportedError
 
 __all__ = ["Dim", "argument_shapes", "dynamic_dims", "dynamic_function", "expand", "extents", "paddable", "parse_sizes", "size_label", "specializations",
-           "specialize", "symbols", "symbols_with_padding"]
+           "specialize", "spread", "symbols", "symbols_with_padding"]
 
 Dim = tuple[int, int]
 """(argument, dimension), both 0-based."""
 
-_SIZE = re.compile(r"^(\d+)\.(\d+)=(\d+(?:,\d+)*)$")
+_SIZE = re.compile(r"^(\d+)\.(\d+)=(\d+(?:,\d+)*|\.\.\d+)$")
+
+
+def spread(bound: int) -> tuple[int, ...]:
+    """The sizes ``ARG.DIM=..N`` stands for: the powers of 4 below `bound`,
+    and `bound` (``..1024``: 1, 4, 16, 64, 256, 1024; ``..384``: 1, 4, 16,
+    64, 256, 384). Every size up to the bound is then within 4x of a tuned
+    one, and the library built from the records (`dispatch.build_library`)
+    specialises the powers of two between them on schedules carried from
+    the nearest (`dispatch.between_sizes`)."""
+    out = []
+    p = 1
+    while p < bound:
+        out.append(p)
+        p *= 4
+    return (*out, bound)
 
 
 def parse_sizes(specs: list[str] | str) -> dict[Dim, tuple[int, ...]]:
     """``["0.0=1,16,64", "1.1=8"]`` (or one string with ``;`` between
-    them) -> ``{(0, 0): (1, 16, 64), (1, 1): (8,)}``."""
+    them) -> ``{(0, 0): (1, 16, 64), (1, 1): (8,)}``; ``0.0=..N`` is a
+    spread of sizes up to the bound N (:func:`spread`)."""
     items = specs.split(";") if isinstance(specs, str) else [s for spec in specs for s in spec.split(";")]
     out: dict[Dim, tuple[int, ...]] = {}
     for item in (s.strip() for s in items):
@@ -48,9 +64,14 @@ def parse_sizes(specs: list[str] | str) -> dict[Dim, tuple[int, ...]]:
             continue
         m = _SIZE.match(item)
         if not m:
-            raise InputError(f"--sizes {item!r}: expected ARG.DIM=V1,V2,... (for example 0.0=1,16,64)")
-        values = tuple(int(v) for v in m.group(3).split(","))
-        if any(v < 1 for v in values):
+            raise InputError(f"--sizes {item!r}: expected ARG.DIM=V1,V2,... (for example 0.0=1,16,64) "
+                             "or ARG.DIM=..N (a spread of sizes up to N)")
+        given = m.group(3)
+        if given.startswith(".."):
+            values = spread(int(given[2:])) if int(given[2:]) >= 1 else ()
+        else:
+            values = tuple(int(v) for v in given.split(","))
+        if not values or any(v < 1 for v in values):
             raise InputError(f"--sizes {item!r}: sizes must be at least 1")
         out[(int(m.group(1)), int(m.group(2)))] = values
     if not out:

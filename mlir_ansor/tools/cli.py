@@ -92,8 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--func", default=None, help="tune only this function")
     t.add_argument("--sizes", action="append", default=[], metavar="ARG.DIM=V1,V2,...",
                    help="sizes of a dynamic dimension (argument ARG's dimension DIM, 0-based), for example "
-                        "0.0=1,16,64: the function is tuned at each size (each combination, with several); "
-                        "dimensions the ops tie to it take the same size")
+                        "0.0=1,16,64, or 0.0=..N for a spread up to N (the powers of 4 below N, and N): the "
+                        "function is tuned at each size (each combination, with several); dimensions the ops "
+                        "tie to it take the same size")
     t.add_argument("--profile", action="store_true",
                    help="print where the tuning time went, phase by phase (--json always has it, as 'profile')")
     t.add_argument("--search", default="evolutionary",
