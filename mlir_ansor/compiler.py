@@ -331,7 +331,10 @@ class CallPlan:
                     "        except (TypeError, ValueError, BufferError):",
                     f"            p{i} = 0",
                     f"        if not p{i} or p{i} % A{i}:",
+                    f"            b{i} = a{i}",
                     f"            a{i}, p{i} = argument(NAME, {i}, a{i}, False)",
+                    f"            if a{i} is b{i} and type(a{i}) is ndarray:",  # passed as it is (read-only)
+                    f"                W{i}, P{i} = ref(a{i}), p{i}",
                     "        else:",
                     f"            W{i}, P{i} = ref(a{i}), p{i}",
                 ]

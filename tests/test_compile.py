@@ -163,6 +163,12 @@ def test_the_last_calls_arrays_are_checked_again_when_passed_again():
         del x
         x = aligned_copy(np.random.default_rng(seed).standard_normal(shape).astype(np.float32))
         np.testing.assert_allclose(cm(x, w1, w2, w3), ((x @ w1) @ w2) @ w3, rtol=1e-4, atol=1e-4)
+    # read-only weights are passed as they are, and kept the same way
+    frozen = [aligned_copy(w3), aligned_copy(-w3)]
+    for f in frozen:
+        f.setflags(write=False)
+    for f in frozen + frozen:
+        np.testing.assert_allclose(cm(x, w1, w2, f), ((x @ w1) @ w2) @ f, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("expected_s, copied", [(1.0, 4), (1e-9, 0)])
