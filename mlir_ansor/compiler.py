@@ -326,16 +326,15 @@ class CallPlan:
                     f"    if W{i}() is a{i} and a{i}.shape == S{i} and a{i}.dtype == D{i} and a{i}.flags.c_contiguous:",
                     f"        p{i} = P{i}",
                     "    else:",
+                    f"        b{i} = a{i}",
                     "        try:",  # p = 0: not an array to pass as it is
                     f"            p{i} = addressof(BYTE.from_buffer(a{i})) if {test} else 0",
                     "        except (TypeError, ValueError, BufferError):",
                     f"            p{i} = 0",
                     f"        if not p{i} or p{i} % A{i}:",
-                    f"            b{i} = a{i}",
                     f"            a{i}, p{i} = argument(NAME, {i}, a{i}, False)",
-                    f"            if a{i} is b{i} and type(a{i}) is ndarray:",  # passed as it is (read-only)
-                    f"                W{i}, P{i} = ref(a{i}), p{i}",
-                    "        else:",
+                    # kept where passed as it is (read-only ones too), not a copy
+                    f"        if a{i} is b{i} and type(a{i}) is ndarray:",
                     f"            W{i}, P{i} = ref(a{i}), p{i}",
                 ]
             lines.append(f"    d{i}.allocated = d{i}.aligned = p{i}")

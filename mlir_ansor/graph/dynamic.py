@@ -67,11 +67,8 @@ def parse_sizes(specs: list[str] | str) -> dict[Dim, tuple[int, ...]]:
             raise InputError(f"--sizes {item!r}: expected ARG.DIM=V1,V2,... (for example 0.0=1,16,64) "
                              "or ARG.DIM=..N (a spread of sizes up to N)")
         given = m.group(3)
-        if given.startswith(".."):
-            values = spread(int(given[2:])) if int(given[2:]) >= 1 else ()
-        else:
-            values = tuple(int(v) for v in given.split(","))
-        if not values or any(v < 1 for v in values):
+        values = spread(int(given[2:])) if given.startswith("..") else tuple(int(v) for v in given.split(","))
+        if any(v < 1 for v in values):  # ..0 spreads to (0,)
             raise InputError(f"--sizes {item!r}: sizes must be at least 1")
         out[(int(m.group(1)), int(m.group(2)))] = values
     if not out:
