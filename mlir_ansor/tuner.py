@@ -55,7 +55,7 @@ from mlir_ansor.measure.measurer import Candidate, Measurement, Measurer, arg_sp
 from mlir_ansor.measure.pool import MEMORY_LIMIT_EXCEEDED, ErrorKind, JobResult, machine_memory_mb
 from mlir_ansor.measure.runner import TimingPolicy, buffer_bytes, format_bytes, reference_bytes
 from mlir_ansor.passes.compile_cache import CompileCache
-from mlir_ansor.records.database import RETIME_KEY, Database, Record
+from mlir_ansor.records.database import RETIME_ATTEMPT_KEY, RETIME_KEY, Database, Record
 from mlir_ansor.search.features import template_cache
 from mlir_ansor.search.generate import generate_sketches
 from mlir_ansor.search.rules import NO_PACKING
@@ -150,7 +150,7 @@ class TuneConfig:
     retime_top: int = 4
     """Schedules of each task re-timed when the search ends (its best ones)."""
     retime_rounds: int = 3
-    """Timings more of each of those, taking turns; the pick is the median of all; 0: no re-timing."""
+    """Timings more of each of those, taking turns; the pick compares the schedules timed together (`records.database.in_turns`); 0: no re-timing."""
     retime_default_factor: float = 1.5
     """The default point is re-timed with them when its timing is within this factor of the best's."""
 
@@ -350,11 +350,12 @@ def _config_json(config: TuneConfig) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(config), default=str))
 
 
-def _versions(seed: int = 0, run_id: int | None = None, retime: int | None = None) -> str:
+def _versions(seed: int = 0, run_id: int | None = None, retime: int | None = None, attempt: int | None = None) -> str:
     """The ``versions`` JSON stored with every record: package versions,
     the run's seed and its id in the ``runs`` table; for a re-timing
-    (`_retime`), its round (`Record.retime`)."""
-    extra = {} if retime is None else {RETIME_KEY: retime}
+    (`_retime`), its round (`Record.retime`) and the attempt whose set of
+    schedules it was timed in turns with (`Record.retime_set`)."""
+    extra = {} if retime is None else {RETIME_KEY: retime, RETIME_ATTEMPT_KEY: attempt}
     return json.dumps({**package_versions(), "seed": seed, "run": run_id, **extra})
 
 
@@ -1133,7 +1134,7 @@ def _retime(states: list[_TaskState], target: Target, config: TuneConfig, databa
         for i, cands in by_task.items():
             st = states[i]
             for rnd in range(config.retime_rounds):
-                versions = _versions(config.seed, run_id, retime=rnd)
+                versions = _versions(config.seed, run_id, retime=rnd, attempt=attempt)
                 for c in cands:
                     out = m.measure(c, st.tol)
                     database.commit_record(_record(st, c, out, 0.0, target, config, versions))

@@ -132,6 +132,37 @@ def test_best_times_a_schedule_by_all_its_timings(tmp_path):
         assert best[0].latency_s == pytest.approx(1.3e-3)
 
 
+def test_best_ranks_retimed_schedules_by_their_turns(tmp_path):
+    """Re-timed schedules rank by the sets they were timed in turns in, not
+    by their pooled timings: the second set, timed in a slow phase of the
+    machine, holds the incumbent (A) and B; the third, in a fast phase, C
+    and the earlier set's runner-up D, not A. Pooled, A (timed in the slow
+    set too) fell behind D; in turns, A beat D by 10%, B beat A by 5%, C
+    lost to D. Schedules never re-timed keep their own timing."""
+
+    def retimed(knobs, costs, run, attempt, ts):
+        versions = json.dumps({"run": run, "retime": 0, "retime_attempt": attempt})
+        return rec(knobs, costs, ts=ts, versions=versions)
+
+    with Database(tmp_path / "t.db") as db:
+        for t, ts in ((1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)):
+            db.commit_record(rec({"t": t}, (1.0e-3,), ts=ts))  # the search's one timing each
+        db.commit_record(rec({"t": 5}, (1.25e-3,), ts=5.0))  # never re-timed
+        db.commit_record(retimed({"t": 1}, (1.0e-3, 1.0e-3), 7, 0, 6.0))  # A
+        db.commit_record(retimed({"t": 4}, (1.1e-3, 1.1e-3), 7, 0, 6.1))  # D
+        db.commit_record(retimed({"t": 1}, (2.0e-3, 2.0e-3, 2.0e-3), 7, 1, 7.0))  # A, slow phase
+        db.commit_record(retimed({"t": 2}, (1.9e-3, 1.9e-3), 7, 1, 7.1))  # B
+        db.commit_record(retimed({"t": 4}, (0.8e-3, 0.8e-3), 7, 2, 8.0))  # D, fast phase
+        db.commit_record(retimed({"t": 3}, (0.9e-3, 0.9e-3), 7, 2, 8.1))  # C
+        best = db.best(WK, TGT, k=10)
+        assert [dict(r.knobs)["t"] for r in best] == [2, 1, 4, 3, 5]
+        # latencies stay the medians of every timing of the schedule
+        assert best[1].latency_s == pytest.approx(1.5e-3) and best[2].latency_s == pytest.approx(1.0e-3)
+        # a re-timing that names no set (an earlier tuner) is of its run's one set: pooled there
+        db.commit_record(rec({"t": 6}, (0.5e-3,), ts=9.0, versions=json.dumps({"run": 8, "retime": 0})))
+        assert dict(db.best(WK, TGT)[0].knobs)["t"] == 6
+
+
 def test_measured_keys(tmp_path):
     with Database(tmp_path / "m.db") as db:
         db.commit_record(rec({"b": 2, "a": 1}, sketch="s1"))

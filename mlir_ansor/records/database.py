@@ -54,12 +54,14 @@ __all__ = [
     "MAX_INT",
     "MAX_JSON_DEPTH",
     "MAX_LINE_BYTES",
+    "RETIME_ATTEMPT_KEY",
     "RETIME_KEY",
     "SCHEMA_VERSION",
     "Database",
     "JsonlWriter",
     "Record",
     "check_record",
+    "in_turns",
     "knobs_text",
 ]
 
@@ -70,6 +72,9 @@ SCHEMA_VERSION = 1
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 RETIME_KEY = "retime"
 """The key of a re-timing's ``versions`` JSON (`Record.retime`); the tuner writes it."""
+RETIME_ATTEMPT_KEY = "retime_attempt"
+"""The key of a re-timing's ``versions`` JSON naming its set: the schedules
+of one task timed in turns together (`Record.retime_set`)."""
 _RETIME_LIKE = f'%"{RETIME_KEY}":%'  # the same test in SQL
 # Error kinds of a schedule that failed when it ran (not when it was built):
 # a schedule with one of these is never a best (`Database.best`).
@@ -301,6 +306,18 @@ class Record:
         return versions is not None and RETIME_KEY in versions
 
     @property
+    def retime_set(self) -> tuple | None:
+        """Which set of schedules this re-timing was timed in turns with:
+        ``(run, attempt, threads)`` (`Database.best` compares the schedules
+        of one set with each other); None for a record that is not a
+        re-timing. A re-timing of a tuner that named no attempt is of the
+        run's one set."""
+        versions = self._versions()
+        if versions is None or RETIME_KEY not in versions:
+            return None
+        return self.run, versions.get(RETIME_ATTEMPT_KEY), self.threads
+
+    @property
     def run(self) -> int | None:
         """The id (in the ``runs`` table) of the tuning run that measured
         this record, from its ``versions`` JSON; None when it names none."""
@@ -484,6 +501,44 @@ def _inspect_existing(path: str) -> None:
             f"supported (this mlir-ansor reads version {SCHEMA_VERSION})"
         )
 
+
+
+def in_turns(records: Iterable[Record]) -> dict[tuple, float]:
+    """The latency of each re-timed schedule (``(sketch_hash, knobs,
+    threads)`` -> seconds) as its re-timings taken in turns say, for
+    `Database.best` to rank by.
+
+    The tuner times a task's best schedules again at the end of a run, in
+    turns, in sets (`Record.retime_set`): the first set, then (when a
+    schedule re-timed only once now looks best) a set of the new best with
+    the incumbent, the best of the earlier sets. Each set is compared
+    within itself: a schedule's latency in a set is the median of its
+    costs there, scaled so that the schedule it shares with earlier sets
+    (the best by those, the incumbent) keeps the latency they gave it. A
+    schedule in several sets takes its latency from the last. With every
+    cost of a schedule pooled instead, a set timed in a slow phase of the
+    machine (a VM's speed moved 1.5x within seconds) sank the schedules in
+    it under one timed only in a fast phase: a 16 x 1024 . 1024 x 1024
+    GEMM's tune (2 threads, Emerald Rapids) picked a schedule that its
+    first set had timed 7-14% slower in each of its three rounds, and it ran
+    0.210 ms against the other's 0.196. Records in a set must come in the
+    order they were stored (`Database` reads them by id)."""
+    sets: dict[tuple, dict[tuple, list[float]]] = {}
+    for r in records:
+        which = r.retime_set
+        if which is not None and r.valid:
+            sets.setdefault(which, {}).setdefault((r.sketch_hash, r.knobs, r.threads), []).extend(r.costs)
+    score: dict[tuple, float] = {}
+    for timed in sets.values():  # in the order each set was first stored
+        median = {key: statistics.median(costs) for key, costs in timed.items()}
+        shared = [key for key in median if key in score]
+        scale = 1.0
+        if shared:
+            anchor = min(shared, key=score.__getitem__)
+            scale = score[anchor] / median[anchor]
+        for key, m in median.items():
+            score[key] = m * scale
+    return score
 
 class Database:
     """The tuning records of one or more workloads and targets.
@@ -709,10 +764,14 @@ class Database:
         A schedule measured more than once (re-timed at the end of a tuning
         run, or measured by two merged runs) counts as one: its first valid
         record, holding the costs of all its valid records, so its latency is
-        the median over every measurement rather than its luckiest one. A
-        schedule with a failed measurement (wrong answer, crash, timeout) on
-        the same host and thread count is never returned. An invalid row
-        (`check_record`: a NaN or negative cost...) is skipped, with a warning."""
+        the median over every measurement rather than its luckiest one.
+        Re-timed schedules are ranked by what the re-timings say when taken
+        in turns (`in_turns`), not by that median: timings of one set taken
+        in a fast phase of the machine and of another in a slow one do not
+        compare. A schedule with a failed measurement (wrong answer, crash,
+        timeout) on the same host and thread count is never returned. An
+        invalid row (`check_record`: a NaN or negative cost...) is skipped,
+        with a warning."""
         if host is None and prefer_host is not None:
             mine = self.best(workload_key, target, threads, k, host=prefer_host)
             if mine:
@@ -739,7 +798,8 @@ class Database:
                 [*params, host, *_FAILED_RUNS],
             ).fetchall()
         groups: dict[tuple, list[Record]] = {}
-        for _, rec in self._checked(rows):
+        checked = [rec for _, rec in self._checked(rows)]
+        for rec in checked:
             groups.setdefault((rec.sketch_hash, rec.knobs, rec.threads), []).append(rec)
         best: list[Record] = []
         for recs in groups.values():
@@ -749,7 +809,12 @@ class Database:
             if len(recs) > 1:
                 first = replace(first, costs=tuple(c for r in recs for c in r.costs))
             best.append(first)
-        best.sort(key=lambda r: r.latency_s)  # stable: ties stay in order of first measurement
+        score = in_turns(checked)
+
+        def rank(r: Record) -> float:
+            return score.get((r.sketch_hash, r.knobs, r.threads), r.latency_s)
+
+        best.sort(key=rank)  # stable: ties stay in order of first measurement
         return best[: int(k)]
 
     def measured_keys(self, workload_key: str, target: str) -> set[tuple]:
