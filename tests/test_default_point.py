@@ -353,13 +353,14 @@ def test_wide_row_tiles_match_numpy(tmp_path, rows):
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
 
 
-def test_few_rows_against_a_large_b_read_it_in_place_8_rows_by_4_vectors(tmp_path):
-    """8 or 16 rows against a 1024 x 1024 B on a 32-register target: B read
-    in place (pack = 1), 8 rows by 4 vectors, thread tiles of 4 vectors of
-    columns. Rows without the packing choice (7, 12), 32 rows, a small B,
-    B in panels and a 16-register target keep the usual default (B packed,
-    pack = 0, where there is the choice: not for B in panels, read in
-    place)."""
+def test_few_rows_against_a_large_b_stream_it_in_tiles_4_vectors_wide(tmp_path):
+    """Up to 16 rows against a 1024 x 1024 B on a 32-register target:
+    register tiles 4 vectors wide, over all the rows up to 8 (the largest
+    row tile offered: 6 at 7 rows), else 6 rows. At 8 or 16 rows, where
+    packing B is a choice, B is read in place (pack = 1) in thread tiles
+    of 4 vectors of columns. 32 rows, a small B, B in panels and a
+    16-register target keep the usual default (B packed, pack = 0, where
+    there is the choice: not for B in panels, read in place)."""
     from conftest import PANELS_MATMUL
 
     zen4 = Target.cpu("znver4", cores=2)
@@ -368,15 +369,18 @@ def test_few_rows_against_a_large_b_read_it_in_place_8_rows_by_4_vectors(tmp_pat
         (sk,) = [s for s in generate_sketches(text, target) if s.name == "cpu-contraction"]
         return dict(default_assignment(sk, threads))
 
-    for m in (8, 16):
+    for m, rows in ((8, 8), (16, 6)):
         for threads in (1, 2):
             a = default(_tasks(workloads.matmul(m, 1024, 1024), tmp_path)[0].mlir, threads=threads)
-            assert (a["pack"], a["r_d0"], a["r_d1"], a["p_d1"], a["p_d0"]) == (1, 8, 64, 64, m), (m, threads, a)
-    for m in (7, 12, 32):
+            assert (a["pack"], a["r_d0"], a["r_d1"], a["p_d1"], a["p_d0"]) == (1, rows, 64, 64, m), (m, threads, a)
+    for m, rows in ((1, 1), (5, 5), (7, 6), (12, 6)):
         a = default(_tasks(workloads.matmul(m, 1024, 1024), tmp_path)[0].mlir)
-        assert a.get("pack", 0) == 0 and a["r_d1"] == 32 and a["p_d1"] == 128, (m, a)
+        assert (a.get("pack", 0), a["r_d0"], a["r_d1"], a["p_d1"]) == (0, rows, 64, 128), (m, a)
+    a = default(_tasks(workloads.matmul(32, 1024, 1024), tmp_path)[0].mlir)
+    assert (a["pack"], a["r_d0"], a["r_d1"], a["p_d1"]) == (0, 12, 32, 128), a
     assert default(_tasks(workloads.matmul(16, 256, 256), tmp_path)[0].mlir)["pack"] == 0
-    assert default(_tasks(workloads.matmul(16, 1024, 1024), tmp_path)[0].mlir, AVX2)["pack"] == 0
+    avx2 = default(_tasks(workloads.matmul(16, 1024, 1024), tmp_path)[0].mlir, AVX2)
+    assert avx2["pack"] == 0 and avx2["r_d1"] != 64, avx2
     panels = default(PANELS_MATMUL.format(m=16, p=128))  # B: 128 x 64 x 32, 256 Ki elements
     assert "pack" not in panels and (panels["r_d0"], panels["p_d1"]) == (12, 4), panels
     # and it computes the product, where the host has the registers for it
@@ -386,12 +390,13 @@ def test_few_rows_against_a_large_b_read_it_in_place_8_rows_by_4_vectors(tmp_pat
 
         from mlir_ansor.search.sketch import select_knobs
 
-        (task,) = _tasks(workloads.matmul(16, 512, 512), tmp_path)
-        (sk,) = [s for s in generate_sketches(task.mlir, host) if s.name == "cpu-contraction"]
-        values = dict(default_assignment(sk, 2))
-        assert values["pack"] == 1 and values["r_d0"] == 8
         rng = np.random.default_rng(0)
-        a, b = rng.standard_normal((16, 512)).astype(np.float32), rng.standard_normal((512, 512)).astype(np.float32)
-        out = np.zeros((16, 512), np.float32)
-        run_schedule(sk.payload, select_knobs(sk.script, values), [a, b, out], tmp_path, threads=2)
-        np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-3)
+        for m, rows in ((16, 6), (7, 6)):
+            (task,) = _tasks(workloads.matmul(m, 512, 512), tmp_path)
+            (sk,) = [s for s in generate_sketches(task.mlir, host) if s.name == "cpu-contraction"]
+            values = dict(default_assignment(sk, 2))
+            assert values.get("pack", 1) == 1 and (values["r_d0"], values["r_d1"]) == (rows, 64), values
+            a, b = rng.standard_normal((m, 512)).astype(np.float32), rng.standard_normal((512, 512)).astype(np.float32)
+            out = np.zeros((m, 512), np.float32)
+            run_schedule(sk.payload, select_knobs(sk.script, values), [a, b, out], tmp_path, threads=2)
+            np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-3)

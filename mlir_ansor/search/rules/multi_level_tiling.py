@@ -425,13 +425,14 @@ class MultiLevelTiling(Rule):
         b_in_panels = b is not None and in_panels(anchor, b, vec, lanes)
         panels = {d: ranges[vec] for d in anchor.operand_dims[b][:-2] if d in anchor.parallel and d != row} if b_in_panels else {}
         wide = ctx.target.vector_registers >= 32 and not is_window
-        few_rows = (
-            wide and reused is not None and not b_in_panels and ranges[row] <= _FEW_ROWS
-            and math.prod(ranges[d] for d in anchor.operand_dims[reused] if d is not None) >= _LARGE_B
+        streams_b = (
+            wide and b is not None and not b_in_panels and row is not None and ranges[row] <= _FEW_ROWS
+            and math.prod(ranges[d] for d in anchor.operand_dims[b] if d is not None) >= _LARGE_B
         )
+        few_rows = streams_b and reused is not None
         prefer = _preferred(
             specs, vec, row, inner_red, lanes, narrow=is_window and reused is not None,
-            wide=wide, panels=panels, few_rows=few_rows,
+            wide=wide, panels=panels, few_rows=few_rows, stream_rows=ranges[row] if streams_b else None,
         )
         # Without the packing alternative (partial rows), B is read in place:
         # a schedule of another size that copied B is a different one
@@ -476,23 +477,33 @@ class MultiLevelTiling(Rule):
 # 64-row thread tiles 298, 302, 151, 294 GFLOP/s; 12 rows and 4 panels 313,
 # 311, 283, 312; with 256-row (192) thread tiles as well 349, 324, 314, 337.
 #
-# A contraction of few rows against a large B (8 or 16 rows: at most 16, in
-# whole tiles of 8, where packing is a choice; B of 256 Ki elements or
-# more, not in panels; 32 registers) spends its time streaming B: it reads
-# B in place (`pack` = 1: a packed copy of B serves only these few rows),
-# in register tiles of 8 rows by 4 vectors (each B load feeds 8 FMAs) and
-# thread tiles of 4 vectors of columns. Timed in turns, GEMM M x 1024 x
-# 1024, Emerald Rapids, the default before (12 or 6 rows by 2 vectors, 128
-# columns, B packed) against this: at 2 threads M = 8 0.223 -> 0.135 ms,
-# M = 16 0.263 -> 0.227; at 1 thread 0.453 -> 0.276 and 0.543 -> 0.393.
-# Not taken: 32 rows (8 x 4 in place lost at 1 thread, 0.755 -> 0.803 ms),
-# and the rows without the choice (1 to 7, 12: B is read in place there
-# already; 4 vectors lost at 4 and 7 rows, 0.086 -> 0.105 and 0.126 ->
-# 0.153 ms at 2 threads, and at 1 row at 1 thread, 0.155 -> 0.234).
+# A contraction of few rows against a large B (at most 16 rows; B of
+# 256 Ki elements or more, not in panels; 32 registers) spends its time
+# streaming B. Its register tiles are 4 vectors wide (each B load feeds
+# every row of the tile), over all its rows up to 8 (the largest row tile
+# offered: 7 rows take 6 and one), else 6 rows (16 rows: 6 + 6 + 4; 8
+# rows by 4 vectors hold 32 accumulators, all of the registers, and
+# spill). Where packing B is a choice (8 or 16 rows, in whole tiles of 8),
+# it reads B in place (`pack` = 1: a packed copy of B serves only these
+# few rows), in thread tiles of 4 vectors of columns. Timed in turns, GEMM
+# M x 1024 x 1024, Emerald Rapids, the default before (12 or 6 rows by 2
+# vectors, 128 columns, B packed) against reading B in place by 8 rows by
+# 4 vectors: at 2 threads M = 8 0.223 -> 0.135 ms, M = 16 0.263 -> 0.227;
+# at 1 thread 0.453 -> 0.276 and 0.543 -> 0.393. Then (session 48, the
+# same host, in turns, 2 threads | 1 thread), against 2 vectors (or 8 rows
+# by 4 at 16 rows): 16 rows by 6 x 4, 0.197 -> 0.165 ms and 0.266 ->
+# 0.237 | 0.349 -> 0.320; 12 rows by 6 x 4, 0.150 -> 0.138 | 0.296 ->
+# 0.255; 7 rows by 6 x 4, 0.124 -> 0.107 | 0.249 -> 0.203; 5 rows by
+# 5 x 4, 0.107 -> 0.074 | 0.199 -> 0.141; 4 rows 0.076 -> 0.071 | 0.161 ->
+# 0.157; 1 row 0.084 -> 0.080 | 0.147 -> 0.144. 8 rows keep 8 x 4 (4 x 4:
+# the same at 2 threads, 9% slower at 1). Not taken: 32 rows (8 x 4 in
+# place lost at 1 thread, 0.755 -> 0.803 ms).
 _PREFER_ROWS, _FALLBACK_ROWS, _PREFER_UNROLL, _PREFER_K = 6, 4, 4, 256
 _PREFER_P_ROWS, _PREFER_P_COLS = 64, 128
 _PREFER_WIDE_ROWS, _PREFER_WIDE_P_ROWS = 12, 256
 _FEW_ROWS, _LARGE_B, _FEW_ROWS_TILE, _FEW_ROWS_VECTORS = 16, 1 << 18, 8, 4
+_STREAM_ROWS = 6
+"""The row register tile of a contraction of 9 to 16 rows that streams B."""
 
 
 def _preferred(
@@ -506,20 +517,23 @@ def _preferred(
     wide: bool = False,
     panels: Mapping[int, int] | None = None,
     few_rows: bool = False,
+    stream_rows: int | None = None,
 ) -> tuple[tuple[str, int], ...]:
     """`wide`: a contraction (not a window op) on a target with 32 vector
     registers; `panels`: the loops over column panels of B, each with the
-    columns one panel holds; `few_rows`: a wide contraction of few rows
-    against a large B, where packing it is a choice (`_FEW_ROWS`)."""
+    columns one panel holds; `stream_rows`: the rows of a wide contraction
+    of few rows against a large B (`_FEW_ROWS`), None for any other;
+    `few_rows`: such a one where packing B is a choice."""
     prefer: dict[str, int] = {}
     for sp in specs:
         kind, _, d = sp.name.partition("_d")
         if sp.name == "pack":
             prefer[sp.name] = int(few_rows)
-        elif few_rows and kind in "rp" and int(d) == vec:
+        elif stream_rows and kind == "r" and int(d) == vec or few_rows and kind == "p" and int(d) == vec:
             prefer[sp.name] = _FEW_ROWS_VECTORS * lanes
-        elif few_rows and kind == "r" and int(d) == row:
-            prefer[sp.name] = _FEW_ROWS_TILE
+        elif stream_rows and kind == "r" and int(d) == row:
+            whole = [o for o in sp.options if o <= min(stream_rows, _FEW_ROWS_TILE)]
+            prefer[sp.name] = max(whole) if stream_rows <= _FEW_ROWS_TILE and whole else _STREAM_ROWS
         elif kind == "r":
             if int(d) == vec:
                 prefer[sp.name] = 2 * lanes
