@@ -506,7 +506,7 @@ def _ranged_functions(text: str, entry: str, dim: Dim, tuned: tuple[int, ...], *
         for size in tuned:
             task = task_at(size)
             carried = task and transferred(d, probe, sketches, target, threads=threads, relatives=1, per_relative=1,
-                                           source_key=task.workload_key)
+                                           source_key=task.workload_key, defaults=False)
             if not carried:
                 continue
             t = carried[0]

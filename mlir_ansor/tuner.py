@@ -151,8 +151,10 @@ class TuneConfig:
     """Schedules of each task re-timed when the search ends (its best ones)."""
     retime_rounds: int = 3
     """Timings more of each of those, taking turns; the pick compares the schedules timed together (`records.database.in_turns`); 0: no re-timing."""
-    retime_default_factor: float = 1.5
-    """The default point is re-timed with them when its timing is within this factor of the best's."""
+    retime_default_factor: float = 2.5
+    """The default point is re-timed with them when its timing is within this factor of the best's (at
+    1.5, a 16-row GEMM's default, timed 0.279 ms first thing in a slow phase, was left out of a set of
+    0.18-0.20 ms schedules; in turns it ran 0.161 ms against the pick's 0.188)."""
 
 
 @dataclass
@@ -820,7 +822,7 @@ class _Batches:
                 continue
             if set(dict(r.best_knobs)) != {k.name for k in their_sketch.knobs}:
                 continue
-            knobs = transfer_knobs(my_sketch, tuple(r.best_knobs), source=their_sketch)
+            knobs = transfer_knobs(my_sketch, tuple(r.best_knobs), source=their_sketch, threads=self.config.threads)
             if knobs is None:
                 continue
             seed = (my_sketch, knobs)

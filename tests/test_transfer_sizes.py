@@ -101,6 +101,24 @@ def test_a_parallel_tile_over_a_whole_loop_stays_whole():
     assert dict(transfer_knobs(sk[104], tuple(knobs.items())))["p_d0"] == 52
 
 
+def test_a_default_point_is_carried_as_the_default_point_of_the_new_size():
+    """A relative's default point, carried with the thread count it was
+    made for, is the rule's choice made again at the new size (16 rows' 6 x
+    4 vectors, in place, becomes 8 rows' 8 x 4); without the thread count,
+    or for another point, its values are carried as they are."""
+    from mlir_ansor.examples import workloads
+
+    zen4 = Target.cpu("znver4", cores=2)
+    sk = {m: generate_sketches(mlir_ansor.extract_tasks(mlir_ansor.load(text=workloads.matmul(m, 1024, 1024)))[0].mlir,
+                               zen4)[0] for m in (8, 16)}
+    mine, theirs = default_assignment(sk[8], 2), default_assignment(sk[16], 2)
+    assert (dict(theirs)["r_d0"], dict(mine)["r_d0"]) == (6, 8)
+    assert transfer_knobs(sk[8], theirs, source=sk[16], threads=2) == mine
+    assert dict(transfer_knobs(sk[8], theirs, source=sk[16]))["r_d0"] == 6
+    other = tuple((k, 2 if k == "u_d2" else v) for k, v in theirs)
+    assert dict(transfer_knobs(sk[8], other, source=sk[16], threads=2))["r_d0"] == 6
+
+
 @pytest.mark.slow
 def test_an_untuned_size_compiles_with_its_tuned_neighbours_schedule(tmp_path):
     """Tuned at M = 64 only: a call at M = 100 compiles the matmul task with

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from mlir_ansor.errors import AnsorError
-from mlir_ansor.search.sketch import Sketch
+from mlir_ansor.search.sketch import Sketch, default_assignment
 from mlir_ansor.search.space import Assignment
 from mlir_ansor.search.strategy.evolutionary import repair
 
@@ -69,7 +69,8 @@ def _unsized(body: str) -> str:
     return "x".join(["?"] * len(dims) + rest)
 
 
-def transfer_knobs(sketch: Sketch, knobs: Sequence[tuple[str, int]], source: Sketch | None = None) -> Assignment | None:
+def transfer_knobs(sketch: Sketch, knobs: Sequence[tuple[str, int]], source: Sketch | None = None,
+                   threads: int | None = None) -> Assignment | None:
     """`knobs` (a relative's assignment of the sketch the same rule made
     for it, `source`) made valid for `sketch`: in sampling order, each value
     kept where `sketch` allows it, else the nearest allowed option (log
@@ -79,8 +80,16 @@ def transfer_knobs(sketch: Sketch, knobs: Sequence[tuple[str, int]], source: Ske
     this one's (one tile over the rows stays one tile: a 64-row GEMM's
     p = 64 carried to 104 rows took 52, the nearest option, and ran two row
     tiles of 52 = 4 x 12 + 4 rows, 0.760 ms, against 0.649 with one; 2
-    threads, Emerald Rapids). None when they share no knob, a value is not
-    an integer, or the result breaks a limit of the target."""
+    threads, Emerald Rapids). The relative's default point
+    (`sketch.default_assignment` at `threads`, where given) becomes this
+    sketch's own: the rule's choice made again for these extents (a
+    16-row GEMM's default, 6 rows by 4 vectors, carried to 8 rows ran
+    0.182 ms, 8 rows' own default, 8 by 4, 0.166; 2 threads, Emerald
+    Rapids). None when they share no knob, a value is not an integer, or
+    the result breaks a limit of the target."""
+    if threads is not None and source is not None and source.prefer and sketch.prefer:
+        if tuple(sorted(knobs)) == tuple(sorted(default_assignment(source, threads))):
+            return default_assignment(sketch, threads)
     names = {k.name for k in sketch.knobs}
     values = {k: v for k, v in knobs if k in names}
     if not values or any(isinstance(v, bool) or not isinstance(v, int) for v in values.values()):
@@ -174,6 +183,7 @@ def transferred(
     relatives: int = 2,
     per_relative: int = 2,
     source_key: str | None = None,
+    defaults: bool = True,
 ) -> list[Transfer]:
     """The best schedules of `task`'s nearest relatives in `database`
     (`relatives` of them, nearest first, `per_relative` each; `source_key`:
@@ -182,8 +192,10 @@ def transferred(
     those `sketch` can make as they are come first (`faithful`: a relative
     tuned at a multiple of 8 rows may have chosen to copy B, which a sketch
     for 333 rows does not offer, unless B is in column panels already,
-    where the copy changes next to nothing); the others follow. Empty when it has
-    none, or none whose schedule fits."""
+    where the copy changes next to nothing); the others follow. A
+    relative's default point becomes the task's own (`transfer_knobs`),
+    unless `defaults` is False (a sketch made at a probe size, not the
+    size it runs at). Empty when it has none, or none whose schedule fits."""
     from mlir_ansor.search.generate import generate_sketches
 
     family = family_key(task.mlir)
@@ -218,7 +230,7 @@ def transferred(
             sk = mine.get(src.name) if src is not None else None
             if sk is None:
                 continue
-            knobs = transfer_knobs(sk, rec.knobs, source=src)
+            knobs = transfer_knobs(sk, rec.knobs, source=src, threads=threads if defaults else None)
             if knobs is None or (sk.hash, knobs) in taken:
                 continue
             taken.add((sk.hash, knobs))
