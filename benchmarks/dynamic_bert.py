@@ -58,6 +58,8 @@ def main() -> int:
     ap.add_argument("--threads", default="1")
     ap.add_argument("--tuned", default="16,64,128,384", help="sequence lengths the module is tuned at")
     ap.add_argument("--at", default="16,64,100,128,384", help="sequence lengths to run at")
+    ap.add_argument("--no-between", action="store_true",
+                    help="tune only the --tuned lengths (tune --no-between), not also the lengths between them")
     ap.add_argument("--flush-caches", choices=("on", "off"), default="on")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--min-time", type=float, default=0.3)
@@ -70,8 +72,9 @@ def main() -> int:
 
     import mlir_ansor
     from mlir_ansor import TuneConfig
+    from mlir_ansor.dispatch import sizes_to_tune
     from mlir_ansor.examples.models import bert_layer, dynamic_shapes
-    from mlir_ansor.graph.dynamic import parse_sizes, specializations
+    from mlir_ansor.graph.dynamic import parse_sizes
     from mlir_ansor.importers.pytorch import import_module
     from mlir_ansor.measure.runner import TimingPolicy, aligned_copy
     from mlir_ansor.target import Target
@@ -97,8 +100,9 @@ def main() -> int:
     tune_s = {}
     for t in _ints(args.threads):
         db = os.path.join(wd, f"bert_dyn_{t}.db")
-        sized, _ = specializations(text, parse_sizes([f"0.1={','.join(map(str, tuned))}"]))
-        config = TuneConfig(trials=args.trials, threads=t, seed=args.seed)
+        sized, _, carry = sizes_to_tune(text, parse_sizes([f"0.1={','.join(map(str, tuned))}"]),
+                                        between=not args.no_between)
+        config = TuneConfig(trials=args.trials, threads=t, seed=args.seed, carry=carry)
         if args.flush_caches == "on":
             config = dataclasses.replace(config, timing=TimingPolicy(flush_caches=True))
         start = time.perf_counter()

@@ -9,7 +9,9 @@ Systems, at each ``--at`` size M and each ``--threads`` count:
 
 - ``dynamic``: mlir-ansor tuned once at ``--tuned`` sizes (``tune --sizes
   0.0=1,16,64,256,1024``: their specializations tuned together, `--trials`
-  measured candidates in all), compiled as one dynamic module
+  measured candidates in all; the powers of two between them, which the
+  library specialises, each measured on its default point and its
+  neighbours' best schedules, within those trials: `TuneConfig.carry`), compiled as one dynamic module
   (`mlir_ansor.compile` returns a `DynamicModule`); a size that was not
   tuned gets the schedule of its nearest tuned size, its knobs carried to
   that size's options (`search.transfer`; the table's "from" column), and
@@ -100,12 +102,13 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def _tune(text: str, db: str, trials: int, threads: int, seed: int) -> float:
+def _tune(text: str, db: str, trials: int, threads: int, seed: int, carry: tuple[str, ...] = ()) -> float:
     import mlir_ansor
     from mlir_ansor import TuneConfig
 
     t0 = time.perf_counter()
-    mlir_ansor.tune(mlir_ansor.load(text=text), config=TuneConfig(trials=trials, threads=threads, seed=seed), db=db)
+    config = TuneConfig(trials=trials, threads=threads, seed=seed, carry=carry)
+    mlir_ansor.tune(mlir_ansor.load(text=text), config=config, db=db)
     return time.perf_counter() - t0
 
 
@@ -125,6 +128,8 @@ def main() -> int:
     ap.add_argument("--threads", default="1")
     ap.add_argument("--at", default="1,7,16,100,333,1024", help="sizes M to run at")
     ap.add_argument("--tuned", default="1,16,64,256,1024", help="sizes M the dynamic module is tuned at")
+    ap.add_argument("--no-between", action="store_true",
+                    help="tune only the --tuned sizes (tune --no-between), not also the sizes between them on carried schedules")
     ap.add_argument("--no-static", action="store_true", help="no static module per size (no per-size tunes)")
     ap.add_argument("--only", default="dynamic,library,static,iree")
     ap.add_argument("--iree-default", action="store_true", help="also IREE with its default flags")
@@ -140,6 +145,7 @@ def main() -> int:
         only.discard("static")
 
     import mlir_ansor
+    from mlir_ansor.dispatch import sizes_to_tune
     from mlir_ansor.graph.dynamic import parse_sizes, specializations
     from mlir_ansor.measure.runner import aligned_copy
     from mlir_ansor.target import Target
@@ -172,8 +178,9 @@ def main() -> int:
         dm = lib = None
         if only & {"dynamic", "library"}:
             db = os.path.join(wd, f"dyn_{t}.db")
-            text, _ = specializations(DYNAMIC, parse_sizes([f"0.0={','.join(map(str, tuned))}"]))
-            tune_s[f"dynamic x{t}"] = _tune(text, db, args.trials, t, args.seed)
+            text, _, carry = sizes_to_tune(DYNAMIC, parse_sizes([f"0.0={','.join(map(str, tuned))}"]),
+                                           between=not args.no_between)
+            tune_s[f"dynamic x{t}"] = _tune(text, db, args.trials, t, args.seed, carry)
             if "dynamic" in only:
                 dm = mlir_ansor.compile(dyn_path, db=db, threads=t)
             if "library" in only:

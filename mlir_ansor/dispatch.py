@@ -103,7 +103,7 @@ from mlir_ansor.passes.lowering import BUFFERIZE
 from mlir_ansor.target import Target
 
 __all__ = ["BLOCK_CALL_ROWS", "PAD_WORK", "Blocks", "Case", "DynamicLibrary", "between_sizes", "build_library", "dynamic_entry",
-           "plan_blocks", "plan_cases", "ranged_cases", "tuned_sizes", "ROWS_PROBE"]
+           "plan_blocks", "plan_cases", "ranged_cases", "sizes_to_tune", "tuned_sizes", "ROWS_PROBE"]
 
 log = logging.getLogger("mlir_ansor")
 
@@ -173,6 +173,29 @@ def between_sizes(values: tuple[int, ...]) -> tuple[int, ...]:
             p *= 2
     return tuple(sorted(out))
 
+
+
+def sizes_to_tune(text: str, sizes: dict[Dim, tuple[int, ...]], func: str | None = None,
+                  between: bool = True) -> tuple[str, list[tuple[str, dict[Dim, int]]], tuple[str, ...]]:
+    """What ``tune --sizes`` tunes: the module with the dynamic function
+    specialised at `sizes` (`graph.dynamic.specializations`) and, with
+    `between`, also at the sizes a library of it specialises besides them
+    (:func:`between_sizes`; where it has one symbol, paddable, and `sizes`
+    names it), after them; its functions and their sizes; and the names
+    of those of the sizes between, whose tasks are measured on carried
+    schedules, not searched (`TuneConfig.carry`)."""
+    extra: tuple[int, ...] = ()
+    if between and len(sizes) == 1:
+        with ir.Context(), ir.Location.unknown():
+            module = ir.Module.parse(text)
+            name = ir.StringAttr(dynamic_function(module, func).attributes["sym_name"]).value
+            groups, padding = symbols_with_padding(module, name)
+        ((dim, values),) = sizes.items()
+        if len(groups) == 1 and padding[0]:
+            extra = tuple(v for v in between_sizes(tuple(values)) if v not in values)
+            sizes = {dim: tuple(values) + extra}
+    sized, made = specializations(text, sizes, func=func)
+    return sized, made, tuple(name for name, values in made if set(values.values()) & set(extra))
 
 BLOCK_CALL_ROWS = 4
 """What one more call of a specialization costs the blocked path, in rows

@@ -137,6 +137,14 @@ class TuneConfig:
     other sizes (`search.transfer`): those of the database when the task has
     no records of its own, and, one per batch, those of the run's other
     sizes (``tune --sizes``: the records of one size seed the next)."""
+    carry: tuple[str, ...] = ()
+    """Functions whose tasks are not searched (``tune --sizes``: the sizes
+    between the named ones, which a library specialises too,
+    `dispatch.between_sizes`). When the search ends, each such task
+    measures its default point and the best schedules of its two nearest
+    relatives at other sizes, carried to its own (`search.transfer`), and
+    the re-timing picks among them in turns. Those measurements come out
+    of `trials` (:data:`CARRIED_PER_TASK` a task, at most a quarter)."""
     evolution: EvolutionConfig = field(default_factory=EvolutionConfig)
     """Settings of the evolutionary strategy (its `max_tries` comes from `max_sample_tries`)."""
     pretrained_model: str | None = None
@@ -373,6 +381,7 @@ class _TaskState:
     kept: list = field(default_factory=list)  # [(latency, Candidate)]: the best built libraries, kept for `_retime`
     default_key: tuple | None = None  # (sketch hash, knobs) of the task's default point (`_default_point`)
     bundle_dir: str = ""  # build-only CUDA: where this task's bundles are kept (`gpu_measure`)
+    carried: bool = False  # not searched: measured on carried schedules (`TuneConfig.carry`, `_carry`)
 
 
 def make_strategy(config: TuneConfig) -> SearchStrategy:
@@ -495,6 +504,8 @@ def tune(
         # kept beside the database, a resumed run makes none again.
         with template_cache(run_cache):
             states = _prepare(tasks, target, config, database, m, keep, prof)
+            for st in states:
+                st.carried = st.task.func_name in config.carry
             run_id = database.add_run(
                 config.seed,
                 target.key,
@@ -510,6 +521,7 @@ def tune(
             )
             t_search = time.perf_counter()
             measured = _search(states, target, config, database, m, on_batch, on_progress, run_id, prof)
+            measured += _carry(states, target, config, database, m, run_id, prof)
             search_s = time.perf_counter() - t_search
         for st in states:
             st.result.search_latency_s = st.result.best_latency_s
@@ -784,13 +796,14 @@ class _Batches:
         self.states = states
         self.config = config
         self.m = m
-        self.left = config.trials
+        carried = {i for i, st in enumerate(states) if st.carried}
+        self.left = config.trials - carry_reserve(states, config)
         # A batch never takes more than an equal share of the budget: with 160
         # trials, 23 tasks and batches of 16, the warm-up (a batch per task)
         # would reach 10 tasks and leave 13 at the default schedule.
-        self.batch = max(1, min(config.batch_size, config.trials // max(1, len(states))))
+        self.batch = max(1, min(config.batch_size, self.left // max(1, len(states) - len(carried))))
         self.batches_given = [0] * len(states)
-        self.exhausted: set[int] = set()
+        self.exhausted: set[int] = carried  # never searched (`TuneConfig.carry`)
         self.counter = 0
         from mlir_ansor.search.registry import make_task_scheduler
 
@@ -992,6 +1005,74 @@ def _search(
             pending[1].cancel()
         if pool is not None:
             pool.shutdown(wait=True)
+    return measured
+
+
+CARRIED_PER_TASK = 3
+"""Schedules a carried task measures (`TuneConfig.carry`): its default
+point and the best of its two nearest relatives."""
+
+
+def carry_reserve(states: list[_TaskState], config: TuneConfig) -> int:
+    """The trials the carried tasks take from the budget (`TuneConfig.carry`)."""
+    n = sum(st.carried for st in states)
+    return min(CARRIED_PER_TASK * n, config.trials // 4) if n and not config.build_only else 0
+
+
+def _carry(states: list[_TaskState], target: Target, config: TuneConfig, database: Database, m: Measurer,
+           run_id: int | None, prof: Profile | None = None) -> int:
+    """Measure each carried task (`TuneConfig.carry`) on its default point
+    and the best schedules of its two nearest relatives (one each; this
+    run's other sizes among them), carried to its own sketches, within the
+    trials `carry_reserve` kept; what a task measured before is not
+    measured again. The re-timing (`_retime`) then times them in turns.
+    A library that dispatches among sizes specialises the sizes between
+    the tuned ones on carried schedules; without this, the nearest
+    relative's was taken unmeasured: a GEMM of 1024 x 1024 weights tuned
+    at 1 and 16 rows ran 8 rows on 16's schedule, 0.175 ms, where 8's own
+    default point ran 0.110 (2 threads, Emerald Rapids). Returns the
+    candidates measured."""
+    left = carry_reserve(states, config)
+    if not left:
+        return 0
+    prof = prof or Profile()
+    versions = _versions(config.seed, run_id)
+    measured = 0
+    for st in states:
+        if not st.carried or left <= 0:
+            continue
+        done = {(r.sketch_hash, tuple(r.knobs)) for r in database.records(st.task.workload_key, target.key)
+                if r.host == m.host and r.threads == config.threads}
+        wanted: list[tuple[Sketch, Assignment]] = []
+        default = _default_point(st.sketches, config.threads)
+        if default is not None:
+            wanted.append(default)
+        for t in transferred(database, st.task, st.sketches, target, threads=config.threads, prefer_host=m.host,
+                             relatives=CARRIED_PER_TASK - 1, per_relative=1):
+            wanted.append((t.sketch, t.knobs))
+        cands = []
+        for sk, knobs in wanted:
+            if (sk.hash, tuple(knobs)) in done or len(cands) >= min(left, CARRIED_PER_TASK):
+                continue
+            done.add((sk.hash, tuple(knobs)))
+            c = Candidate(sk, knobs, st.data_path, so_path=m.path(f"carry{measured + len(cands)}-{st.task.workload_key}{m.suffix}"))
+            c.script = sk.concrete(knobs)
+            cands.append(c)
+        if not cands:
+            continue
+        with prof.phase("build_wait"):
+            builds = m.build(cands)
+        for c, b in zip(cands, builds):
+            with prof.phase("measure"):
+                out = _measure_one(c, b, st, target, config, m)
+            rec = _record(st, c, out, b.elapsed_s, target, config, versions)
+            database.commit_record(rec)
+            _account(st, c, rec)
+            _keep_or_release(st, c, rec, config, m)
+        measured += len(cands)
+        left -= len(cands)
+        r = st.result
+        log.info("%s: carried, %d schedule(s) measured, best %.3g s", st.task.name, len(cands), r.best_latency_s)
     return measured
 
 

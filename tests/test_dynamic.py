@@ -97,6 +97,44 @@ def test_tune_at_sizes_then_run_and_compile_one(tmp_path, capsys):
     assert list((tmp_path / "g.db.cache" / "sized").glob("gemm-*.mlir"))
 
 
+def test_the_sizes_between_are_measured_on_carried_schedules(tmp_path):
+    """`tune --sizes 0.0=1,16` also specialises 2, 4 and 8, the sizes a
+    library specialises between them (`dispatch.sizes_to_tune`), and names
+    their functions for `TuneConfig.carry`: those tasks are not searched;
+    when the search ends each measures its default point and its
+    neighbours' best, carried, within the trials of the run (a quarter at
+    most), and the re-timing times them in turns."""
+    from mlir_ansor.dispatch import sizes_to_tune
+    from mlir_ansor.search.generate import generate_sketches
+    from mlir_ansor.search.sketch import default_assignment
+    from mlir_ansor.target import Target
+    from mlir_ansor.tuner import CARRIED_PER_TASK
+
+    sized, made, carry = sizes_to_tune(GEMM, parse_sizes(["0.0=1,16"]))
+    assert [v[(0, 0)] for _, v in made] == [1, 16, 2, 4, 8]  # the named sizes first
+    assert carry == ("gemm__0_0_2", "gemm__0_0_4", "gemm__0_0_8")
+    assert sizes_to_tune(GEMM, parse_sizes(["0.0=1,16"]), between=False)[2] == ()
+    db = str(tmp_path / "c.db")
+    config = mlir_ansor.TuneConfig(trials=24, batch_size=3, threads=1, carry=carry, retime_rounds=1)
+    result = mlir_ansor.tune(mlir_ansor.load(text=sized), config=config, db=db)
+    trials = {t.task.func_name: t.trials for t in result.tasks if "matmul" in t.task.name}
+    assert sum(trials.values()) <= 24 and result.measured <= 24
+    assert trials["gemm__0_0_1"] > CARRIED_PER_TASK and trials["gemm__0_0_16"] > CARRIED_PER_TASK, trials
+    # 24 trials keep 6 for the carried tasks, 3 at most each (fewer where a
+    # neighbour's best, carried, is the default point or the other's)
+    carried = [trials[f"gemm__0_0_{m}"] for m in (2, 4, 8)]
+    assert sum(carried) <= 6 and max(carried) <= CARRIED_PER_TASK and carried[0] >= 1, trials
+    target = Target.host()
+    (two,) = [t.task for t in result.tasks if t.task.func_name == "gemm__0_0_2" and "matmul" in t.task.name]
+    sketch = generate_sketches(two.mlir, target)[0]
+    with Database(db) as d:
+        recs = [r for r in d.records(two.workload_key, target.key) if not r.retime]
+        assert len(recs) == carried[0] and all(r.valid for r in recs)
+        assert len({(r.sketch_hash, r.knobs) for r in recs}) == len(recs)
+        assert tuple(recs[0].knobs) == tuple(default_assignment(sketch, 1))  # the default point first
+        assert d.best(two.workload_key, target.key)  # and the re-timing ranked them
+
+
 def test_compile_of_a_dynamic_module_runs_any_size():
     """`compile` returns a DynamicModule: each new size compiles its
     specialization once, and a call at shapes seen before goes straight to

@@ -90,6 +90,10 @@ def _parser() -> argparse.ArgumentParser:
                         "a task whose buffers would not fit is refused before anything is allocated")
     t.add_argument("--batch-size", type=_positive(int), default=16, help="candidates built before measuring")
     t.add_argument("--func", default=None, help="tune only this function")
+    t.add_argument("--no-between", action="store_true",
+                   help="with --sizes: do not also measure the sizes between those given that a library of the "
+                        "function specialises (the powers of two between sizes more than twice apart), each on its "
+                        "default point and its neighbours' best schedules (TuneConfig.carry)")
     t.add_argument("--sizes", action="append", default=[], metavar="ARG.DIM=V1,V2,...",
                    help="sizes of a dynamic dimension (argument ARG's dimension DIM, 0-based), for example "
                         "0.0=1,16,64, or 0.0=..N for a spread up to N (the powers of 4 below N, and N): the "
@@ -298,13 +302,21 @@ def _fmt_s(x: float | None) -> str:
 
 
 def _sized(args: argparse.Namespace, source: str, one: bool) -> str:
+    return _sized_carried(args, source, one)[0]
+
+
+def _sized_carried(args: argparse.Namespace, source: str, one: bool) -> tuple[str, tuple[str, ...]]:
     """`source`, or with ``--sizes`` a file of its static specializations
     (`graph.dynamic.specializations`; `one`: a single size per dimension,
     the function keeping its name). The file is named by its text's digest
     in a ``sized`` folder of the compile cache (``DB.cache``), so that a
-    second run of the same sizes finds its compiles cached."""
+    second run of the same sizes finds its compiles cached. For tune (not
+    `one`), the file also holds the sizes between those named that a
+    library specialises (`dispatch.sizes_to_tune`, unless
+    ``--no-between``); their functions' names come second, for
+    `TuneConfig.carry`."""
     if not args.sizes:
-        return source
+        return source, ()
     import hashlib
 
     from mlir_ansor.graph.dynamic import parse_sizes, size_label, specializations
@@ -316,7 +328,13 @@ def _sized(args: argparse.Namespace, source: str, one: bool) -> str:
     program = load_any(source)
     with program.context:
         text = str(program.module)
-    sized, made = specializations(text, sizes, func=args.func, keep_name=one)
+    carried: tuple[str, ...] = ()
+    if one:
+        sized, made = specializations(text, sizes, func=args.func, keep_name=one)
+    else:
+        from mlir_ansor.dispatch import sizes_to_tune
+
+        sized, made, carried = sizes_to_tune(text, sizes, func=args.func, between=not getattr(args, "no_between", False))
     digest = hashlib.sha256(sized.encode()).hexdigest()[:16]
     folder = os.path.join(getattr(args, "cache_dir", None) or (args.db + ".cache"), "sized")
     os.makedirs(folder, exist_ok=True)
@@ -327,9 +345,9 @@ def _sized(args: argparse.Namespace, source: str, one: bool) -> str:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(sized)
         os.replace(tmp, path)
-    labels = "; ".join(f"@{name} ({size_label(vals)})" for name, vals in made)
+    labels = "; ".join(f"@{name} ({size_label(vals)}{', carried' if name in carried else ''})" for name, vals in made)
     logging.getLogger("mlir_ansor").info("--sizes: %s, in %s", labels, path)
-    return path
+    return path, carried
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
@@ -341,8 +359,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     executor = parse_executor(args.executor)
     target = Target.parse(args.target)
-    source = _sized(args, args.input or _example_path(), one=False)
-    config = dataclasses.replace(config_from_args(args, TuneConfig), executor=executor)
+    source, carried = _sized_carried(args, args.input or _example_path(), one=False)
+    config = dataclasses.replace(config_from_args(args, TuneConfig), executor=executor, carry=carried)
     from mlir_ansor.tools.progress import ProgressDisplay
 
     if args.progress == "none":
