@@ -174,7 +174,6 @@ def between_sizes(values: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-
 def sizes_to_tune(text: str, sizes: dict[Dim, tuple[int, ...]], func: str | None = None,
                   between: bool = True) -> tuple[str, list[tuple[str, dict[Dim, int]]], tuple[str, ...]]:
     """What ``tune --sizes`` tunes: the module with the dynamic function
@@ -196,6 +195,7 @@ def sizes_to_tune(text: str, sizes: dict[Dim, tuple[int, ...]], func: str | None
             sizes = {dim: tuple(values) + extra}
     sized, made = specializations(text, sizes, func=func)
     return sized, made, tuple(name for name, values in made if set(values.values()) & set(extra))
+
 
 BLOCK_CALL_ROWS = 4
 """What one more call of a specialization costs the blocked path, in rows

@@ -969,15 +969,9 @@ def _search(
             pending = start(next_batch()) if all(s.strategy.prefetch_ok for s in states) else None
             outcomes: list[MeasuredCandidate] = []
             for c, b in zip(cands, builds):
-                with prof.phase("measure"):
-                    out = _measure_one(c, b, st, target, config, m)
-                with prof.phase("record"):
-                    rec = _record(st, c, out, b.elapsed_s, target, config, versions)
-                    database.commit_record(rec)
+                rec = _measure_and_record(st, c, b, target, config, database, m, versions, prof)
                 measured += 1
-                _account(st, c, rec)
                 outcomes.append(MeasuredCandidate(c.sketch, c.knobs, rec.costs, rec.error_kind))
-                _keep_or_release(st, c, rec, config, m)
             with prof.phase("learn"):
                 st.strategy.notify_results(outcomes)
             if pending is None:
@@ -1006,6 +1000,21 @@ def _search(
         if pool is not None:
             pool.shutdown(wait=True)
     return measured
+
+
+def _measure_and_record(st: _TaskState, c: Candidate, b: JobResult, target: Target, config: TuneConfig,
+                        database: Database, m: Measurer, versions: str, prof: Profile) -> Record:
+    """Measure a built candidate of `st` (`_measure_one`), commit its record,
+    count it in the task's result, and keep its library for the re-timing
+    or release it (`_keep_or_release`); returns the record."""
+    with prof.phase("measure"):
+        out = _measure_one(c, b, st, target, config, m)
+    with prof.phase("record"):
+        rec = _record(st, c, out, b.elapsed_s, target, config, versions)
+        database.commit_record(rec)
+    _account(st, c, rec)
+    _keep_or_release(st, c, rec, config, m)
+    return rec
 
 
 CARRIED_PER_TASK = 3
@@ -1063,12 +1072,7 @@ def _carry(states: list[_TaskState], target: Target, config: TuneConfig, databas
         with prof.phase("build_wait"):
             builds = m.build(cands)
         for c, b in zip(cands, builds):
-            with prof.phase("measure"):
-                out = _measure_one(c, b, st, target, config, m)
-            rec = _record(st, c, out, b.elapsed_s, target, config, versions)
-            database.commit_record(rec)
-            _account(st, c, rec)
-            _keep_or_release(st, c, rec, config, m)
+            _measure_and_record(st, c, b, target, config, database, m, versions, prof)
         measured += len(cands)
         left -= len(cands)
         r = st.result

@@ -502,7 +502,6 @@ def _inspect_existing(path: str) -> None:
         )
 
 
-
 def in_turns(records: Iterable[Record]) -> dict[tuple, float]:
     """The latency of each re-timed schedule (``(sketch_hash, knobs,
     threads)`` -> seconds) as its re-timings taken in turns say, for
@@ -539,6 +538,7 @@ def in_turns(records: Iterable[Record]) -> dict[tuple, float]:
         for key, m in median.items():
             score[key] = m * scale
     return score
+
 
 class Database:
     """The tuning records of one or more workloads and targets.

@@ -330,11 +330,11 @@ def _sized_carried(args: argparse.Namespace, source: str, one: bool) -> tuple[st
         text = str(program.module)
     carried: tuple[str, ...] = ()
     if one:
-        sized, made = specializations(text, sizes, func=args.func, keep_name=one)
+        sized, made = specializations(text, sizes, func=args.func, keep_name=True)
     else:
         from mlir_ansor.dispatch import sizes_to_tune
 
-        sized, made, carried = sizes_to_tune(text, sizes, func=args.func, between=not getattr(args, "no_between", False))
+        sized, made, carried = sizes_to_tune(text, sizes, func=args.func, between=not args.no_between)
     digest = hashlib.sha256(sized.encode()).hexdigest()[:16]
     folder = os.path.join(getattr(args, "cache_dir", None) or (args.db + ".cache"), "sized")
     os.makedirs(folder, exist_ok=True)

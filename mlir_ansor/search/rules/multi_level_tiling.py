@@ -532,7 +532,7 @@ def _preferred(
         elif stream_rows and kind == "r" and int(d) == vec or few_rows and kind == "p" and int(d) == vec:
             prefer[sp.name] = _FEW_ROWS_VECTORS * lanes
         elif stream_rows and kind == "r" and int(d) == row:
-            whole = [o for o in sp.options if o <= min(stream_rows, _FEW_ROWS_TILE)]
+            whole = [o for o in sp.options if o <= stream_rows]
             prefer[sp.name] = max(whole) if stream_rows <= _FEW_ROWS_TILE and whole else _STREAM_ROWS
         elif kind == "r":
             if int(d) == vec:
