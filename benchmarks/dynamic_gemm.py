@@ -16,7 +16,8 @@ Systems, at each ``--at`` size M and each ``--threads`` count:
   tuned gets the schedule of its nearest tuned size, its knobs carried to
   that size's options (`search.transfer`; the table's "from" column), and
   runs padded to a multiple of 8 rows where that costs at most 15% more
-  work (``@336``: 333 rows run as 336);
+  work and makes more than 16 rows (``@336``: 333 rows run as 336; 7
+  rows run as they are);
 - ``library``: the same tuned sizes as one library that dispatches in
   MLIR (`mlir_ansor.build_library`, the sizes found from the records, and
   the powers of two between them): exact sizes run their specialization,
