@@ -33,9 +33,13 @@ Systems, at each ``--at`` size M and each ``--threads`` count:
   ``--iree-default``, its default flags;
 
 Every system's output is checked against numpy in float64 first. The
-systems of a size are timed in turns (`timing.interleaved_medians` for the
-in-process ones, IREE's `iree-benchmark-module` between rounds). Ratios are
-of throughput (> 1: ours is faster). Ours are timed as called
+systems of a size are timed in turns, `--rounds` rounds (`timing.median_time`
+for the in-process ones, IREE's `iree-benchmark-module` between them). A
+ratio is the median over the rounds of the two systems' times in the same
+round: this VM's speed moves by 1.3-1.5x within seconds, and a ratio of
+each system's median over all rounds let one round's phase decide it
+(7 rows: 1.54 from 5 rounds, 1.15 from 13 in turns right after). Ratios to
+IREE are of throughput (> 1: ours is faster). Ours are timed as called
 (``f(a, b)``: outputs allocated, padding copied), IREE by its benchmark tool. Targets: dynamic within 15% of static
 (dynamic/static latency <= 1.15) and >= 1.2x IREE, at every size.
 
@@ -82,10 +86,13 @@ class Row:
     threads: int
     ms: dict[str, float] = field(default_factory=dict)
     err: dict[str, float] = field(default_factory=dict)
+    ratio: dict[str, float] = field(default_factory=dict)
+    """Latency ratios ("dynamic/static", "library/static", "iree-best/dynamic"): each the median over
+    the rounds of the two systems' times in that round."""
     source: str = ""
+    """How the dynamic module scheduled the matmul at this M: tuned, or transferred (from which size)."""
     path: str = ""
     """The library's dispatch at this M: exact, padded, blocked or generic."""
-    """How the dynamic module scheduled the matmul at this M: tuned, or transferred (from which size)."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -135,7 +142,7 @@ def main() -> int:
     ap.add_argument("--only", default="dynamic,library,static,iree")
     ap.add_argument("--iree-default", action="store_true", help="also IREE with its default flags")
     ap.add_argument("--iree-python", default=DEFAULT_IREE_PYTHON)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--min-time", type=float, default=0.3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="FILE")
@@ -230,6 +237,10 @@ def main() -> int:
                         if isinstance(v, float):
                             per[f"iree-{fs}"].append(v)
             row.ms = {k: 1e3 * statistics.median(v) for k, v in per.items() if v}
+            for num, den in (("dynamic", "static"), ("library", "static"), ("iree-best", "dynamic")):
+                if per.get(num) and per.get(den):  # (a round IREE failed in: the medians' ratio)
+                    pairs = [x / y for x, y in zip(per[num], per[den])] if len(per[num]) == len(per[den]) else []
+                    row.ratio[f"{num}/{den}"] = statistics.median(pairs) if pairs else row.ms[num] / row.ms[den]
             print(f"M={m} x{t}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in row.ms.items()) + f" ({row.source})",
                   file=sys.stderr, flush=True)
         if dm is not None:
@@ -252,9 +263,7 @@ def main() -> int:
         def f(x, w=9, p=3):
             return f"{x:{w}.{p}f}" if x is not None else f"{'-':>{w}}"
 
-        slow = d / s if d and s else None
-        lib_slow = lb / s if lb and s else None
-        vs_iree = i / d if d and i else None
+        slow, lib_slow, vs_iree = (r.ratio.get(k) for k in ("dynamic/static", "library/static", "iree-best/dynamic"))
         print(f"{r.m:>5} {r.threads:>3} {f(d, 10)} {r.source:>14} {f(lb, 10)} {r.path or '-':>7} {f(s)} {f(slow, 10, 2)} "
               f"{f(lib_slow, 6, 2)} {f(i, 8)} {f(vs_iree, 6, 2)}  "
               f"{max(r.err.values()) if r.err else float('nan'):.1e}")
