@@ -36,10 +36,8 @@ Every system's output is checked against numpy in float64 first. The
 systems of a size are timed in turns, `--rounds` rounds (`timing.median_time`
 for the in-process ones, IREE's `iree-benchmark-module` between them). A
 ratio is the median over the rounds of the two systems' times in the same
-round: this VM's speed moves by 1.3-1.5x within seconds, and a ratio of
-each system's median over all rounds let one round's phase decide it
-(7 rows: 1.54 from 5 rounds, 1.15 from 13 in turns right after). Ratios to
-IREE are of throughput (> 1: ours is faster). Ours are timed as called
+round (`timing.paired_ratio` says why). Ratios to IREE are of throughput
+(> 1: ours is faster). Ours are timed as called
 (``f(a, b)``: outputs allocated, padding copied), IREE by its benchmark tool. Targets: dynamic within 15% of static
 (dynamic/static latency <= 1.15) and >= 1.2x IREE, at every size.
 
@@ -64,7 +62,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from iree_peer import DEFAULT_IREE_PYTHON, Iree  # noqa: E402
-from timing import median_time  # noqa: E402
+from timing import median_time, paired_ratio  # noqa: E402
 
 K = N = 1024
 
@@ -239,8 +237,8 @@ def main() -> int:
             row.ms = {k: 1e3 * statistics.median(v) for k, v in per.items() if v}
             for num, den in (("dynamic", "static"), ("library", "static"), ("iree-best", "dynamic")):
                 if per.get(num) and per.get(den):  # (a round IREE failed in: the medians' ratio)
-                    pairs = [x / y for x, y in zip(per[num], per[den])] if len(per[num]) == len(per[den]) else []
-                    row.ratio[f"{num}/{den}"] = statistics.median(pairs) if pairs else row.ms[num] / row.ms[den]
+                    same = len(per[num]) == len(per[den])
+                    row.ratio[f"{num}/{den}"] = paired_ratio(per[num], per[den]) if same else row.ms[num] / row.ms[den]
             print(f"M={m} x{t}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in row.ms.items()) + f" ({row.source})",
                   file=sys.stderr, flush=True)
         if dm is not None:

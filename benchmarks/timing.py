@@ -67,8 +67,34 @@ def interleaved_medians(
     right after a 0.3 s sleep ran 3.5-6.9 ms where it ran 2.9 ms back to
     back (DIL, one thread).
     """
+    per = interleaved_times(fns, rounds, min_time, min_repeat, warmup_s)
+    return {name: statistics.median(ts) for name, ts in per.items()}
+
+
+def interleaved_times(
+    fns: dict[str, Callable[[], object]],
+    rounds: int = 5,
+    min_time: float = 0.5,
+    min_repeat: int = 3,
+    warmup_s: float = 0.3,
+) -> dict[str, list[float]]:
+    """Each of `fns`' round medians (s), timed in turns as
+    :func:`interleaved_medians` times them: one entry per round, for
+    :func:`paired_ratio`."""
     per: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             per[name].append(median_time(fn, min_time=min_time, min_repeat=min_repeat, warmup_s=warmup_s))
-    return {name: statistics.median(ts) for name, ts in per.items()}
+    return per
+
+
+def paired_ratio(num: list[float], den: list[float]) -> float:
+    """The median over rounds of ``num[i] / den[i]``: two systems' times
+    taken in the same round, in turns. On these VMs the speed moves by
+    1.3-1.5x within seconds; the ratio of each system's median over all
+    rounds lets the phase of one round decide it, the ratio within each
+    round does not (a 7-row GEMM against its static module read 1.54 from
+    5 rounds' medians, 1.10-1.15 from 13 rounds' ratios)."""
+    if not num or len(num) != len(den):
+        raise ValueError(f"paired_ratio: {len(num)} and {len(den)} rounds")
+    return statistics.median(x / y for x, y in zip(num, den))
