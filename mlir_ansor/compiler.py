@@ -1165,9 +1165,9 @@ class DynamicModule:
     thread, `benchmarks/dynamic_gemm.py`). ``pad=False`` turns it off.
 
     Extents that would pad to :data:`PAD_FROM` or fewer run as they are:
-    there the register tiles span all the rows anyway (the few-row rule
-    offers tiles of every row count), the kernel's time is the other
-    operand's stream, and the copies only add to it. 7 and 15 rows of the
+    there a kernel's time is mostly the other operand's stream (B of a
+    GEMM is read once, whatever the rows), whole register tiles gain
+    little, and the copies cost more than that. 7 and 15 rows of the
     M x 1024 . 1024 x 1024 GEMM ran 11% faster exact than padded to 8 and
     16 at 2 threads (16-20% with the same rows at every call), 4-6% at 1
     (Emerald Rapids, the caller writing its rows before each call, timed
