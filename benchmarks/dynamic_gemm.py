@@ -14,10 +14,10 @@ Systems, at each ``--at`` size M and each ``--threads`` count:
   neighbours' best schedules, within those trials: `TuneConfig.carry`), compiled as one dynamic module
   (`mlir_ansor.compile` returns a `DynamicModule`); a size that was not
   tuned gets the schedule of its nearest tuned size, its knobs carried to
-  that size's options (`search.transfer`; the table's "from" column), and
-  runs padded to a multiple of 8 rows where that costs at most 15% more
-  work and makes more than 16 rows (``@336``: 333 rows run as 336; 7
-  rows run as they are);
+  that size's options (`search.transfer`, the relative's fastest record;
+  the table's "from" column), and runs on its own rows (the dynamic
+  module pads only with ``pad=True``: ``@336`` would say 333 rows ran as
+  336);
 - ``library``: the same tuned sizes as one library that dispatches in
   MLIR (`mlir_ansor.build_library`, the sizes found from the records, and
   the powers of two between them): exact sizes run their specialization,

@@ -1153,36 +1153,36 @@ class DynamicModule:
     the schedule of its nearest tuned size (`search.transfer`), else the
     default schedules.
 
-    A size that is not a multiple of :data:`PAD_TO` and was not tuned
-    itself runs padded, where the function allows it (`graph.dynamic.
-    paddable`: a GEMM's rows, not a sequence that attention reduces over)
-    and it costs at most :data:`PAD_WORK` more work: the inputs are copied
-    into zero-padded arrays, the specialization of the padded size runs,
-    and each result is its first rows. Schedules for whole register tiles
-    (and the packing alternatives that only they have) then apply: the
-    333 x 1024 x 1024 GEMM with the schedule of 256 rows ran in 1.8x the
-    time of a module tuned at 333 as 333, and 1.04x as 336 (Zen 5, 1
-    thread, `benchmarks/dynamic_gemm.py`). ``pad=False`` turns it off.
-
-    Extents that would pad to :data:`PAD_FROM` or fewer run as they are:
-    there a kernel's time is mostly the other operand's stream (B of a
-    GEMM is read once, whatever the rows), whole register tiles gain
-    little, and the copies cost more than that. 7 and 15 rows of the
-    M x 1024 . 1024 x 1024 GEMM ran 11% faster exact than padded to 8 and
-    16 at 2 threads (16-20% with the same rows at every call), 4-6% at 1
-    (Emerald Rapids, the caller writing its rows before each call, timed
-    in turns)."""
+    A size nobody tuned runs as it is. ``pad=True`` runs such a size that
+    is not a multiple of :data:`PAD_TO` padded instead, where the function
+    allows it (`graph.dynamic.paddable`: a GEMM's rows, not a sequence that
+    attention reduces over), it costs at most :data:`PAD_WORK` more work
+    and it pads to more than :data:`PAD_FROM`: the inputs are copied into
+    zero-padded arrays, the specialization of the padded size runs, and
+    each result is its first rows. It is off by default: the schedule a
+    size between tuned ones takes from its neighbour (`search.transfer`,
+    fastest record first) runs as well on the exact rows, and the padding
+    costs two copies and rows the other core finds dirty in the caller's
+    cache. With a 200-trial tune at 1, 16, 64, 256 and 1024 rows of the
+    M x 1024 . 1024 x 1024 GEMM, the caller writing its rows before each
+    call, exact over padded was 0.88, 0.95 and 1.00 at 30, 100 and 333 rows
+    at 2 threads, and 0.87, 0.96 and 0.99 at 1 (Emerald Rapids, 9 rounds
+    in turns). Before the transfer took a relative's fastest record, the
+    exact 333 rows had run 1.8x a module tuned at 333, padded 1.04x (Zen
+    5, 1 thread)."""
 
     PAD_TO = 8
     """Padded sizes are multiples of this (the register tiles' rows)."""
     PAD_WORK = 1.15
     """The most a padded size may exceed the size it stands for, as a ratio."""
     PAD_FROM = 16
-    """Extents that would pad to this many or fewer are not padded."""
+    """Extents that would pad to this many or fewer are not padded (with
+    ``pad=True``): 7 and 15 rows of the GEMM above ran 11% faster exact
+    than padded to 8 and 16 at 2 threads, 4-6% at 1."""
     SHAPES_KEPT = 256
     """Argument shapes whose specialization a call finds without checking them again."""
 
-    def __init__(self, program: Program, *, entry: str | None, pad: bool = True, **options) -> None:
+    def __init__(self, program: Program, *, entry: str | None, pad: bool = False, **options) -> None:
         from mlir_ansor.graph.dynamic import dynamic_function, symbols_with_padding
 
         with program.context:

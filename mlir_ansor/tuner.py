@@ -141,8 +141,8 @@ class TuneConfig:
     """Functions whose tasks are not searched (``tune --sizes``: the sizes
     between the named ones, which a library specialises too,
     `dispatch.between_sizes`). When the search ends, each such task
-    measures its default point and the best schedules of its two nearest
-    relatives at other sizes, carried to its own (`search.transfer`), and
+    measures its default point and the best schedule of each searched
+    size, carried to its own (`search.transfer`), and
     the re-timing picks among them in turns. Those measurements come out
     of `trials` (:data:`CARRIED_PER_TASK` a task, at most a quarter)."""
     evolution: EvolutionConfig = field(default_factory=EvolutionConfig)
@@ -1017,9 +1017,16 @@ def _measure_and_record(st: _TaskState, c: Candidate, b: JobResult, target: Targ
     return rec
 
 
-CARRIED_PER_TASK = 3
-"""Schedules a carried task measures (`TuneConfig.carry`): its default
-point and the best of its two nearest relatives."""
+CARRIED_PER_TASK = 5
+"""Schedules a carried task measures at most (`TuneConfig.carry`): its
+default point and the best of each size this run searched, nearest first,
+those that carry over to the same schedule counted once. Not only the
+two nearest: a GEMM of 1024 x 1024 weights tuned at 1, 16, 64, 256 and
+1024 rows (2 threads, 200 trials) specialised 128 rows between them; 64's
+and 256's bests were its default point or near it, and the default won.
+16's best (6 x 64 registers, B read in place), which it never measured,
+ran 128 rows 12% faster in that phase of the machine (Emerald Rapids,
+timed in turns)."""
 
 
 def carry_reserve(states: list[_TaskState], config: TuneConfig) -> int:
@@ -1031,10 +1038,12 @@ def carry_reserve(states: list[_TaskState], config: TuneConfig) -> int:
 def _carry(states: list[_TaskState], target: Target, config: TuneConfig, database: Database, m: Measurer,
            run_id: int | None, prof: Profile | None = None) -> int:
     """Measure each carried task (`TuneConfig.carry`) on its default point
-    and the best schedules of its two nearest relatives (one each; this
-    run's other sizes among them), carried to its own sketches, within the
-    trials `carry_reserve` kept; what a task measured before is not
-    measured again. The re-timing (`_retime`) then times them in turns.
+    and the best schedule of each size this run searched (nearest first,
+    then the two nearest relatives in the database beside them), carried
+    to its own sketches, :data:`CARRIED_PER_TASK` at most, within the
+    trials `carry_reserve` kept; what a task measured before, or a
+    schedule that carries over to one already taken, is not measured
+    again. The re-timing (`_retime`) then times them in turns.
     A library that dispatches among sizes specialises the sizes between
     the tuned ones on carried schedules; without this, the nearest
     relative's was taken unmeasured: a GEMM of 1024 x 1024 weights tuned
@@ -1046,6 +1055,7 @@ def _carry(states: list[_TaskState], target: Target, config: TuneConfig, databas
         return 0
     prof = prof or Profile()
     versions = _versions(config.seed, run_id)
+    searched = {st.task.workload_key for st in states if not st.carried}
     measured = 0
     for st in states:
         if not st.carried or left <= 0:
@@ -1056,9 +1066,10 @@ def _carry(states: list[_TaskState], target: Target, config: TuneConfig, databas
         default = _default_point(st.sketches, config.threads)
         if default is not None:
             wanted.append(default)
-        for t in transferred(database, st.task, st.sketches, target, threads=config.threads, prefer_host=m.host,
-                             relatives=CARRIED_PER_TASK - 1, per_relative=1):
-            wanted.append((t.sketch, t.knobs))
+        for sources in (searched, None):
+            for t in transferred(database, st.task, st.sketches, target, threads=config.threads, prefer_host=m.host,
+                                 relatives=len(searched) if sources else 2, per_relative=1, sources=sources):
+                wanted.append((t.sketch, t.knobs))
         cands = []
         for sk, knobs in wanted:
             if (sk.hash, tuple(knobs)) in done or len(cands) >= min(left, CARRIED_PER_TASK):

@@ -190,11 +190,12 @@ def test_only_dimensions_every_op_keeps_apart_are_paddable():
         assert paddable(ir.Module.parse(sliced)) == [False]  # a slice could move rows
 
 
-def test_untuned_odd_sizes_run_padded_and_give_the_exact_rows():
-    """A size that is not a multiple of 8 runs at the next one (at most 15%
-    more rows, more than 16), on zero-padded inputs, and returns its own
-    rows; a column sum is never padded; pad=False turns it off."""
-    dm = mlir_ansor.compile(mlir_ansor.load(text=GEMM))
+def test_untuned_odd_sizes_run_padded_on_request_and_give_the_exact_rows():
+    """Untuned sizes run as they are (`compile`); with pad=True, a size
+    that is not a multiple of 8 runs at the next one (at most 15% more
+    rows, more than 16), on zero-padded inputs, and returns its own rows;
+    a column sum is never padded."""
+    dm = mlir_ansor.compiler.DynamicModule(mlir_ansor.load(text=GEMM), entry=None, pad=True)
     rng = np.random.default_rng(1)
     b = rng.standard_normal((32, 16)).astype(np.float32)
     for m, padded in ((30, 32), (100, 104), (7, None), (15, None), (3, None), (16, None)):
@@ -205,12 +206,12 @@ def test_untuned_odd_sizes_run_padded_and_give_the_exact_rows():
         assert dm.padded_sizes(a, b) == ({(0, 0): padded} if padded else None)
     assert {(0, 0): 104} in dm.sizes and {(0, 0): 100} not in dm.sizes and {(0, 0): 7} in dm.sizes
     dm.close()
-    exact = mlir_ansor.compiler.DynamicModule(mlir_ansor.load(text=GEMM), entry=None, pad=False)
+    exact = mlir_ansor.compile(mlir_ansor.load(text=GEMM))
     a = rng.standard_normal((30, 32)).astype(np.float32)
     np.testing.assert_allclose(exact(a, b), np.maximum(a @ b, 0), rtol=1e-4, atol=1e-4)
     assert exact.padded_sizes(a, b) is None and exact.sizes == [{(0, 0): 30}]
     exact.close()
-    cs = mlir_ansor.compile(mlir_ansor.load(text=COLUMN_SUM))
+    cs = mlir_ansor.compiler.DynamicModule(mlir_ansor.load(text=COLUMN_SUM), entry=None, pad=True)
     a = rng.standard_normal((7, 32)).astype(np.float32)
     np.testing.assert_allclose(cs(a), a.sum(axis=0), rtol=1e-4, atol=1e-4)
     assert cs.padded_sizes(a) is None

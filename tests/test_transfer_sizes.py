@@ -133,7 +133,7 @@ def test_an_untuned_size_compiles_with_its_tuned_neighbours_schedule(tmp_path):
     with Database(db) as d:
         ts = transferred(d, task, sketches, target, threads=1, prefer_host=target.model)
         assert ts and all(t.sketch.knob_problem(t.knobs) is None and "64x16x32" in t.source for t in ts)
-    dm = DynamicModule(mlir_ansor.load(text=GEMM), entry=None, db=db, pad=False)  # 100 as 100
+    dm = mlir_ansor.compile(mlir_ansor.load(text=GEMM), db=db)  # 100 as 100
     rng = np.random.default_rng(0)
     a = rng.standard_normal((100, 32)).astype(np.float32)
     b = rng.standard_normal((32, 16)).astype(np.float32)
@@ -145,8 +145,8 @@ def test_an_untuned_size_compiles_with_its_tuned_neighbours_schedule(tmp_path):
     (own,) = [p for p in dm.specialization(a64, b).kernels if "matmul" in p.task.name]
     assert own.source == "tuned"
     dm.close()
-    # Padded (the default), 100 rows run as 104, carried from 64 too.
-    padded = mlir_ansor.compile(mlir_ansor.load(text=GEMM), db=db)
+    # Padded (on request), 100 rows run as 104, carried from 64 too.
+    padded = DynamicModule(mlir_ansor.load(text=GEMM), entry=None, db=db, pad=True)
     np.testing.assert_allclose(padded(a, b), np.maximum(a @ b, 0), rtol=1e-4, atol=1e-4)
     assert padded.padded_sizes(a, b) == {(0, 0): 104}
     (plan,) = [p for p in padded.specialization(a, b).kernels if "matmul" in p.task.name]
@@ -176,23 +176,36 @@ def test_the_sizes_of_one_run_seed_each_other():
     assert not _siblings(states, same_knobs=False, relatives=False)
 
 
-def test_a_relative_that_chose_what_the_new_sketch_cannot_comes_last():
+def test_a_relatives_fastest_record_comes_first_even_where_it_copied_b(tmp_path):
     """At 100 rows (not a multiple of 8), cpu-contraction has no packing
     alternative: it reads B in place, "pack" 1 (`Sketch.implied`). A
     schedule of 64 rows that copied B (128 columns, wider than a register
-    tile) is not one it can make as it is."""
+    tile) is not one it can make as it is (`faithful`), but its other
+    knobs carry: the relative's fastest record comes first, read in place
+    (256 rows' 12 x 32 copying B ran 333 rows in place as fast as 333's
+    own best; the fastest record 333 could make as it was, 1.14-1.18x)."""
+    from mlir_ansor.records import Record
     from mlir_ansor.search.transfer import faithful
 
     target = Target.host()
-    (sk100,) = [s for s in generate_sketches(_task(100, n=128).mlir, target) if s.name == "cpu-contraction"]
-    (sk64,) = [s for s in generate_sketches(_task(64, n=128).mlir, target) if s.name == "cpu-contraction"]
+    t64, t100 = _task(64, n=128), _task(100, n=128)
+    (sk100,) = [s for s in generate_sketches(t100.mlir, target) if s.name == "cpu-contraction"]
+    (sk64,) = [s for s in generate_sketches(t64.mlir, target) if s.name == "cpu-contraction"]
     assert dict(sk100.implied) == {"pack": 1} and "pack" not in {k.name for k in sk100.knobs}
     assert sk64.implied == () and "pack" in {k.name for k in sk64.knobs}
-    copied = tuple((k.name, 1 if k.name == "pack" else k.options[0]) for k in sk64.knobs)
-    assert faithful(sk100, copied) and not faithful(sk100, tuple((k, 0 if k == "pack" else v) for k, v in copied))
-    assert faithful(sk64, copied)
-
-
+    in_place = tuple((k.name, 1 if k.name == "pack" else k.options[0]) for k in sk64.knobs)
+    copied = tuple((k, 0 if k == "pack" else v) for k, v in in_place)
+    copied = tuple((k, 2 if k == "r_d0" else v) for k, v in copied)  # and another register tile
+    assert faithful(sk100, in_place) and not faithful(sk100, copied) and faithful(sk64, copied)
+    with Database(str(tmp_path / "t.db")) as db:
+        db.add_workload(t64.workload_key, t64.name, t64.mlir, t64.flops)
+        for knobs, cost in ((in_place, 2e-5), (copied, 1e-5)):
+            db.commit_record(Record(t64.workload_key, target.key, sk64.hash, knobs, (cost,), "none",
+                                    host=target.model, threads=1))
+        first, second = transferred(db, t100, generate_sketches(t100.mlir, target), target, threads=1)
+        (only,) = transferred(db, t100, generate_sketches(t100.mlir, target), target, threads=1, per_relative=1)
+    assert dict(first.knobs)["r_d0"] == 2 and "pack" not in dict(first.knobs) and first.source_latency_s == 1e-5
+    assert dict(second.knobs)["r_d0"] == dict(in_place)["r_d0"] and only == first
 
 
 def test_a_copy_of_b_already_in_panels_is_carried_as_a_read_in_place():

@@ -435,9 +435,10 @@ class MultiLevelTiling(Rule):
             wide=wide, panels=panels, few_rows=few_rows, stream_rows=ranges[row] if streams_b else None,
         )
         # Without the packing alternative (partial rows), B is read in place:
-        # a schedule of another size that copied B is a different one
-        # (`search.transfer.faithful`), unless B is laid out in panels
-        # already (`in_panels`), where the copy changes next to nothing.
+        # a schedule of another size that copied B is carried without the
+        # copy (`search.transfer.faithful` says it is not made as it was),
+        # unless B is laid out in panels already (`in_panels`), where the
+        # copy changes next to nothing.
         implied = (("pack", 1),) if partial_rows and b is not None and not b_in_panels else ()
         return [Sketch(self.name, ctx.payload, w.text(), tuple(specs), forall=forall_knobs, prefer=prefer, implied=implied)]
 
