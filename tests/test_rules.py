@@ -330,21 +330,24 @@ def test_six_row_tiles_on_even_rows_match_numpy(tmp_path, p_rows, pack):
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
 
 
-def test_a_whole_odd_row_loop_is_one_thread_tile_of_six_row_tiles(tmp_path):
+@pytest.mark.parametrize("pack", [0, 1])
+def test_a_whole_odd_row_loop_is_one_thread_tile_of_six_row_tiles(tmp_path, pack):
     """100 rows in register tiles of 6: the thread tile may be the whole
     loop (its last register tile partial), not only multiples of 6 (96 and a
-    4-row tile that streams all of B for 4 rows)."""
+    4-row tile that streams all of B for 4 rows); B copied or read in place
+    (partial rows offer the copy since session 50, in thread tiles that
+    divide the rows; B is read in place by default)."""
     path = tmp_path / "m.mlir"
     path.write_text(workloads.matmul(100, 48, 32))
     (task,) = extract_tasks(str(path))
     sk = generate_sketches(task.mlir, AVX2)[0]
     knobs = {k.name: k for k in sk.knobs}
-    assert "pack" not in knobs  # partial rows
+    assert knobs["pack"].options == (0, 1) and sk.implied == () and dict(sk.prefer)["pack"] == 1
     allowed = knobs["p_d0"].allowed({"r_d0": 6})
     assert {96, 100} <= set(allowed) and 50 in knobs["p_d0"].options and 50 not in allowed
-    values = {"r_d0": 6, "r_d1": 16, "u_d2": 4, "p_d0": 100, "p_d1": 48, "k_d2": 16}
-    assert is_valid(sk.knobs, make_assignment(values))
-    rng = np.random.default_rng(0)
+    values = {"r_d0": 6, "r_d1": 16, "u_d2": 4, "p_d0": 100, "p_d1": 48, "k_d2": 16, "pack": pack}
+    assert is_valid(sk.knobs, make_assignment(values)) and sk.violation(make_assignment(values)) is None
+    rng = np.random.default_rng(pack)
     a = rng.standard_normal((100, 32)).astype(np.float32)
     b = rng.standard_normal((32, 48)).astype(np.float32)
     out = np.zeros((100, 48), np.float32)
@@ -360,7 +363,8 @@ def test_the_rows_past_a_partial_thread_tiles_register_tiles_run_in_static_tiles
     in registers over the reduction, the rest in rows of one, with no masks
     (masked to the register tile's shape, it cost about two whole tiles; in
     rows of one only, each row loaded and stored its accumulators at every
-    step)."""
+    step). B read in place: its copy needs whole thread tiles of rows
+    (`Sketch.requires`)."""
     from mlir import ir
 
     from mlir_ansor.schedule.apply import apply_schedule
@@ -369,8 +373,9 @@ def test_the_rows_past_a_partial_thread_tiles_register_tiles_run_in_static_tiles
     path.write_text(workloads.matmul(m, 48, 32))
     (task,) = extract_tasks(str(path))
     sk = generate_sketches(task.mlir, AVX2)[0]
-    values = {"r_d0": 6, "r_d1": 16, "u_d2": 4, "p_d0": p_rows, "p_d1": 48, "k_d2": 16}
-    assert is_valid(sk.knobs, make_assignment(values))
+    values = {"r_d0": 6, "r_d1": 16, "u_d2": 4, "p_d0": p_rows, "p_d1": 48, "k_d2": 16, "pack": 1}
+    assert is_valid(sk.knobs, make_assignment(values)) and sk.violation(make_assignment(values)) is None
+    assert "p_d0" in sk.violation(make_assignment({**values, "pack": 0}))  # a partial thread tile: no copy
     script = select_knobs(sk.script, values)
     assert "transform.foreach_match" in script
     with ir.Context(), ir.Location.unknown():

@@ -349,14 +349,20 @@ class Sketch:
     # first candidate of every search. Not part of the sketch's identity.
     prefer: tuple[tuple[str, int], ...] = field(default=(), compare=False)
     # Alternatives the rule offers elsewhere but not here, with the value
-    # this sketch behaves as (multi-level tiling with partial rows has no
-    # packing: it reads in place, "pack" 1): a schedule carried from the same
+    # this sketch behaves as (multi-level tiling of a few partial rows
+    # streaming B has no packing: it reads in place, "pack" 1): a schedule carried from the same
     # task at other sizes (`search.transfer`) that chose otherwise is a
     # different schedule. A rule leaves out an alternative whose values
     # make next to no difference here (the copy of a B already in column
     # panels, `multi_level_tiling.in_panels`). Not part of the sketch's
     # identity.
     implied: tuple[tuple[str, int], ...] = field(default=(), compare=False)
+    # Values of a knob that hold only with some values of another:
+    # (knob, value, other knob, the other's values it goes with). The copy
+    # of B ("pack" 0) of a contraction with partial rows builds only where
+    # the thread tile of rows divides them (`violation`). Its script
+    # carries the knobs, so this is part of the sketch's identity already.
+    requires: tuple[tuple[str, int, str, tuple[int, ...]], ...] = field(default=(), compare=False)
 
     def parallelism(self, assignment: Assignment) -> int:
         """How many iterations the scf.forall of this schedule has (a
@@ -409,8 +415,13 @@ class Sketch:
         return None
 
     def violation(self, assignment: Assignment) -> str | None:
-        """Why `assignment` breaks a limit of the target (None: it does not;
-        a plain sketch's knobs are valid by construction)."""
+        """Why `assignment` breaks a limit of the target or one of the
+        sketch's `requires` (None: it does not)."""
+        if self.requires:
+            values = dict(assignment)
+            for knob, value, other, ok in self.requires:
+                if values.get(knob) == value and other in values and values[other] not in ok:
+                    return f"{knob} = {value} needs {other} in {ok}, not {values[other]}"
         return None
 
 

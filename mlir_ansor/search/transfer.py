@@ -190,16 +190,15 @@ def transferred(
     (`relatives` of them, nearest first, `per_relative` each; `source_key`:
     only the relative of that workload key; `sources`: only relatives of
     those workload keys), carried to
-    `sketches` (the task's own, by sketch name), fastest first. A record
-    that chose what `sketch` does not offer is carried without it: a
-    relative tuned at a multiple of 8 rows may have copied B, which a
-    sketch for 333 rows reads in place (`faithful`). Its other knobs are
-    what made it fast. 256 rows' best (12 x 32 registers, B copied) ran
-    333 rows in place at the time of the static 333-row tune's best. The
-    fastest record 333 rows could make as it was (4 x 64, `k` 32) ran
-    1.18x that time at 1 thread and 1.14x at 2 (Emerald Rapids, 11 rounds
-    in turns). Before session 45 the copy was of another form, and the
-    faithful ones came first. A
+    `sketches` (the task's own, by sketch name). Of a relative's records,
+    those `sketch` can make as they are come first (`faithful`: a relative
+    tuned at 8 rows may have chosen to copy B, which a sketch for 7 rows
+    streaming B does not offer, unless B is in column panels already,
+    where the copy changes next to nothing); the others follow. Carried
+    without the copy, such a record can be much slower: 256 rows' best
+    (8 x 32 registers, `k` 1024, 64 columns a thread tile, B copied) ran
+    333 rows 2.07x as long reading B in place as copying it (Emerald
+    Rapids, 2 threads). A
     relative's default point becomes the task's own (`transfer_knobs`),
     unless `defaults` is False (a sketch made at a probe size, not the
     size it runs at). Empty when it has none, or none whose schedule fits."""
@@ -231,7 +230,7 @@ def transferred(
             log.debug("transfer: task %s: no sketches (%s)", w["name"], e)
             continue
         used += 1
-        carried: list[Transfer] = []
+        carried: list[tuple[bool, Transfer]] = []
         for rec in best:
             src = theirs.get(rec.sketch_hash) or next(iter(earlier_forms(theirs.values(), rec.knobs)), None)
             sk = mine.get(src.name) if src is not None else None
@@ -241,8 +240,7 @@ def transferred(
             if knobs is None or (sk.hash, knobs) in taken:
                 continue
             taken.add((sk.hash, knobs))
-            carried.append(Transfer(sk, knobs, w["name"], rec.latency_s))
-            if len(carried) == per_relative:
-                break
-        out += carried
+            carried.append((faithful(sk, rec.knobs), Transfer(sk, knobs, w["name"], rec.latency_s)))
+        carried.sort(key=lambda ft: not ft[0])  # stable: by latency within each kind
+        out += [t for _, t in carried[:per_relative]]
     return out

@@ -211,14 +211,30 @@ class MultiLevelTiling(Rule):
         # 367, 129, 7, 35) also get tiles that do not divide them; the
         # schedule peels their remainders (see the module docstring).
         odd = {d: ranges[d] % (lanes if d == vec else 8) != 0 for d in range(len(ranges))}
+        b = reused
+        b_in_panels = b is not None and in_panels(anchor, b, vec, lanes)
+        wide = ctx.target.vector_registers >= 32 and not is_window
+        streams_b = (
+            wide and b is not None and not b_in_panels and row is not None and ranges[row] <= _FEW_ROWS
+            and math.prod(ranges[d] for d in anchor.operand_dims[b] if d is not None) >= _LARGE_B
+        )
         # A contraction with odd rows may end its thread tiles of the row
         # loop in a partial tile, whose remainder rows are vectorized with
-        # masks. There the output tile has a dynamic shape, and packing (a
-        # pad) would copy it in and out at every cache step: no packing
-        # alternative. Window ops cannot be masked (the vectorizer has no
-        # masked convolutions), so their thread tiles divide the extents.
+        # masks. The packing copy pads only the loops of B (static tiles),
+        # so it applies there too where the thread tile of rows divides
+        # them (`Sketch.requires`: in a partial one, of a dynamic row
+        # count, the cache loop's output tile fails to bufferize), except
+        # to a few rows streaming B: there B is read in place (a copy would
+        # serve only those rows; the rule below). Until session 50 partial
+        # rows had no packing alternative, and a relative's record that
+        # copied B was carried in place: 256 rows' best (8 x 32 registers,
+        # k 1024, 64 columns a thread tile) ran 333 rows in 0.96x the
+        # static 333-row module's time with the copy, 2.07x without (2
+        # threads, Emerald Rapids, in turns). Their default stays in place.
+        # Window ops cannot be masked (the vectorizer has no masked
+        # convolutions), so their thread tiles divide the extents.
         partial_rows = not is_window and row is not None and odd[row]
-        if partial_rows:
+        if partial_rows and streams_b:
             reused = None
         # Nor where B is in column panels already (`in_panels`: the weights
         # `graph.prepack` lays out): each cache tile of a panel is as
@@ -421,26 +437,22 @@ class MultiLevelTiling(Rule):
             w.decompose(w.match_op_id(forall, anchor.op_id))
         finish(w, vectorize=True, unit_dims=decomposed)
         forall_knobs = tuple((f"p_d{d}", ranges[d]) for d in anchor.parallel)
-        b = reused_operand(anchor, row)
-        b_in_panels = b is not None and in_panels(anchor, b, vec, lanes)
         panels = {d: ranges[vec] for d in anchor.operand_dims[b][:-2] if d in anchor.parallel and d != row} if b_in_panels else {}
-        wide = ctx.target.vector_registers >= 32 and not is_window
-        streams_b = (
-            wide and b is not None and not b_in_panels and row is not None and ranges[row] <= _FEW_ROWS
-            and math.prod(ranges[d] for d in anchor.operand_dims[b] if d is not None) >= _LARGE_B
-        )
         few_rows = streams_b and reused is not None
         prefer = _preferred(
             specs, vec, row, inner_red, lanes, narrow=is_window and reused is not None,
             wide=wide, panels=panels, few_rows=few_rows, stream_rows=ranges[row] if streams_b else None,
         )
-        # Without the packing alternative (partial rows), B is read in place:
-        # a schedule of another size that copied B is carried without the
-        # copy (`search.transfer.faithful` says it is not made as it was),
-        # unless B is laid out in panels already (`in_panels`), where the
-        # copy changes next to nothing.
-        implied = (("pack", 1),) if partial_rows and b is not None and not b_in_panels else ()
-        return [Sketch(self.name, ctx.payload, w.text(), tuple(specs), forall=forall_knobs, prefer=prefer, implied=implied)]
+        # Without the packing alternative (partial rows streaming B), B is
+        # read in place: a schedule of another size that copied B is a
+        # different one (`search.transfer.faithful`).
+        implied = (("pack", 1),) if partial_rows and streams_b else ()
+        requires = ()
+        if partial_rows and reused is not None:
+            requires = (("pack", 0, f"p_d{row}", divisors(ranges[row])),)
+            prefer = tuple((k, 1 if k == "pack" else v) for k, v in prefer)  # in place, as before the copy was offered
+        return [Sketch(self.name, ctx.payload, w.text(), tuple(specs), forall=forall_knobs, prefer=prefer, implied=implied,
+                       requires=requires)]
 
 
 # The default point of the space (`sketch.default_assignment`): a register
