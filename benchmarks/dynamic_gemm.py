@@ -14,8 +14,8 @@ Systems, at each ``--at`` size M and each ``--threads`` count:
   neighbours' best schedules, within those trials: `TuneConfig.carry`), compiled as one dynamic module
   (`mlir_ansor.compile` returns a `DynamicModule`); a size that was not
   tuned gets the schedule of its nearest tuned size, its knobs carried to
-  that size's options (`search.transfer`, the relative's fastest record;
-  the table's "from" column), and runs on its own rows (the dynamic
+  that size's options (`search.transfer`; the table's "from" column), and
+  runs on its own rows (the dynamic
   module pads only with ``pad=True``: ``@336`` would say 333 rows ran as
   336);
 - ``library``: the same tuned sizes as one library that dispatches in

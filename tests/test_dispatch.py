@@ -338,3 +338,39 @@ def test_compile_finds_the_tuned_sizes_in_the_records(tmp_path, capsys):
         assert lib.dispatch(a, b)["path"] == path
     assert lib.dispatch(*_inputs(13))["function"] == "gemm__rows_8" and lib.dispatch(*_inputs(14))["function"] == "gemm__0_0_16"
     assert lib.dispatch(*_inputs(50))["label"] == "0.0=50: on dynamic rows, gemm__rows_24"
+
+
+def test_a_record_that_copied_b_runs_on_dynamic_rows_reading_it_in_place(tmp_path):
+    """Dynamic rows make every thread tile of rows of a dynamic size, where
+    the copy of B does not build (`Sketch.requires`): the kernel on dynamic
+    rows takes the tuned size's record that read B in place, or, where the
+    best copied it, that record reading B in place."""
+    from mlir_ansor.graph.dynamic import parse_sizes, specializations
+    from mlir_ansor.records import Database, Record
+    from mlir_ansor.search.generate import generate_sketches
+    from mlir_ansor.search.sketch import default_assignment
+
+    target = Target.host()
+    wide = GEMM.replace("%B: tensor<64x64xf32>", "%B: tensor<64x256xf32>").replace("tensor<64x64xf32>) outs", "tensor<64x256xf32>) outs")
+    wide = wide.replace("tensor<?x64xf32> {", "tensor<?x256xf32> {").replace("tensor.empty(%m) : tensor<?x64xf32>",
+                                                                           "tensor.empty(%m) : tensor<?x256xf32>")
+    wide = wide.replace("outs(%e : tensor<?x64xf32>) -> tensor<?x64xf32>", "outs(%e : tensor<?x256xf32>) -> tensor<?x256xf32>")
+    wide = wide.replace("outs(%z : tensor<?x64xf32>) -> tensor<?x64xf32>", "outs(%z : tensor<?x256xf32>) -> tensor<?x256xf32>")
+    wide = wide.replace("return %r : tensor<?x64xf32>", "return %r : tensor<?x256xf32>")
+    text, _ = specializations(wide, parse_sizes(["0.0=24"]), keep_name=True)
+    (task,) = [t for t in mlir_ansor.extract_tasks(mlir_ansor.load(text=text)) if "matmul" in t.name]
+    sk = next(s for s in generate_sketches(task.mlir, target) if s.name == "cpu-contraction")
+    copied = tuple((k, 0 if k == "pack" else 24 if k == "p_d0" else v) for k, v in default_assignment(sk, 1))
+    assert dict(copied)["pack"] == 0 and sk.violation(copied) is None
+    db = str(tmp_path / "c.db")
+    with Database(db) as d:
+        d.add_workload(task.workload_key, task.name, task.mlir, task.flops)
+        d.commit_record(Record(task.workload_key, target.key, sk.hash, copied, (1e-6,), "none", host=target.model, threads=1))
+    lib = build_library(mlir_ansor.load(text=wide), db=db, threads=1, cache_dir=False)
+    rng = np.random.default_rng(3)
+    b = rng.standard_normal((64, 256)).astype(np.float32)
+    for m in (24, 50, 7):
+        a = rng.standard_normal((m, 64)).astype(np.float32)
+        np.testing.assert_allclose(lib(a, b), a @ b, rtol=1e-4, atol=1e-4)
+        assert lib.dispatch(a, b)["function"] == ("gemm__0_0_24" if m == 24 else "gemm__rows_24")
+    lib.close()
