@@ -424,15 +424,17 @@ def _earlier_sketch_plan(records, task: Task, sym: str, sketches) -> KernelPlan 
     `search.sketch.fuse_epilogue` changed every task with ops after its
     anchor), applied to a sketch that has the record's knobs
     (`search.transfer.earlier_forms`: exactly, or but a structural choice
-    the sketch no longer offers, such as the copy of a B in column panels),
-    if its values are valid there; None when no record fits."""
-    from mlir_ansor.search.transfer import earlier_forms
+    the sketch no longer offers, such as the copy of a B in column panels,
+    or with one it offers now at the value the earlier form behaved as,
+    such as B read in place at partial rows), if its values are valid
+    there; None when no record fits."""
+    from mlir_ansor.search.transfer import earlier_forms, with_added
 
     for rec in records:
         for sk in earlier_forms(sketches, rec.knobs):
             mine = {spec.name for spec in sk.knobs}
-            knobs = tuple((k, v) for k, v in rec.knobs if k in mine)
-            if sk.knob_problem(knobs) is None:
+            knobs = with_added(sk, tuple((k, v) for k, v in rec.knobs if k in mine))
+            if sk.knob_problem(knobs) is None and sk.violation(knobs) is None:
                 dropped = ", ".join(f"{k} = {v}" for k, v in rec.knobs if k not in mine)
                 log.info("compile: task %s: record %s was tuned on an earlier form of sketch %s; its knobs apply%s",
                          task.name, rec.row_id, sk.name, f" but {dropped}, which it no longer offers" if dropped else "")

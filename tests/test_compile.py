@@ -348,3 +348,35 @@ def test_wrong_argument_shape_is_an_error():
     cm = mlir_ansor.compile(str(INPUTS / "matmul.mlir"), default="naive")
     with pytest.raises(mlir_ansor.AnsorError, match="shape"):
         cm(np.zeros((2, 2), np.float32), np.zeros((2, 2), np.float32))
+
+
+def test_a_record_made_before_partial_rows_offered_the_copy_of_b_applies_reading_it_in_place(tmp_path):
+    """Until session 50 a contraction with partial rows (100, not a multiple
+    of 8) had no "pack" knob: B was read in place. Such a record (its
+    sketch's hash no longer made) applies to today's sketch with "pack" 1,
+    and gives numpy's answer."""
+    from mlir_ansor.examples import workloads
+    from mlir_ansor.records import Database, Record
+    from mlir_ansor.search.generate import generate_sketches
+    from mlir_ansor.search.sketch import default_assignment
+    from mlir_ansor.target import Target
+
+    target = Target.host()
+    src = tmp_path / "m.mlir"
+    src.write_text(workloads.matmul(100, 256, 64))
+    (task,) = extract_tasks(str(src))
+    sk = next(s for s in generate_sketches(task.mlir, target) if s.name == "cpu-contraction")
+    assert "pack" in {k.name for k in sk.knobs}
+    knobs = {k: v for k, v in default_assignment(sk, 1) if k != "pack"} | {"r_d0": 4}
+    db = tmp_path / "t.db"
+    with Database(str(db)) as d:
+        d.commit_record(Record(task.workload_key, target.key, "earlier", tuple(sorted(knobs.items())), (1e-5,), "none",
+                               host=target.model, threads=1))
+    cm = mlir_ansor.compile(str(src), db=db, cache_dir=False)
+    (k,) = [k for k in cm.kernels if "matmul" in k.task.name]
+    assert k.source == "tuned" and k.origin == "an earlier form of its sketch"
+    assert dict(k.knobs) == knobs | {"pack": 1}
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((100, 64)).astype(np.float32), rng.standard_normal((64, 256)).astype(np.float32)
+    np.testing.assert_allclose(cm(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    cm.close()

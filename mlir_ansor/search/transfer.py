@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 _SHAPED = re.compile(r"\b(tensor|memref|vector)<([^<>]*)>")
 
-__all__ = ["Transfer", "faithful", "family_key", "size_distance", "transfer_knobs", "transferred"]
+__all__ = ["Transfer", "faithful", "family_key", "size_distance", "transfer_knobs", "transferred", "with_added"]
 
 _SCANNED = 64
 """A relative's best records looked at for ones the new sketch can make as they are."""
@@ -132,21 +132,40 @@ for a B in column panels in session 45): a record of an earlier form of a
 sketch still applies without them (:func:`earlier_forms`)."""
 
 
+ADDED = {"pack": 1}
+"""Knobs of structural choices a sketch offers where records made before
+it did not, with the value the earlier form behaved as (the copy of B,
+offered at partial rows since session 50: before, B was read in place,
+"pack" 1): a record of the earlier form applies with it
+(:func:`earlier_forms`, :func:`with_added`)."""
+
+
 def earlier_forms(sketches: Iterable[Sketch], knobs: Sequence[tuple[str, int]]) -> list[Sketch]:
     """The sketches among `sketches` that a record of an earlier form of
     one (a hash the rules no longer make) with `knobs` may have been tuned
     on, best first: those with exactly its knobs, then those with its knobs
     but :data:`DROPPABLE` ones they take as choices they do not need
-    (:func:`faithful`)."""
+    (:func:`faithful`), then those with its knobs and :data:`ADDED` ones
+    (:func:`with_added` completes the record's knobs)."""
     names = {k for k, _ in knobs}
-    exact, dropping = [], []
+    exact, dropping, adding = [], [], []
     for sk in sketches:
         mine = {k.name for k in sk.knobs}
         if mine == names:
             exact.append(sk)
         elif mine and mine <= names and names - mine <= DROPPABLE and faithful(sk, knobs):
             dropping.append(sk)
-    return exact + dropping
+        elif names and names <= mine and mine - names <= ADDED.keys():
+            adding.append(sk)
+    return exact + dropping + adding
+
+
+def with_added(sketch: Sketch, knobs: Sequence[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    """`knobs` and, for each :data:`ADDED` knob `sketch` has and they lack,
+    the value the earlier form behaved as, sorted by name."""
+    names = {k for k, _ in knobs}
+    extra = [(spec.name, ADDED[spec.name]) for spec in sketch.knobs if spec.name in ADDED and spec.name not in names]
+    return tuple(sorted(tuple(knobs) + tuple(extra)))
 
 
 def size_distance(a_mlir: str, b_mlir: str) -> float:
@@ -236,7 +255,7 @@ def transferred(
             sk = mine.get(src.name) if src is not None else None
             if sk is None:
                 continue
-            knobs = transfer_knobs(sk, rec.knobs, source=src, threads=threads if defaults else None)
+            knobs = transfer_knobs(sk, with_added(src, rec.knobs), source=src, threads=threads if defaults else None)
             if knobs is None or (sk.hash, knobs) in taken:
                 continue
             taken.add((sk.hash, knobs))
