@@ -101,6 +101,24 @@ def test_a_parallel_tile_over_a_whole_loop_stays_whole():
     assert dict(transfer_knobs(sk[104], tuple(knobs.items())))["p_d0"] == 52
 
 
+def test_an_even_split_that_would_leave_a_remainder_becomes_one_tile():
+    """128 rows split in two thread tiles of 64, carried to 100 rows, would
+    run tiles of 60 and 40 (1.13x the static module); with the columns
+    keeping the threads busy it is one tile of 100 (0.99x), else the split
+    stays; without a thread count, as before."""
+    from mlir_ansor.examples import workloads
+
+    zen4 = Target.cpu("znver4", cores=2)
+    sk = {m: next(s for s in generate_sketches(mlir_ansor.extract_tasks(mlir_ansor.load(text=workloads.matmul(m, 1024, 1024)))[0].mlir,
+                                               zen4) if s.name == "cpu-contraction") for m in (100, 128)}
+    knobs = dict(default_assignment(sk[128], 2)) | {"p_d0": 64, "p_d1": 256, "r_d0": 6, "pack": 1, "k_d2": 128}
+    carried = dict(transfer_knobs(sk[100], tuple(knobs.items()), source=sk[128], threads=2))
+    assert carried["p_d0"] == 100 and carried["p_d1"] == 256
+    one_column_tile = dict(transfer_knobs(sk[100], tuple((knobs | {"p_d1": 1024}).items()), source=sk[128], threads=2))
+    assert one_column_tile["p_d0"] not in (100, 64) and one_column_tile["p_d0"] % 6 == 0  # still two tiles
+    assert dict(transfer_knobs(sk[100], tuple(knobs.items()), source=sk[128]))["p_d0"] != 100
+
+
 def test_a_default_point_is_carried_as_the_default_point_of_the_new_size():
     """A relative's default point, carried with the thread count it was
     made for, is the rule's choice made again at the new size (16 rows' 6 x

@@ -80,7 +80,12 @@ def transfer_knobs(sketch: Sketch, knobs: Sequence[tuple[str, int]], source: Ske
     this one's (one tile over the rows stays one tile: a 64-row GEMM's
     p = 64 carried to 104 rows took 52, the nearest option, and ran two row
     tiles of 52 = 4 x 12 + 4 rows, 0.760 ms, against 0.649 with one; 2
-    threads, Emerald Rapids). The relative's default point
+    threads, Emerald Rapids). One that split it evenly and would leave a
+    remainder here spans this one's loop too, where with `threads` given
+    the other parallel tiles keep that many threads busy (128 rows' p = 64
+    carried to 100 rows took 60, tiles of 60 and 40 rows, 1.13x the static
+    module's time; one tile of 100 ran 0.99x; 2 threads, Emerald Rapids).
+    The relative's default point
     (`sketch.default_assignment` at `threads`, where given) becomes this
     sketch's own: the rule's choice made again for these extents (a
     16-row GEMM's default, 6 rows by 4 vectors, carried to 8 rows ran
@@ -97,8 +102,18 @@ def transfer_knobs(sketch: Sketch, knobs: Sequence[tuple[str, int]], source: Ske
     if source is not None:
         mine = dict(sketch.forall)
         for name, extent in source.forall:
-            if name in mine and name in values and values[name] >= extent:
+            if name not in mine or name not in values:
+                continue
+            v = values[name]
+            if v >= extent:
                 values[name] = mine[name]
+            elif extent % v == 0 and mine[name] % v != 0:
+                # Tiles that split the relative's loop evenly would leave a
+                # remainder tile here (and a thread with more rows than the
+                # other): one tile, where the other loops keep the threads busy.
+                whole = dict(values, **{name: mine[name]})
+                if threads is not None and sketch.parallelism(repair(sketch.knobs, whole)) >= threads:
+                    values = whole
     a = repair(sketch.knobs, values)
     return None if sketch.violation(a) is not None else a
 
