@@ -1165,14 +1165,15 @@ class DynamicModule:
     size between tuned ones takes from its neighbour (`search.transfer`)
     runs as well on the exact rows, whose sketch offers the same copy of
     B (since session 50), and the padding costs two copies and rows the
-    other core finds dirty in the caller's cache. With a 200-trial tune at 1, 16, 64, 256 and 1024 rows of the
-    M x 1024 . 1024 x 1024 GEMM, the caller writing its rows before each
-    call, exact over padded was 0.88, 0.95 and 1.00 at 30, 100 and 333 rows
-    at 2 threads, and 0.87, 0.96 and 0.99 at 1 (Emerald Rapids, 9 rounds
-    in turns; 256's and 128's bests carried in place: the copy of B had
-    next to no effect on them). Before, a record that copied B was carried
-    without the copy, or passed over: the exact 333 rows ran 1.8x a module
-    tuned at 333, padded 1.04x (Zen 5, 1 thread)."""
+    other core finds dirty in the caller's cache. With a 200-trial tune at
+    1, 16, 64, 256 and 1024 rows of the M x 1024 . 1024 x 1024 GEMM, the
+    caller writing its rows before each call, exact over padded was 0.88,
+    0.95 and 1.00 at 30, 100 and 333 rows at 2 threads, and 0.87, 0.96 and
+    0.99 at 1 (Emerald Rapids, 9 rounds in turns; the records there, 12 x
+    32 registers, ran as fast reading B in place as copying it). Before, a
+    record that copied B was passed over at odd rows, or carried without
+    the copy: the exact 333 rows ran 1.8x a module tuned at 333, padded
+    1.04x (Zen 5, 1 thread)."""
 
     PAD_TO = 8
     """Padded sizes are multiples of this (the register tiles' rows)."""

@@ -360,8 +360,8 @@ class Sketch:
     # Values of a knob that hold only with some values of another:
     # (knob, value, other knob, the other's values it goes with). The copy
     # of B ("pack" 0) of a contraction with partial rows builds only where
-    # the thread tile of rows divides them (`violation`). Its script
-    # carries the knobs, so this is part of the sketch's identity already.
+    # the thread tile of rows divides them (`violation`). Not part of the
+    # sketch's identity: the rule derives it from the knobs and extents.
     requires: tuple[tuple[str, int, str, tuple[int, ...]], ...] = field(default=(), compare=False)
 
     def parallelism(self, assignment: Assignment) -> int:
