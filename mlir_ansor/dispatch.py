@@ -61,15 +61,16 @@ calls a kernel per block, each reading all of B: 100 rows at 1, 16, 64,
 and on 64's record on dynamic rows as fast as the same record compiled at
 104 rows, padded (Emerald Rapids, 2 threads).
 
-The padded ranges follow `compiler.DynamicModule`'s rule: a symbol the
-function keeps apart (`graph.dynamic.paddable`: no reduction, window or
-slice over it) runs at a specialised size at most :data:`PAD_WORK` times
-its own, so the schedules tuned for whole register tiles still apply.
-Unlike `DynamicModule`, the library pads small extents too (no
-`DynamicModule.PAD_FROM`): it has no exact specialization of an untuned
-7 or 15 rows, only the dynamic-rows kernel, and that ran 7 rows 1.13x the
-static module against the padded 1.18x, 15 rows 1.10x against 1.00x
-(Emerald Rapids, 2 threads, in turns).
+The padded ranges follow `compiler.DynamicModule`'s rule with ``pad=True``
+(which it no longer applies by default, having an exact specialization of
+every size): a symbol the function keeps apart (`graph.dynamic.paddable`:
+no reduction, window or slice over it) runs at a specialised size at most
+:data:`PAD_WORK` times its own, so the schedules tuned for whole register
+tiles still apply. Small extents are padded too (no
+`DynamicModule.PAD_FROM`): the library has no exact specialization of an
+untuned 7 or 15 rows, only the dynamic-rows kernel, and that ran 7 rows
+1.13x the static module against the padded 1.18x, 15 rows 1.10x against
+1.00x (Emerald Rapids, 2 threads, in turns).
 
 The caller allocates the outputs from the symbols' values: each output
 dimension is static or equal to one symbol (found by specializing at
@@ -514,6 +515,7 @@ def _ranged_functions(text: str, entry: str, dim: Dim, tuned: tuple[int, ...], *
     from mlir_ansor.ir.attrs import FLOPS_ATTR
     from mlir_ansor.records import Database
     from mlir_ansor.search.generate import generate_sketches
+    from mlir_ansor.search.rules import NO_PACKING
     from mlir_ansor.search.tasks import tasks_for
     from mlir_ansor.search.transfer import transferred
 
@@ -543,10 +545,9 @@ def _ranged_functions(text: str, entry: str, dim: Dim, tuned: tuple[int, ...], *
             # relative's best record that read B in place comes first, else
             # its best read in place (256 rows' best, copying B, ran 333
             # rows 2.07x as long in place: Emerald Rapids, 2 threads).
-            t = next((c for c in carried if dict(c.knobs).get("pack", 1) == 1), None)
+            t = next((c for c in carried if all(NO_PACKING.get(k, v) == v for k, v in c.knobs)), None)
             if t is None:
-                t = carried[0]
-                t = dataclasses.replace(t, knobs=tuple((k, 1 if k == "pack" else v) for k, v in t.knobs))
+                t = dataclasses.replace(carried[0], knobs=tuple((k, NO_PACKING.get(k, v)) for k, v in carried[0].knobs))
             name = f"{entry}__rows_{size}"
             with ir.Context(), ir.Location.unknown():
                 module, fn = _alone(text, entry, name)

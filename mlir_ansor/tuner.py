@@ -41,7 +41,7 @@ import platform
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -1062,17 +1062,23 @@ def _carry(states: list[_TaskState], target: Target, config: TuneConfig, databas
             continue
         done = {(r.sketch_hash, tuple(r.knobs)) for r in database.records(st.task.workload_key, target.key)
                 if r.host == m.host and r.threads == config.threads}
-        wanted: list[tuple[Sketch, Assignment]] = []
-        default = _default_point(st.sketches, config.threads)
-        if default is not None:
-            wanted.append(default)
-        for sources in (searched, None):
-            for t in transferred(database, st.task, st.sketches, target, threads=config.threads, prefer_host=m.host,
-                                 relatives=len(searched) if sources else 2, per_relative=1, sources=sources):
-                wanted.append((t.sketch, t.knobs))
+
+        def wanted(st=st) -> Iterator[tuple[Sketch, Assignment]]:
+            """The default point, then the searched sizes' bests, then the
+            database's two nearest relatives' (looked up only if needed)."""
+            default = _default_point(st.sketches, config.threads)
+            if default is not None:
+                yield default
+            for sources, relatives in ((searched, len(searched)), (None, 2)):
+                for t in transferred(database, st.task, st.sketches, target, threads=config.threads,
+                                     prefer_host=m.host, relatives=relatives, per_relative=1, sources=sources):
+                    yield t.sketch, t.knobs
+
         cands = []
-        for sk, knobs in wanted:
-            if (sk.hash, tuple(knobs)) in done or len(cands) >= min(left, CARRIED_PER_TASK):
+        for sk, knobs in wanted():
+            if len(cands) >= min(left, CARRIED_PER_TASK):
+                break
+            if (sk.hash, tuple(knobs)) in done:
                 continue
             done.add((sk.hash, tuple(knobs)))
             c = Candidate(sk, knobs, st.data_path, so_path=m.path(f"carry{measured + len(cands)}-{st.task.workload_key}{m.suffix}"))

@@ -442,6 +442,7 @@ class MultiLevelTiling(Rule):
         prefer = _preferred(
             specs, vec, row, inner_red, lanes, narrow=is_window and reused is not None,
             wide=wide, panels=panels, few_rows=few_rows, stream_rows=ranges[row] if streams_b else None,
+            in_place=partial_rows,
         )
         # Without the packing alternative (partial rows streaming B), B is
         # read in place: a schedule of another size that copied B is a
@@ -450,7 +451,6 @@ class MultiLevelTiling(Rule):
         requires = ()
         if partial_rows and reused is not None:
             requires = (("pack", 0, f"p_d{row}", divisors(ranges[row])),)
-            prefer = tuple((k, 1 if k == "pack" else v) for k, v in prefer)  # in place, as before the copy was offered
         return [Sketch(self.name, ctx.payload, w.text(), tuple(specs), forall=forall_knobs, prefer=prefer, implied=implied,
                        requires=requires)]
 
@@ -531,17 +531,20 @@ def _preferred(
     panels: Mapping[int, int] | None = None,
     few_rows: bool = False,
     stream_rows: int | None = None,
+    in_place: bool = False,
 ) -> tuple[tuple[str, int], ...]:
     """`wide`: a contraction (not a window op) on a target with 32 vector
     registers; `panels`: the loops over column panels of B, each with the
     columns one panel holds; `stream_rows`: the rows of a wide contraction
     of few rows against a large B (`_FEW_ROWS`), None for any other;
-    `few_rows`: such a one where packing B is a choice."""
+    `few_rows`: such a one where packing B is a choice; `in_place`: read
+    B in place by default (partial rows, where the copy is offered since
+    session 50, as they read it before)."""
     prefer: dict[str, int] = {}
     for sp in specs:
         kind, _, d = sp.name.partition("_d")
         if sp.name == "pack":
-            prefer[sp.name] = int(few_rows)
+            prefer[sp.name] = int(few_rows or in_place)
         elif stream_rows and kind == "r" and int(d) == vec or few_rows and kind == "p" and int(d) == vec:
             prefer[sp.name] = _FEW_ROWS_VECTORS * lanes
         elif stream_rows and kind == "r" and int(d) == row:
