@@ -14,6 +14,11 @@ one run.
   caches flushed (`TimingPolicy.flush_caches`), as a model runs them.
 - ``eager``: the same torch module (same weights) with ``torch.no_grad()``,
   ``torch.set_num_threads(threads)``.
+- with ``--torch-compile``, two more, both ``torch.compile(model,
+  dynamic=True)``: ``backend``, our backend on the same database
+  (``backend=mlir_ansor.torch_backend(db=...)``: dynamo's graph of a
+  symbolic length compiled as one dynamic module, its tasks finding the
+  tune's records by workload key), and ``inductor``, torch's own.
 
 Each output is checked against torch's first; the two systems are timed in
 turns (`timing.interleaved_times`); the ratio is the median of the rounds'
@@ -22,7 +27,7 @@ length.
 
 Usage:
   .venv/bin/python benchmarks/dynamic_bert.py [--trials 320] [--threads 1]
-      [--tuned 16,64,128,384] [--at 16,64,100,128,384] [--json out.json] [--work-dir DIR]
+      [--tuned 16,64,128,384] [--at 16,64,100,128,384] [--torch-compile] [--json out.json] [--work-dir DIR]
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--min-time", type=float, default=0.3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--torch-compile", action="store_true",
+                    help="also time torch.compile(dynamic=True) with our backend and with Inductor")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--work-dir")
     args = ap.parse_args()
@@ -113,25 +120,44 @@ def main() -> int:
         print(f"tuned at {tuned} x{t} in {tune_s[t]:.0f} s", file=sys.stderr, flush=True)
         dm = mlir_ansor.compile(path, db=db, threads=t)
         torch.set_num_threads(t)
+        compiled = _torch_compiled(model, db, t) if args.torch_compile else {}
         for s in at:
             x = aligned_copy(inputs[s].numpy())
             out = dm(x)
             err = float(np.max(np.abs(out - want[s])) / np.max(np.abs(want[s])))
             xt = inputs[s]
 
-            def eager(xt=xt):
+            def eager(xt=xt, m=model):
                 with torch.no_grad():
-                    return model(xt)
+                    return m(xt)
 
-            per = interleaved_times({"ours": lambda x=x, dm=dm: dm(x), "eager": eager},
-                                    rounds=args.rounds, min_time=args.min_time)
+            systems = {"ours": lambda x=x, dm=dm: dm(x), "eager": eager}
+            first_s = {}
+            for label, fn in compiled.items():
+                systems[label] = (lambda xt=xt, fn=fn: eager(xt, fn))
+                start = time.perf_counter()
+                got = systems[label]().numpy()  # the first call at a length compiles it
+                first_s[label] = time.perf_counter() - start
+                bad = float(np.max(np.abs(got - want[s])) / np.max(np.abs(want[s])))
+                if bad > 1e-4:
+                    raise SystemExit(f"seq {s}: {label} differs from eager by {bad:.1e}")
+            per = interleaved_times(systems, rounds=args.rounds, min_time=args.min_time)
             row = {"seq": s, "threads": t, "ours_ms": 1e3 * statistics.median(per["ours"]),
                    "eager_ms": 1e3 * statistics.median(per["eager"]),
                    "ratio": paired_ratio(per["eager"], per["ours"]), "rel_err": err, "tuned": s in tuned,
                    "kernels": _kernel_sources(dm.specialization(x))}
+            for label in compiled:
+                row[f"{label}_ms"] = 1e3 * statistics.median(per[label])
+                row[f"{label}_vs_eager"] = paired_ratio(per["eager"], per[label])
+                row[f"{label}_first_s"] = first_s[label]
+            if compiled:
+                row["ours_vs_inductor"] = paired_ratio(per["inductor"], per["ours"])
+                row["backend_vs_inductor"] = paired_ratio(per["inductor"], per["backend"])
             rows.append(row)
             print(f"seq {s} x{t}: ours {row['ours_ms']:.3f} ms, eager {row['eager_ms']:.3f} ms "
-                  f"({row['ratio']:.2f}x), err {err:.1e}", file=sys.stderr, flush=True)
+                  f"({row['ratio']:.2f}x), err {err:.1e}"
+                  + "".join(f", {k} {row[k + '_ms']:.3f} ms (first call {row[k + '_first_s']:.1f} s)"
+                            for k in compiled), file=sys.stderr, flush=True)
         dm.close()
 
     host = Target.host()
@@ -149,6 +175,17 @@ def main() -> int:
             fails.append(f"seq {r['seq']} x{r['threads']}: {r['ratio']:.2f}x eager (target >= 1.2)")
         if r["rel_err"] > 1e-4:
             fails.append(f"seq {r['seq']} x{r['threads']}: relative error {r['rel_err']:.1e} against torch")
+    if args.torch_compile:
+        print("\ntorch.compile(model, dynamic=True): our backend on the same database, and Inductor "
+              "(ratios > 1: the first system is faster; first call: seconds, compiles that length)")
+        head = (f"{'seq':>5} {'thr':>3} {'backend ms':>10} {'inductor ms':>11} {'backend/eager':>13} "
+                f"{'backend/ind.':>12} {'ours/ind.':>9} {'first call s (ours/ind.)':>24}")
+        print(head)
+        print("-" * len(head))
+        for r in rows:
+            print(f"{r['seq']:>5} {r['threads']:>3} {r['backend_ms']:10.3f} {r['inductor_ms']:11.3f} "
+                  f"{r['backend_vs_eager']:13.2f} {r['backend_vs_inductor']:12.2f} {r['ours_vs_inductor']:9.2f} "
+                  f"{r['backend_first_s']:>12.1f}/{r['inductor_first_s']:<11.1f}")
     print("\ntune seconds: " + ", ".join(f"x{t} {v:.0f}" for t, v in tune_s.items()))
     print("targets: " + ("all met" if not fails else "NOT met:\n  " + "\n  ".join(fails)))
     print(f"work folder: {wd}")
@@ -157,6 +194,22 @@ def main() -> int:
             json.dump({"rows": rows, "tune_s": tune_s, "tuned": tuned, "trials": args.trials,
                        "host": {"model": host.model, "core": host.core}}, fh, indent=1)
     return 0
+
+
+def _torch_compiled(model, db: str, threads: int) -> dict:
+    """``torch.compile(model, dynamic=True)`` with our backend on `db` and
+    with Inductor, each called as the module it wraps."""
+    import torch
+
+    import mlir_ansor
+    from mlir_ansor.tools import torch_backend as tb
+
+    tb.clear_cache()
+    torch._dynamo.reset()
+    return {
+        "backend": torch.compile(model, backend=mlir_ansor.torch_backend(db=db, threads=threads), dynamic=True),
+        "inductor": torch.compile(model, dynamic=True),
+    }
 
 
 if __name__ == "__main__":

@@ -1198,6 +1198,7 @@ class DynamicModule:
             # (a function on memrefs writes its arguments: nothing to cut back)
             self.paddable = paddable if pad and not on_memrefs else [False] * len(self.symbols)
             self.n_args = len(fn.regions[0].blocks[0].arguments)
+            self.n_results = len(ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value).results)
         self.source = program.source
         self.options = options
         self._compiled: dict[tuple, CompiledModule] = {}
@@ -1290,6 +1291,12 @@ class DynamicModule:
             del self._by_shapes[next(iter(self._by_shapes))]
         self._by_shapes[arg_shapes] = run
         return run
+
+    def text_at(self, *arrays: np.ndarray) -> str:
+        """The module of the function's static specialization at the sizes
+        of `arrays` (what ``tune`` tunes to give calls at those sizes their
+        own records; the function keeps its name)."""
+        return self._text_at(self._values(arrays))
 
     def specialization(self, *arrays: np.ndarray) -> CompiledModule:
         """The compiled specialization that runs `arrays` (at their sizes,

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import mlir_ansor
+from mlir_ansor.compiler import DynamicModule
 from mlir_ansor.records import Database
 from mlir_ansor.tools import torch_backend as tb
 
@@ -80,7 +81,7 @@ def test_attention_by_name_matches_eager(torch, caplog):
     assert (tb.stats.compiled, tb.stats.fallbacks) == (1, 0)
 
 
-def test_shapes_static_graph_each_or_eager_once_dynamic(torch, caplog):
+def test_shapes_static_graph_each_or_one_dynamic_graph(torch, caplog):
     torch.manual_seed(7)
     model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()).eval()
     with torch.no_grad(), caplog.at_level(logging.WARNING, logger="mlir_ansor"):
@@ -90,11 +91,60 @@ def test_shapes_static_graph_each_or_eager_once_dynamic(torch, caplog):
             np.testing.assert_allclose(static(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
         assert (tb.stats.compiled, tb.stats.fallbacks) == (2, 0)
         torch._dynamo.reset()
-        dynamic = torch.compile(model, backend=mlir_ansor.torch_backend())  # dynamo makes the size dynamic
-        for n in (2, 3, 5):
+        tb.clear_cache()
+        # dynamo compiles 2 rows static, then makes the rows dynamic (a torch.SymInt input and a tensor
+        # of rows s0): one dynamic module, which compiles each new size when a call brings it
+        dynamic = torch.compile(model, backend=mlir_ansor.torch_backend())
+        for n in (2, 3, 5, 13, 3):
             x = torch.randn(n, 16)
             np.testing.assert_allclose(dynamic(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
-    assert tb.stats.fallbacks == 1 and caplog.text.count("dynamic=False") == 1
+    assert (tb.stats.compiled, tb.stats.fallbacks) == (2, 0), caplog.text
+    static_cm, dynamic_cm = tb.compiled_graphs()
+    assert isinstance(dynamic_cm, DynamicModule) and not isinstance(static_cm, DynamicModule)
+    assert sorted(v for sizes in dynamic_cm.sizes for v in sizes.values()) == [3, 5, 13]
+
+
+def test_dynamic_graph_shares_its_symbol_and_compiles_in_its_numbers(torch, caplog):
+    """Under dynamic=True dynamo passes a LayerNorm's eps and a float
+    attribute as 0-d tensors (compiled in as constants: another value of the
+    attribute runs the graph eagerly), and one symbol for the rows of two
+    inputs."""
+    torch.manual_seed(8)
+
+    class Gate(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm, self.proj, self.scale = torch.nn.LayerNorm(16), torch.nn.Linear(16, 16), 0.5
+
+        def forward(self, x, g):
+            return self.proj(self.norm(x)) * torch.sigmoid(g) * self.scale
+
+    model = Gate().eval()
+    compiled = torch.compile(model, backend=mlir_ansor.torch_backend(), dynamic=True)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="mlir_ansor"):
+        for n in (4, 9):
+            x, g = torch.randn(n, 16), torch.randn(n, 16)
+            np.testing.assert_allclose(compiled(x, g).numpy(), model(x, g).numpy(), rtol=1e-4, atol=1e-5)
+        assert (tb.stats.compiled, tb.stats.fallbacks) == (1, 0) and "eagerly" not in caplog.text
+        (cm,) = tb.compiled_graphs()
+        assert isinstance(cm, DynamicModule) and cm.n_args == 2 and len(cm.symbols) == 1
+        model.scale = 2.0  # dynamo passes the new value to the same graph: it must not use the old one
+        x, g = torch.randn(6, 16), torch.randn(6, 16)
+        np.testing.assert_allclose(compiled(x, g).numpy(), model(x, g).numpy(), rtol=1e-4, atol=1e-5)
+    assert caplog.text.count("is 2.0 in this call") == 1 and tb.stats.fallbacks == 0
+
+
+def test_a_dynamic_integer_no_tensor_carries_runs_eagerly(torch, caplog):
+    class Repeat(torch.nn.Module):
+        def forward(self, x, n: int):
+            return torch.relu(x) * n
+
+    model, x = Repeat(), torch.randn(3, 8)
+    compiled = torch.compile(model, backend=mlir_ansor.torch_backend(), dynamic=True)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="mlir_ansor"):
+        for n in (3, 4):
+            np.testing.assert_allclose(compiled(x, n).numpy(), model(x, n).numpy(), rtol=1e-6)
+    assert "no tensor's shape carries" in caplog.text and tb.stats.fallbacks == 1
 
 
 def test_bf16_tensors_in_and_out(torch):
@@ -237,3 +287,19 @@ def test_a_graph_compiled_before_comes_from_the_compile_cache_with_its_own_weigh
         want_a, want_b = a(x), b(x)
     for got, want in ((first, want_a), (again, want_a), (other, want_b)):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_trials_tune_a_dynamic_graph_at_the_sizes_dynamo_passed(torch, tmp_path):
+    torch.manual_seed(9)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU()).eval()
+    db = str(tmp_path / "dyn.db")
+    compiled = torch.compile(model, backend=mlir_ansor.torch_backend(db=db, trials=2), dynamic=True)
+    with torch.no_grad():
+        for n in (6, 11):
+            x = torch.randn(n, 32)
+            np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-4, atol=1e-5)
+    with Database(db, readonly=True) as d:
+        names = {d.workload(r.workload_key)["name"] for r in d.records()}
+    assert names and all("_6x" in name for name in names), names  # tuned at 6 rows; 11 takes their schedules
+    assert tb.stats.compiled == 1 and tb.stats.fallbacks == 0

@@ -30,10 +30,22 @@ between two breaks is a graph of its own). It
    C-contiguous, aligned inputs of the compiled types are not copied, nor are
    outputs.
 
-Any failure of steps 1-4 (an op torch-mlir or our compiler refuses, a
-dynamic shape, a failed lowering) makes that graph run eagerly
-(``gm.forward``), with one warning on the ``mlir_ansor`` logger naming the
-reason; the backend never raises for a graph.
+A graph of dynamic sizes (``torch.compile(..., dynamic=True)``, or the
+graph dynamo traces again once it has seen a size change) is exported with
+those dimensions dynamic (``torch.export`` ``Dim``: one per symbol of
+dynamo's, shared by the dimensions it ties), so it compiles to a
+`compiler.DynamicModule`: each size a call brings is compiled once, with the
+database's records of that size or those of its nearest tuned size
+(`search.transfer`); ``trials`` tunes it at the sizes of the inputs dynamo
+passed. The sizes dynamo passes on their own (``torch.SymInt`` inputs) are
+read from the tensors' shapes, and the Python numbers it passes as 0-d
+tensors (a LayerNorm's ``eps``) are compiled in, checked at every call.
+
+Any failure of steps 1-4 (an op torch-mlir or our compiler refuses, a size
+that is an expression of others or that no tensor carries, a failed
+lowering) makes that graph run eagerly (``gm.forward``), with one warning on
+the ``mlir_ansor`` logger naming the reason; the backend never raises for a
+graph.
 """
 
 from __future__ import annotations
@@ -76,7 +88,8 @@ stats = CacheStats()
 
 def compiled_graphs() -> list[Any]:
     """The graphs compiled in this process (``CompiledModule``s: their
-    `kernels` say which schedule each task got), oldest first."""
+    `kernels` say which schedule each task got; a graph of dynamic sizes is
+    a ``DynamicModule``), oldest first."""
     with _LOCK:
         return list(_CACHE.values())
 
@@ -164,32 +177,41 @@ class TorchBackend:
 
         from mlir_ansor.importers.pytorch import import_module
 
-        _check_inputs(torch, example_inputs)
+        shapes = _symbolic_shapes(torch, gm, example_inputs)
+        _check_inputs(torch, example_inputs, shapes)
         n_out, single = _outputs(gm)
         frozen = _weights(torch, gm, example_inputs) if self.freeze else []
-        live = [i for i in range(len(example_inputs)) if i not in frozen]
-        model = _frozen(torch, gm, example_inputs, frozen) if frozen else gm
-        source_key = _graph_key(torch, gm, example_inputs, frozen, self.trials)
+        scalars = _scalars(torch, gm, example_inputs)
+        live = [i for i, t in enumerate(example_inputs)
+                if i not in frozen and i not in scalars and isinstance(t, torch.Tensor)]
+        sizes = _size_inputs(torch, example_inputs, shapes, frozen, live)
+        tensors = tuple(example_inputs[i] for i in live)
+        dims = _dynamic_dims(shapes, live) if sizes is not None else None
+        model = (_frozen(torch, gm, example_inputs, frozen, sizes or {}, scalars)
+                 if frozen or sizes or scalars else gm)
+        source_key = _graph_key(torch, gm, example_inputs, frozen, self.trials, shapes, scalars)
         key = hashlib.sha256(f"{source_key}\0{self.threads}\0{self._db_path}".encode()).hexdigest()
         with _LOCK:
             cm = _CACHE.get(key)
             if cm is not None:
                 stats.hits += 1
             else:
-                cm = self._cached(source_key)
+                cm = self._cached(source_key) if dims is None else None
                 if cm is None:
-                    text = import_module(model, tuple(example_inputs[i] for i in live), func_name="main")
-                    cm = self._build(text, source_key)
-                ins, outs, _ = cm.functions[cm.entry]
-                if len(ins) != len(live) or len(outs) != n_out:
+                    with torch._guards.tracing(None):
+                        text = import_module(model, tensors, func_name="main",
+                                             dynamic_shapes=None if dims is None else _export_dims(torch, dims))
+                    cm = self._build(text, source_key, tensors)
+                n_in, n_res = _arity(cm)
+                if n_in != len(live) or n_res != n_out:
                     cm.close()
                     raise _Fallback(
-                        f"the compiled function takes {len(ins)} and returns {len(outs)} value(s); "
-                        f"the graph takes {len(live)} (besides its weights) and returns {n_out}"
+                        f"the compiled function takes {n_in} and returns {n_res} value(s); "
+                        f"the graph takes {len(live)} (besides its weights and sizes) and returns {n_out}"
                     )
                 _CACHE[key] = cm
                 stats.compiled += 1
-        return _Runner(cm, n_out, single, live, {i: _stamp(example_inputs[i]) for i in frozen}, gm.forward)
+        return _Runner(cm, n_out, single, live, {i: _stamp(example_inputs[i]) for i in frozen}, gm.forward, scalars)
 
     def _cached(self, source_key: tuple[str, str]):
         """The graph's whole compile from the compile cache (an earlier
@@ -202,16 +224,29 @@ class TorchBackend:
             log.info("torch backend: graph %s comes from the compile cache", source_key[0][:16])
         return cm
 
-    def _build(self, text: str, source_key: tuple[str, str] | None = None):
+    def _build(self, text: str, source_key: tuple[str, str] | None = None, example: tuple = ()):
+        """The compiled module of the imported `text`; a graph of dynamic
+        sizes gives a `compiler.DynamicModule` (a static specialization
+        compiled per size a call brings), tuned at the sizes of `example`
+        (the inputs dynamo passed): the other sizes take the schedules of
+        their nearest tuned size (`search.transfer`)."""
+        from mlir_ansor.compiler import DynamicModule
         from mlir_ansor.compiler import compile as compile_module
         from mlir_ansor.ir.program import load
         from mlir_ansor.target import Target
 
         target = self.target or Target.host()
+        if not _has_dynamic_sizes(text):
+            if self.trials:
+                self._tune(text, target)
+            return compile_module(load(text=text), db=self._db_path, threads=self.threads, target=target,
+                                  source_key=source_key)
+        cm = compile_module(load(text=text), db=self._db_path, threads=self.threads, target=target)
+        if not isinstance(cm, DynamicModule):
+            raise _Fallback("the graph's dynamic sizes did not reach the compiled function")
         if self.trials:
-            self._tune(text, target)
-        return compile_module(load(text=text), db=self._db_path, threads=self.threads, target=target,
-                              source_key=source_key)
+            self._tune(cm.text_at(*[_to_numpy(t) for t in example]), target)
+        return cm
 
     def _tune(self, text: str, target: Any) -> None:
         """Tune until the module's tasks hold `trials` records of this target
@@ -242,27 +277,143 @@ class TorchBackend:
         tune(load(text=text), target=target, config=config, db=self._db_path)
 
 
-def _check_inputs(torch: Any, example_inputs: list[Any]) -> None:
+def _check_inputs(torch: Any, example_inputs: list[Any], shapes: list[Any]) -> None:
+    """Inputs we can run: CPU tensors of the types we have, and the sizes
+    dynamo made dynamic (`shapes`: :func:`_symbolic_shapes`)."""
     for i, t in enumerate(example_inputs):
+        if isinstance(shapes[i], str):  # a dynamic size (s0): :func:`_size_inputs` finds it in a tensor's shape
+            continue
         if not isinstance(t, torch.Tensor):
             raise _Fallback(
-                f"input {i} is a {type(t).__name__}, not a tensor: dynamo made a size dynamic after seeing "
-                "two; torch.compile(..., dynamic=False) compiles one static graph per shape instead"
+                f"input {i} is a {type(t).__name__} ({t!r}), not a tensor or a dynamic size of one; "
+                "torch.compile(..., dynamic=False) compiles one static graph per value instead"
             )
         if t.device.type != "cpu":
             raise _Fallback(f"input {i} is on {t.device}; mlir-ansor compiles for the CPU")
         if str(t.dtype).removeprefix("torch.") not in _SUPPORTED:
             raise _Fallback(f"input {i} is {t.dtype}, a type the compiled module cannot take")
         if any(not isinstance(s, int) for s in t.shape):
-            raise _Fallback(
-                f"input {i} has a dynamic shape {tuple(t.shape)}; torch.compile(..., dynamic=False) compiles "
-                "one static graph per shape instead"
-            )
+            raise _Fallback(f"input {i} has no concrete shape ({tuple(t.shape)})")
         if t.requires_grad and torch.is_grad_enabled():
             raise _Fallback(
                 "the graph needs gradients (an input requires grad); mlir-ansor compiles inference: "
                 "run it under torch.no_grad() or torch.inference_mode()"
             )
+
+
+def _symbolic_shapes(torch: Any, gm: Any, example_inputs: list[Any]) -> list[Any]:
+    """What dynamo traced each input as, one entry per input: for a tensor,
+    its shape, each dimension an int or the name of the symbol dynamo made
+    it (``"s0"``: a size that varies from call to call, under
+    ``torch.compile(..., dynamic=True)`` or once dynamo has seen two); for a
+    size passed on its own (a ``torch.SymInt``), its symbol's name; None
+    for anything else. A dimension that is an expression of symbols
+    (``2*s0``) makes the graph run eagerly."""
+    nodes = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(nodes) != len(example_inputs):
+        return [None if isinstance(t, torch.SymInt) else _static_shape(torch, t) for t in example_inputs]
+
+    def name(v: Any, what: str) -> Any:
+        if not isinstance(v, torch.SymInt):
+            return int(v)
+        expr = v.node.expr
+        if getattr(expr, "is_Symbol", False):
+            return str(expr)
+        if getattr(expr, "is_Integer", False):
+            return int(expr)
+        raise _Fallback(f"{what} is {expr}, an expression of dynamic sizes: only sizes of their own "
+                        "compile (torch.compile(..., dynamic=False) compiles one static graph per shape)")
+
+    out: list[Any] = []
+    for i, (node, t) in enumerate(zip(nodes, example_inputs)):
+        v = node.meta.get("example_value")
+        if isinstance(v, torch.SymInt):
+            out.append(name(v, f"input {i}"))
+        elif isinstance(v, torch.Tensor):
+            out.append(tuple(name(s, f"dimension {d} of input {i}") for d, s in enumerate(v.shape)))
+        else:
+            out.append(_static_shape(torch, t))
+    return out
+
+
+def _static_shape(torch: Any, t: Any) -> Any:
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else None
+
+
+def _scalars(torch: Any, gm: Any, example_inputs: list[Any]) -> dict[int, float | int | bool]:
+    """The Python numbers dynamo passes as 0-d tensors (a float it did not
+    specialize, such as a LayerNorm's ``eps`` under ``dynamic=True``),
+    input index -> value: they are compiled in as constants (``torch.export``
+    cannot trace the ``.item()`` the graph reads them with), and a call that
+    brings another value runs eagerly (:class:`_Runner`)."""
+    nodes = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(nodes) != len(example_inputs):
+        return {}
+    return {
+        i: t.item()
+        for i, (node, t) in enumerate(zip(nodes, example_inputs))
+        if getattr(node.meta.get("grapharg"), "pass_arg_as_tensor", False)
+        and isinstance(t, torch.Tensor) and t.dim() == 0
+    }
+
+
+def _size_inputs(torch: Any, example_inputs: list[Any], shapes: list[Any], frozen: list[int],
+                 live: list[int]) -> dict[int, tuple[int, int]] | None:
+    """Where each dynamic size passed on its own is read at run time: input
+    index -> (position among the `live` tensors, dimension), the first
+    tensor dimension of the same symbol; None for a graph of static shapes.
+    The compiled module takes tensors only, so a size no tensor carries (a
+    Python int made dynamic) makes the graph run eagerly."""
+    symbolic = [i for i, s in enumerate(shapes) if isinstance(s, str)]
+    if not symbolic and not any(isinstance(d, str) for s in shapes if isinstance(s, tuple) for d in s):
+        return None
+    for i in frozen:
+        if any(isinstance(d, str) for d in shapes[i]):
+            raise _Fallback(f"weight input {i} has a dynamic shape {shapes[i]}")
+    where: dict[str, tuple[int, int]] = {}
+    for k, i in enumerate(live):
+        for d, sym in enumerate(shapes[i]):
+            if isinstance(sym, str):
+                where.setdefault(sym, (k, d))
+    sizes = {}
+    for i in symbolic:
+        if shapes[i] not in where:
+            raise _Fallback(
+                f"input {i} is a dynamic integer ({shapes[i]}) that no tensor's shape carries; the compiled "
+                "module takes tensors only (torch.compile(..., dynamic=False) compiles one graph per value)"
+            )
+        sizes[i] = where[shapes[i]]
+    return sizes
+
+
+def _dynamic_dims(shapes: list[Any], live: list[int]) -> list[dict[int, str]]:
+    """The dynamic dimensions of each live tensor: dimension -> symbol."""
+    return [{d: s for d, s in enumerate(shapes[i]) if isinstance(s, str)} for i in live]
+
+
+def _export_dims(torch: Any, dims: list[dict[int, str]]) -> tuple:
+    """``torch.export``'s ``dynamic_shapes`` for the frozen graph's
+    ``forward(*live)``: one ``Dim`` per symbol, shared by the dimensions
+    dynamo gave it (the compiled function's one symbol)."""
+    from torch.export import Dim
+
+    made: dict[str, Any] = {}
+    return (tuple({d: made.setdefault(s, Dim(s)) for d, s in ds.items()} or None for ds in dims),)
+
+
+def _has_dynamic_sizes(text: str) -> bool:
+    from mlir_ansor.compiler import _has_dynamic_arguments
+    from mlir_ansor.ir.program import load
+
+    return _has_dynamic_arguments(load(text=text), "main")
+
+
+def _arity(cm: Any) -> tuple[int, int]:
+    """(arguments, results) of the compiled module's entry function."""
+    if hasattr(cm, "functions"):
+        ins, outs, _ = cm.functions[cm.entry]
+        return len(ins), len(outs)
+    return cm.n_args, cm.n_results
 
 
 def _outputs(gm: Any) -> tuple[int, bool]:
@@ -291,11 +442,16 @@ def _weights(torch: Any, gm: Any, example_inputs: list[Any]) -> list[int]:
     ]
 
 
-def _frozen(torch: Any, gm: Any, example_inputs: list[Any], frozen: list[int]):
+def _frozen(torch: Any, gm: Any, example_inputs: list[Any], frozen: list[int], sizes: dict[int, tuple[int, int]],
+            scalars: dict[int, Any]):
     """`gm` with the inputs `frozen` held as buffers: ``torch.export`` then
     lifts them as constants, which torch-mlir imports as weights
     (``dense_resource``), so the compiler folds their layout changes and packs
-    them once."""
+    them once. It takes the other tensors only: a dynamic size passed on its
+    own is read from a tensor's shape (`sizes`: :func:`_size_inputs`), which
+    ``torch.export`` traces as the symbol of that dimension; a number passed
+    as a 0-d tensor (`scalars`) is a tensor made in ``forward``, whose
+    ``.item()`` the trace knows."""
 
     class Frozen(torch.nn.Module):
         def __init__(self) -> None:
@@ -306,18 +462,27 @@ def _frozen(torch: Any, gm: Any, example_inputs: list[Any], frozen: list[int]):
 
         def forward(self, *live):
             it = iter(live)
-            args = [getattr(self, f"weight_{i}") if i in frozen else next(it) for i in range(len(example_inputs))]
+            args = [
+                getattr(self, f"weight_{i}") if i in frozen
+                else live[sizes[i][0]].shape[sizes[i][1]] if i in sizes
+                else torch.tensor(scalars[i], dtype=example_inputs[i].dtype) if i in scalars
+                else next(it)
+                for i in range(len(example_inputs))
+            ]
             return self.graph_module(*args)
 
     return Frozen()
 
 
-def _graph_key(torch: Any, gm: Any, example_inputs: list[Any], frozen: list[int], trials: int) -> tuple[str, str]:
+def _graph_key(torch: Any, gm: Any, example_inputs: list[Any], frozen: list[int], trials: int,
+               shapes: list[Any], scalars: dict[int, Any]) -> tuple[str, str]:
     """What decides the module torch-mlir imports for a graph, before
     importing it (a ResNet-50 takes half a minute), as the compile cache's
     ``source_key``: a name, the SHA-256 of the graph's code and modules, its
-    inputs' types, which inputs are frozen, `trials` (a graph tuned to more
-    records is another compile) and the versions of torch and torch-mlir;
+    inputs' types (a dynamic dimension by its symbol, `shapes`), which inputs
+    are frozen, the numbers compiled in (`scalars`), `trials` (a graph tuned
+    to more records is another compile) and the versions of torch and
+    torch-mlir;
     and a digest, that name with the bytes of the frozen weights and of the
     graph's own parameters and buffers (one compile is kept per name: new
     weights replace the old)."""
@@ -330,11 +495,16 @@ def _graph_key(torch: Any, gm: Any, example_inputs: list[Any], frozen: list[int]
         except PackageNotFoundError:
             versions.append(f"{dist} -")
     name = hashlib.sha256()
-    for part in (gm.code, repr(gm), repr(frozen), str(trials), *versions):
+    for part in (gm.code, repr(gm), repr(frozen), repr(sorted(scalars.items())), str(trials), *versions):
         name.update(part.encode())
         name.update(b"\0")
-    for t in example_inputs:
-        name.update(f"{t.dtype} {tuple(t.shape)} {t.stride()}\0".encode())
+    for t, shape in zip(example_inputs, shapes):
+        if not isinstance(t, torch.Tensor):
+            name.update(f"size {shape}\0".encode())
+        elif shape == tuple(t.shape):
+            name.update(f"{t.dtype} {tuple(t.shape)} {t.stride()}\0".encode())
+        else:  # dynamic: the strides follow the sizes
+            name.update(f"{t.dtype} {shape}\0".encode())
     digest = hashlib.sha256(name.digest())
     tensors = [example_inputs[i] for i in frozen] + [t for _, t in sorted(gm.state_dict().items())]
     for t in tensors:
@@ -355,17 +525,22 @@ def _stamp(t: Any) -> tuple[int, int]:
 
 
 class _Runner:
-    """A compiled graph as dynamo calls it: tensors in, a tuple of tensors
-    out. The weights compiled in are not passed to the library; if one was
-    changed in place since (an optimizer step, ``load_state_dict``), the graph
-    runs eagerly from then on, with one warning."""
+    """A compiled graph as dynamo calls it: tensors (and the sizes dynamo
+    made dynamic, which the compiled module reads from the tensors' shapes)
+    in, a tuple of tensors out. The weights compiled in are not passed to the
+    library; if one was changed in place since (an optimizer step,
+    ``load_state_dict``), the graph runs eagerly from then on, with one
+    warning. So does a call that brings another value of a number compiled
+    in (`scalars`)."""
 
-    def __init__(self, cm: Any, n_out: int, single: bool, live: list[int], stamps: dict, eager: Callable) -> None:
+    def __init__(self, cm: Any, n_out: int, single: bool, live: list[int], stamps: dict, eager: Callable,
+                 scalars: dict | None = None) -> None:
         self.cm = cm
         self.n_out = n_out
         self.single = single
         self.live = live
         self.stamps = stamps
+        self.scalars = scalars or {}
         self.eager: Callable | None = None
         self._eager = eager
 
@@ -374,12 +549,11 @@ class _Runner:
             return self.eager(*args)
         for i, stamp in self.stamps.items():
             if _stamp(args[i]) != stamp:
-                log.warning(
-                    "torch backend: a weight compiled into a graph (input %d) has changed since; the graph runs "
-                    "eagerly from now on (torch._dynamo.reset() compiles it again, with the new weights)", i
-                )
-                self.eager = self._eager
-                return self.eager(*args)
+                return self._go_eager(args, f"a weight compiled into a graph (input {i}) has changed since")
+        for i, value in self.scalars.items():
+            if args[i].item() != value:
+                return self._go_eager(args, f"a number compiled into a graph (input {i}, {value!r}) is "
+                                            f"{args[i].item()!r} in this call")
         results = self.cm(*[_to_numpy(args[i]) for i in self.live])
         if results is None:
             results = ()
@@ -387,6 +561,12 @@ class _Runner:
             results = (results,)
         outs = tuple(_to_torch(a) for a in results)
         return outs[0] if self.single else outs
+
+    def _go_eager(self, args: tuple, why: str) -> Any:
+        log.warning("torch backend: %s; the graph runs eagerly from now on (torch._dynamo.reset() compiles it "
+                    "again, with the new values)", why)
+        self.eager = self._eager
+        return self.eager(*args)
 
 
 def _to_numpy(t: Any):
