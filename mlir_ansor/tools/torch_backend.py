@@ -201,7 +201,7 @@ class TorchBackend:
                     with torch._guards.tracing(None):
                         text = import_module(model, tensors, func_name="main",
                                              dynamic_shapes=None if dims is None else _export_dims(torch, dims))
-                    cm = self._build(text, source_key, tensors)
+                    cm = self._build(text, source_key, tensors if dims is not None else None)
                 n_in, n_res = _arity(cm)
                 if n_in != len(live) or n_res != n_out:
                     cm.close()
@@ -224,19 +224,19 @@ class TorchBackend:
             log.info("torch backend: graph %s comes from the compile cache", source_key[0][:16])
         return cm
 
-    def _build(self, text: str, source_key: tuple[str, str] | None = None, example: tuple = ()):
+    def _build(self, text: str, source_key: tuple[str, str] | None = None, example: tuple | None = None):
         """The compiled module of the imported `text`; a graph of dynamic
-        sizes gives a `compiler.DynamicModule` (a static specialization
-        compiled per size a call brings), tuned at the sizes of `example`
-        (the inputs dynamo passed): the other sizes take the schedules of
-        their nearest tuned size (`search.transfer`)."""
+        sizes (`example`: the inputs dynamo passed) gives a
+        `compiler.DynamicModule` (a static specialization compiled per size a
+        call brings), tuned at the sizes of `example`: the other sizes take
+        the schedules of their nearest tuned size (`search.transfer`)."""
         from mlir_ansor.compiler import DynamicModule
         from mlir_ansor.compiler import compile as compile_module
         from mlir_ansor.ir.program import load
         from mlir_ansor.target import Target
 
         target = self.target or Target.host()
-        if not _has_dynamic_sizes(text):
+        if example is None:
             if self.trials:
                 self._tune(text, target)
             return compile_module(load(text=text), db=self._db_path, threads=self.threads, target=target,
@@ -399,13 +399,6 @@ def _export_dims(torch: Any, dims: list[dict[int, str]]) -> tuple:
 
     made: dict[str, Any] = {}
     return (tuple({d: made.setdefault(s, Dim(s)) for d, s in ds.items()} or None for ds in dims),)
-
-
-def _has_dynamic_sizes(text: str) -> bool:
-    from mlir_ansor.compiler import _has_dynamic_arguments
-    from mlir_ansor.ir.program import load
-
-    return _has_dynamic_arguments(load(text=text), "main")
 
 
 def _arity(cm: Any) -> tuple[int, int]:
