@@ -13,22 +13,13 @@ import numpy as np
 import pytest
 
 import mlir_ansor
+from mlir_ansor.compiler import DynamicModule
 from mlir_ansor.errors import AnsorError, InputError
 from mlir_ansor.tools.cli import main
 
 
-@pytest.fixture(scope="module")
-def onnx_model(torch, tmp_path_factory):
-    """(path of the .onnx file, an input, PyTorch's output). Needs onnx (the
-    'torch' extra that scripts/setup.sh installs has it): skipped without
-    it, except in CI, where it is a failure."""
-    from conftest import _in_ci
-
-    if importlib.util.find_spec("onnx") is None:
-        why = "the ONNX path needs the onnx package (the 'onnx' or 'torch' extra: pip install -e '.[onnx]')"
-        if _in_ci():
-            pytest.fail(f"{why}; CI installs it (scripts/setup.sh), so it must be there", pytrace=False)
-        pytest.skip(why)
+def _block(torch):
+    """A small ResNet-style model with seeded weights."""
     nn = torch.nn
 
     class Block(nn.Module):
@@ -53,12 +44,31 @@ def onnx_model(torch, tmp_path_factory):
     for bn in (model.body[1], model.body[4]):  # batch statistics that are not the identity
         bn.running_mean.uniform_(-0.5, 0.5)
         bn.running_var.uniform_(0.5, 2.0)
-    model.eval()
-    x = torch.randn(1, 3, 12, 12)
-    path = tmp_path_factory.mktemp("onnx") / "block.onnx"
+    return model.eval()
+
+
+def _export(torch, model, x, path, **options) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter (no onnxscript here)
-        torch.onnx.export(model, (x,), str(path), dynamo=False, input_names=["x"], output_names=["logits"])
+        torch.onnx.export(model, (x,), str(path), dynamo=False, input_names=["x"], output_names=["logits"], **options)
+
+
+@pytest.fixture(scope="module")
+def onnx_model(torch, tmp_path_factory):
+    """(path of the .onnx file, an input, PyTorch's output). Needs onnx (the
+    'torch' extra that scripts/setup.sh installs has it): skipped without
+    it, except in CI, where it is a failure."""
+    from conftest import _in_ci
+
+    if importlib.util.find_spec("onnx") is None:
+        why = "the ONNX path needs the onnx package (the 'onnx' or 'torch' extra: pip install -e '.[onnx]')"
+        if _in_ci():
+            pytest.fail(f"{why}; CI installs it (scripts/setup.sh), so it must be there", pytrace=False)
+        pytest.skip(why)
+    model = _block(torch)
+    x = torch.randn(1, 3, 12, 12)
+    path = tmp_path_factory.mktemp("onnx") / "block.onnx"
+    _export(torch, model, x, path)
     with torch.no_grad():
         expected = model(x).numpy()
     return path, x.numpy(), expected
@@ -110,3 +120,22 @@ def test_tune_and_run_take_an_onnx_path(onnx_model, tmp_path, capsys):
     assert main(["run", str(path), "--db", db, "--repeat", "1", "--json"]) == 0
     ran = json.loads(capsys.readouterr().out)
     assert ran["max_relative_error"] <= 1e-4
+
+
+def test_a_dynamic_batch_compiles_to_one_dynamic_module(onnx_model, torch, tmp_path):
+    """An ONNX input whose batch is a named dimension (``dim_param``, as
+    ``dynamic_axes`` exports it) stays dynamic: compile gives a
+    DynamicModule that runs any batch."""
+    model = _block(torch)
+    path = tmp_path / "batch.onnx"
+    _export(torch, model, torch.randn(2, 3, 12, 12), path, dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}})
+    program = mlir_ansor.load(path)
+    assert "func.func @main_graph(%arg0: tensor<?x3x12x12xf32>) -> tensor<?x10xf32>" in str(program.module)
+    cm = mlir_ansor.compile(program)
+    assert isinstance(cm, DynamicModule)
+    for n in (1, 3):
+        x = torch.randn(n, 3, 12, 12)
+        with torch.no_grad():
+            expected = model(x).numpy()
+        np.testing.assert_allclose(cm(x.numpy()), expected, rtol=1e-4, atol=1e-5)
+    assert sorted(v for sizes in cm.sizes for v in sizes.values()) == [1, 3]

@@ -72,11 +72,14 @@ def _require(who: str) -> None:
 
 
 def import_onnx(path: str | os.PathLike) -> str:
-    """MLIR text (Linalg on tensors, static shapes) of the ONNX model at `path`.
+    """MLIR text (Linalg on tensors) of the ONNX model at `path`.
 
     The function is named after the ONNX graph (``@main_graph`` for
     ``torch.onnx.export``'s models); its arguments are the graph's inputs,
-    its weights dense constants. Raises :class:`InputError` for a missing
+    its weights dense constants. A dimension the model names instead of
+    sizing (``dim_param``: a batch exported with ``dynamic_axes``) stays
+    dynamic (``tensor<?x3x224x224xf32>``): `mlir_ansor.compile` gives a
+    `DynamicModule` for it, and ``tune --sizes 0.0=1,8`` tunes it at sizes. Raises :class:`InputError` for a missing
     file, :class:`AnsorError` when onnx or torch-mlir is missing or the
     model does not import or lower (with torch-mlir's first diagnostic).
     """
