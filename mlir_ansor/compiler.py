@@ -623,8 +623,8 @@ def _global_data(op: ir.Operation, blobs) -> bytes | None:
 def _move_out_weights(module: ir.Module, workdir: str, blobs=None) -> list[tuple]:
     """Write the data of every large constant global of `module` to a file
     in `workdir` and make the global an external declaration. Returns
-    (symbol, file, bytes, the global, its initializer, its visibility or
-    None) of each; the last three put it back (:func:`_restore_weights`).
+    (symbol, file, bytes, its visibility or None) of each
+    (:func:`_text_with_weights` puts them back in a printed module).
     `blobs`: as :func:`_global_data`'s."""
     moved = []
     for opview in module.body.operations:
@@ -635,21 +635,32 @@ def _move_out_weights(module: ir.Module, workdir: str, blobs=None) -> list[tuple
         path = os.path.join(workdir, f"w{len(moved)}.bin")
         with open(path, "wb") as f:
             f.write(data)
-        visibility = op.attributes["sym_visibility"] if "sym_visibility" in op.attributes else None
-        moved.append((ir.StringAttr(op.attributes["sym_name"]).value, path, len(data), op,
-                      op.attributes["initial_value"], visibility))
+        visibility = ir.StringAttr(op.attributes["sym_visibility"]).value if "sym_visibility" in op.attributes else None
+        moved.append((ir.StringAttr(op.attributes["sym_name"]).value, path, len(data), visibility))
         del op.attributes["initial_value"]
         if "sym_visibility" in op.attributes:
             del op.attributes["sym_visibility"]
     return moved
 
 
-def _restore_weights(moved) -> None:
-    """Undo :func:`_move_out_weights`."""
-    for _, _, _, op, attr, visibility in moved:
-        op.attributes["initial_value"] = attr
-        if visibility is not None:
-            op.attributes["sym_visibility"] = visibility
+def _text_with_weights(text: str, weights: list[tuple[str, str, str | None]]) -> str:
+    """`text`, a module whose large constant globals :func:`_move_out_weights`
+    made external, with each one's data (symbol, file, visibility or None)
+    put back as a dense initializer."""
+    files = {sym: (path, visibility) for sym, path, visibility in weights}
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+        for opview in module.body.operations:
+            op = opview.operation
+            if op.name != "memref.global" or ir.StringAttr(op.attributes["sym_name"]).value not in files:
+                continue
+            path, visibility = files[ir.StringAttr(op.attributes["sym_name"]).value]
+            mtype = ir.MemRefType(ir.TypeAttr(op.attributes["type"]).value)
+            raw = np.fromfile(path, dtype=f"<u{ELEMENT_BYTES[str(mtype.element_type)]}")
+            op.attributes["initial_value"] = ir.DenseElementsAttr.get(raw, type=mtype.element_type, shape=mtype.shape)
+            if visibility is not None:
+                op.attributes["sym_visibility"] = ir.StringAttr.get(visibility)
+        return str(module)
 
 
 def _externalize_weights(module: ir.Module, blobs: dict[str, str], workdir: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -1046,8 +1057,8 @@ def _finish(module_text: str, signatures: dict, entry: str, threads: int, plans:
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
-    for _, path, _ in weights:  # in the library now
-        os.unlink(path)
+    # The weights' files stay (on disk, not in memory) until the module goes:
+    # its ``mlir`` puts them back into the printed text (`_text_with_weights`).
     log.info("compile: lowered and linked @%s's module in %.1f s", entry, time.perf_counter() - start)
     cm = CompiledModule(so_path, full_text or module_text, signatures, entry, plans, threads)
     weakref.finalize(cm, shutil.rmtree, workdir, True)
@@ -1567,10 +1578,14 @@ def schedule_module(
     entry_name = _pick_entry(signatures, occs, entry)
     full_mlir = None
     if moved:
+        # From the printed text and the weights' files, not the module: a
+        # closure over it kept its context alive, and with it every copy of
+        # the weights (about 60 MB a BERT layer; a dynamic module compiles
+        # one specialization per size).
+        weights = [(sym, path, visibility) for sym, path, _, visibility in moved]
+
         def full_mlir() -> str:
-            with program.context:
-                _restore_weights(moved)
-                return str(module)
+            return _text_with_weights(text, weights)
     # The signatures above are the bufferized ones; the C ABI is the same
     # (memrefs in, results as trailing out-parameters).
     return ScheduledModule(text, signatures, entry_name, plans, tuple(m[:3] for m in moved), full_mlir)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import importlib
 import json
+import math
 import sqlite3
 
 import numpy as np
@@ -380,3 +381,56 @@ def test_a_record_made_before_partial_rows_offered_the_copy_of_b_applies_reading
     a, b = rng.standard_normal((100, 64)).astype(np.float32), rng.standard_normal((64, 256)).astype(np.float32)
     np.testing.assert_allclose(cm(a, b), a @ b, rtol=1e-4, atol=1e-4)
     cm.close()
+
+
+@pytest.mark.parametrize("element", ["f32", "bf16"])
+def test_the_scheduled_text_has_the_weights_the_library_was_built_with(element):
+    """A compiled module keeps no MLIR context alive for its `mlir` (a
+    dynamic module compiles one per size; with the context, each kept every
+    copy of the weights): the weights kept out of LLVM come back from their
+    files, with their type, as the values of their globals."""
+    import gc
+    import weakref
+
+    import ml_dtypes
+    from mlir import ir
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((128, 256)).astype(np.float32)  # 128 KiB: kept out of LLVM
+    if element == "bf16":
+        w = w.astype(ml_dtypes.bfloat16)
+    with ir.Context():
+        et = ir.F32Type.get() if element == "f32" else ir.BF16Type.get()
+        bits = w.view(np.uint32 if element == "f32" else np.uint16)
+        dense = ir.DenseElementsAttr.get(bits, type=et, shape=list(w.shape))
+    text = f"""
+    func.func @main(%x: tensor<4x128x{element}>) -> tensor<4x256x{element}> {{
+      %w = arith.constant {dense}
+      %c0 = arith.constant 0.0 : {element}
+      %e = tensor.empty() : tensor<4x256x{element}>
+      %f = linalg.fill ins(%c0 : {element}) outs(%e : tensor<4x256x{element}>) -> tensor<4x256x{element}>
+      %r = linalg.matmul ins(%x, %w : tensor<4x128x{element}>, tensor<128x256x{element}>)
+                         outs(%f : tensor<4x256x{element}>) -> tensor<4x256x{element}>
+      return %r : tensor<4x256x{element}>
+    }}"""
+    program = load(text=text)
+    cm = mlir_ansor.compile(program, cache_dir=False)
+    gone = weakref.ref(program.context)
+    del program
+    gc.collect()
+    assert gone() is None  # nothing of the compile holds the input's context (and its weights)
+    x = rng.standard_normal((4, 128)).astype(np.float32).astype(w.dtype)
+    np.testing.assert_allclose(np.asarray(cm(x), np.float32), x.astype(np.float32) @ w.astype(np.float32),
+                               rtol=2e-2 if element == "bf16" else 1e-5, atol=2e-2 if element == "bf16" else 1e-4)
+    with ir.Context():
+        module = ir.Module.parse(cm.mlir)
+        found = []
+        for op in module.body.operations:
+            op = op.operation
+            if op.name == "memref.global" and "initial_value" in op.attributes:
+                attr = ir.DenseElementsAttr(op.attributes["initial_value"])
+                if math.prod(ir.ShapedType(attr.type).shape) == w.size:
+                    raw = bytes.fromhex(str(attr).split('"')[1][2:]) if element == "bf16" else np.array(attr).tobytes()
+                    found.append(np.frombuffer(raw, dtype=w.dtype))
+    (values,) = found  # the weights, in the layout the kernel reads (column panels): the same values
+    np.testing.assert_array_equal(np.sort(values.astype(np.float32)), np.sort(w.astype(np.float32).ravel()))
