@@ -43,6 +43,7 @@ freed by MLIR's own bufferization and deallocation passes, and weights become
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import logging
 import math
@@ -159,6 +160,10 @@ class CompiledModule:
     entry: str
     kernels: list[KernelPlan] = field(default_factory=list)
     threads: int = 1
+    weights_library: str | None = None
+    """The shared library that holds the weights, where they are not in
+    :attr:`library_path` itself (a `DynamicModule`'s specializations share
+    one: :func:`shared_weights_library`)."""
     cache_stats: dict = field(default_factory=dict)
     """What the compile cache gave this compile (`passes.compile_cache.CompileCache.stats`:
     ``module_hit``, ``obj_hit``, ``obj_miss``, ``fold_hit``...); empty without a cache."""
@@ -677,6 +682,27 @@ def _externalize_weights(module: ir.Module, blobs: dict[str, str], workdir: str)
     return _weights_objects([m[:3] for m in _move_out_weights(module, workdir, lambda: blobs)], workdir)
 
 
+def _weights_source(entries, path: str, exported: bool = False) -> str:
+    """Write the assembly source that defines the globals `entries`
+    ((symbol, file, bytes) each) at `path`: hidden in the library it is
+    linked into, or `exported` to the libraries that load it."""
+    lines = []
+    for sym, data, size in entries:
+        lines += [
+            ".section .rodata",
+            f".globl {sym}",
+            *([] if exported else [f".hidden {sym}"]),
+            f".type {sym}, @object",
+            ".p2align 6",
+            f"{sym}:",
+            f'.incbin "{data}"',
+            f".size {sym}, {size}",
+        ]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
 def _weights_objects(entries, workdir: str, name: str = "weights") -> tuple[tuple[str, ...], tuple[str, ...]]:
     """For globals made external with their data in files ((symbol, file,
     bytes) each): (shared libraries that resolve the symbols while the
@@ -685,21 +711,7 @@ def _weights_objects(entries, workdir: str, name: str = "weights") -> tuple[tupl
     units are code-generated); empty without entries."""
     if not entries:
         return (), ()
-    lines = []
-    for sym, path, size in entries:
-        lines += [
-            ".section .rodata",
-            f".globl {sym}",
-            f".hidden {sym}",
-            f".type {sym}, @object",
-            ".p2align 6",
-            f"{sym}:",
-            f'.incbin "{path}"',
-            f".size {sym}, {size}",
-        ]
-    src = os.path.join(workdir, f"{name}.s")
-    with open(src, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    src = _weights_source(entries, os.path.join(workdir, f"{name}.s"))
     # While the ExecutionEngine generates code, the weights only need an
     # address: a stub of the names, not a second copy of the data.
     try:
@@ -707,6 +719,52 @@ def _weights_objects(entries, workdir: str, name: str = "weights") -> tuple[tupl
     except RuntimeError as e:
         raise AnsorError(str(e)) from None
     return (stub,), (src,)
+
+
+_SHARED_WEIGHTS: dict[str, str] = {}
+"""Weights libraries this process built or found, by content: key -> path."""
+
+_SHARED_DIR: list[str] = []
+"""The folder of this process's weights libraries, where there is no compile cache."""
+
+
+def shared_weights_library(entries, cache: CompileCache | None) -> str:
+    """A shared library that defines the globals `entries` ((symbol, file,
+    bytes) each), exported, named by their names and bytes: the
+    specializations of a `DynamicModule` link against it instead of holding
+    the weights each (a BERT layer's 28 MB a size), so the loader maps them
+    once. It goes to the compile cache's ``weights`` folder (a library
+    cached there names it, so a later process loads the same file), else to
+    a folder of this process."""
+    digest = CompileCache.key("weights", *(f"{sym}:{size}:{file_digest(path)}" for sym, path, size in entries))
+    known = _SHARED_WEIGHTS.get(digest)
+    if known is not None and os.path.exists(known):
+        return known
+    if cache is not None:
+        folder = str(cache.root / "weights")
+    else:
+        if not _SHARED_DIR:
+            _SHARED_DIR.append(tempfile.mkdtemp(prefix="mlir-ansor-weights-"))
+            atexit.register(shutil.rmtree, _SHARED_DIR[0], True)
+        folder = _SHARED_DIR[0]
+    path = os.path.join(folder, f"{digest}.so")
+    if not os.path.exists(path):
+        import subprocess
+
+        os.makedirs(folder, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".weights-", dir=folder)
+        try:
+            src = _weights_source(entries, os.path.join(tmp, "weights.s"), exported=True)
+            # Its soname is the path that the libraries linked against it name (DT_NEEDED).
+            proc = subprocess.run(["cc", "-shared", "-o", os.path.join(tmp, "weights.so"), src, f"-Wl,-soname,{path}"],
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise AnsorError(f"linking the weights' library failed: {proc.stderr.strip()[-1000:]}")
+            os.replace(os.path.join(tmp, "weights.so"), path)  # whole or not at all, for concurrent compiles
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    _SHARED_WEIGHTS[digest] = path
+    return path
 
 
 def lower_and_split(mlir_path: str, threads: int, workdir: str, drivers: list[str], outline: bool = False) -> dict:
@@ -752,12 +810,14 @@ def emit_unit(text: str, obj_path: str, opt_level: int, jit_libs: tuple[str, ...
 
 
 def lower_and_link(module_text: str, signatures: dict, threads: int, so_path: str, opt_level: int,
-                    cache: CompileCache | None, outline: bool = False, weights: tuple = ()) -> None:
+                    cache: CompileCache | None, outline: bool = False, weights: tuple = (),
+                    weights_library: str | None = None) -> None:
     """Lower `module_text` in a worker, code-generate its units in parallel
     workers (the cached ones come from `cache`) and link them at `so_path`.
     `weights`: (symbol, file, bytes) of the globals `module_text` declares
     without their data (:func:`schedule_module`'s ``_weights_dir``); they
-    are assembled while the worker lowers."""
+    are assembled while the worker lowers, or, with `weights_library` (one
+    that defines them: :func:`shared_weights_library`), linked against."""
     import subprocess
 
     from mlir_ansor.passes.amx import AMX_ATTR, request_amx_object
@@ -776,7 +836,8 @@ def lower_and_link(module_text: str, signatures: dict, threads: int, so_path: st
     try:
         start = time.perf_counter()
         jit_given, sources = _weights_objects(weights, workdir, "weights-given")
-        assemble(sources)
+        if weights_library is None:
+            assemble(sources)
         mlir_path = os.path.join(workdir, "scheduled.mlir")
         with open(mlir_path, "w", encoding="utf-8") as f:
             f.write(module_text)
@@ -821,7 +882,8 @@ def lower_and_link(module_text: str, signatures: dict, threads: int, so_path: st
             amx = request_amx_object(workdir)
             objs = objs + ([amx] if amx else [])
         try:
-            link_shared_library(objs + [o for _, o, _ in assembling], so_path)
+            link_shared_library(objs + [o for _, o, _ in assembling] + ([weights_library] if weights_library else []),
+                                so_path)
         except RuntimeError as e:
             raise AnsorError(str(e)) from None
         log.info("compile: lowered in %.1f s; %d unit(s)%s, %d from the cache, %d code-generated in %.1f s; "
@@ -1040,7 +1102,8 @@ def _pool() -> WorkerPool:
 
 def _finish(module_text: str, signatures: dict, entry: str, threads: int, plans: list[KernelPlan], opt_level: int,
             cache: CompileCache | None = None, outline: bool = False, *, weights: tuple = (),
-            workdir: str | None = None, full_text: Callable[[], str] | None = None) -> CompiledModule:
+            workdir: str | None = None, full_text: Callable[[], str] | None = None,
+            share_weights: bool = False) -> CompiledModule:
     """Lower, code-generate and link `module_text`. `outline`: a module
     without kernels (the untuned reference, a fold function) has its
     functions cut into pieces first (`passes.outline`), so that it
@@ -1048,19 +1111,23 @@ def _finish(module_text: str, signatures: dict, entry: str, threads: int, plans:
     `weights`: the globals `module_text` holds as external declarations
     (:func:`lower_and_split`); `workdir`: the folder they are in, which the
     library goes to (else a new one); `full_text`: what gives the module
-    with its weights back (the compiled module's ``mlir``)."""
+    with its weights back (the compiled module's ``mlir``); `share_weights`:
+    link against a library of the weights (:func:`shared_weights_library`)
+    instead of holding them."""
     workdir = workdir or _workdir()
     so_path = os.path.join(workdir, "module.so")
     start = time.perf_counter()
+    shared = None
     try:
-        lower_and_link(module_text, signatures, threads, so_path, opt_level, cache, outline, weights)
+        shared = shared_weights_library(weights, cache) if share_weights and weights else None
+        lower_and_link(module_text, signatures, threads, so_path, opt_level, cache, outline, weights, shared)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     # The weights' files stay (on disk, not in memory) until the module goes:
     # its ``mlir`` puts them back into the printed text (`_text_with_weights`).
     log.info("compile: lowered and linked @%s's module in %.1f s", entry, time.perf_counter() - start)
-    cm = CompiledModule(so_path, full_text or module_text, signatures, entry, plans, threads)
+    cm = CompiledModule(so_path, full_text or module_text, signatures, entry, plans, threads, weights_library=shared)
     weakref.finalize(cm, shutil.rmtree, workdir, True)
     return cm
 
@@ -1076,6 +1143,7 @@ def compile(  # noqa: A001 - the public name the design asks for
     opt_level: int = 3,
     cache_dir: str | os.PathLike | bool | None = None,
     source_key: tuple[str, str] | None = None,
+    share_weights: bool = False,
 ) -> CompiledModule:
     """Compile a whole module with the best schedule of every task.
 
@@ -1096,6 +1164,10 @@ def compile(  # noqa: A001 - the public name the design asks for
     and bytes: a whole compile of a module object is cached under it too
     (one entry per name), and :func:`cached_compile` finds it without the
     source.
+    `share_weights`: the library links against a library of its weights
+    (:func:`shared_weights_library`, found by their bytes) instead of
+    holding them: compiles of one model at several sizes (`DynamicModule`'s)
+    map its weights once.
     """
     if target is not None and target.kind == "cuda":  # kernels and a host plan: `cuda_compiler`
         from mlir_ansor.cuda_compiler import compile_cuda
@@ -1130,7 +1202,7 @@ def compile(  # noqa: A001 - the public name the design asks for
         s = schedule_module(program, db=db, threads=threads, target=target, default=default, entry=entry, cache=cache,
                             _owned=True, _weights_dir=workdir)
         cm = _finish(s.mlir, s.signatures, s.entry, threads, s.kernels, opt_level, cache, weights=s.weights,
-                     workdir=workdir, full_text=s.full_mlir)
+                     workdir=workdir, full_text=s.full_mlir, share_weights=share_weights)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
@@ -1245,7 +1317,7 @@ class DynamicModule:
             sizes = size_label(values)
             log.info("compile: @%s at sizes %s", self.entry, sizes)
             cm = compile(load_text(text=text or self._text_at(values), name=f"<{self.source} at {sizes}>"),
-                         entry=self.entry, **self.options)
+                         entry=self.entry, share_weights=True, **self.options)
             self._compiled[key] = cm
         return cm
 
@@ -1441,10 +1513,14 @@ def _cached_module(cache: CompileCache, key: str, mlir: Callable[[], str] = _no_
     meta = cache.get("module", key, ".meta", count=False)
     lib = cache.get("module", key, ".so", count=False) if meta is not None else None
     text = cache.get("module", key, ".mlir", count=False) if lib is not None else None
+    weights_library = None
     try:
-        signatures, entry, plans, threads, warnings = pickle.loads(meta) if lib is not None else (None,) * 5
+        signatures, entry, plans, threads, warnings, weights_library = (
+            pickle.loads(meta) if lib is not None else (None,) * 6)
     except Exception:  # noqa: BLE001 - any damage is a miss
         signatures = None
+    if weights_library is not None and not os.path.exists(weights_library):
+        signatures = None  # the library of its weights went with part of the cache: build again
     cache.count("module", signatures is not None)
     if signatures is None:
         return None
@@ -1455,7 +1531,8 @@ def _cached_module(cache: CompileCache, key: str, mlir: Callable[[], str] = _no_
     log.info("compile: the whole module comes from the compile cache (%s)", cache.root)
     for message in warnings:
         log.warning("%s", message)
-    cm = CompiledModule(so_path, text.decode() if text is not None else mlir, signatures, entry, plans, threads)
+    cm = CompiledModule(so_path, text.decode() if text is not None else mlir, signatures, entry, plans, threads,
+                        weights_library=weights_library)
     weakref.finalize(cm, shutil.rmtree, workdir, True)
     return cm
 
@@ -1474,7 +1551,8 @@ def _store_module(cache: CompileCache, keys: tuple[str, str], cm: CompiledModule
         cache.put("module", key, ".so", f.read())
     if isinstance(cm.mlir_text, str):
         cache.put("module", key, ".mlir", cm.mlir_text.encode())
-    cache.put("module", key, ".meta", pickle.dumps((cm.functions, cm.entry, cm.kernels, cm.threads, warnings)))
+    cache.put("module", key, ".meta", pickle.dumps((cm.functions, cm.entry, cm.kernels, cm.threads, warnings,
+                                                    cm.weights_library)))
     cache.put("module", slot, ".slot", key.encode())
     if previous is not None and previous.decode(errors="replace") != key:
         for suffix in (".so", ".mlir", ".meta"):

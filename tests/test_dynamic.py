@@ -248,3 +248,62 @@ def test_torch_export_with_a_dynamic_sequence_length(torch, tmp_path, capsys):
                  "--repeat", "1", "--reference", "numpy"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["ok"] and res["reference"] == "numpy evaluation"
+
+
+def _weighted_gemm_text(w: np.ndarray) -> str:
+    """A GEMM of dynamic rows against the constant `w` (128 KiB: kept out of LLVM)."""
+    with ir.Context():
+        dense = ir.DenseElementsAttr.get(w)
+    return f"""
+    func.func @main(%x: tensor<?x128xf32>) -> tensor<?x256xf32> {{
+      %c0 = arith.constant 0 : index
+      %w = arith.constant {dense}
+      %zero = arith.constant 0.0 : f32
+      %m = tensor.dim %x, %c0 : tensor<?x128xf32>
+      %e = tensor.empty(%m) : tensor<?x256xf32>
+      %f = linalg.fill ins(%zero : f32) outs(%e : tensor<?x256xf32>) -> tensor<?x256xf32>
+      %r = linalg.matmul ins(%x, %w : tensor<?x128xf32>, tensor<128x256xf32>) outs(%f : tensor<?x256xf32>) -> tensor<?x256xf32>
+      return %r : tensor<?x256xf32>
+    }}"""
+
+
+def test_the_sizes_of_a_dynamic_module_share_one_library_of_its_weights(tmp_path):
+    """Each size's library links against one library of the weights, found
+    by their bytes (kept in the compile cache's folder), instead of holding
+    a copy; a library of them deleted is built again."""
+    import os
+
+    from mlir_ansor import compiler
+
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((128, 256)).astype(np.float32)
+    text = _weighted_gemm_text(w)
+    cache = tmp_path / "cache"
+    dm = mlir_ansor.compile(mlir_ansor.load(text=text), cache_dir=cache)
+    libs = set()
+    for m in (3, 8, 3):
+        x = rng.standard_normal((m, 128)).astype(np.float32)
+        np.testing.assert_allclose(dm(x), x @ w, rtol=1e-5, atol=1e-4)
+        cm = dm.specialization(x)
+        libs.add(cm.weights_library)
+        assert os.path.getsize(cm.library_path) < w.nbytes  # the weights are not in it
+    (shared,) = libs
+    assert shared is not None and os.path.dirname(shared) == str(cache / "weights")
+    assert os.path.getsize(shared) > w.nbytes
+    # Another dynamic module of the same weights finds their library; other weights get their own.
+    x = rng.standard_normal((5, 128)).astype(np.float32)
+    again = mlir_ansor.compile(mlir_ansor.load(text=text), cache_dir=cache)
+    np.testing.assert_allclose(again(x), x @ w, rtol=1e-5, atol=1e-4)
+    assert again.specialization(x).weights_library == shared
+    other = mlir_ansor.compile(mlir_ansor.load(text=_weighted_gemm_text(2 * w)), cache_dir=cache)
+    np.testing.assert_allclose(other(x), x @ (2 * w), rtol=1e-5, atol=1e-4)
+    assert other.specialization(x).weights_library not in (None, shared)
+    np.testing.assert_allclose(dm(x), x @ w, rtol=1e-5, atol=1e-4)  # each module reads its own weights
+    # The library deleted with the cache's folder: the next size builds it again.
+    os.unlink(shared)
+    x = rng.standard_normal((6, 128)).astype(np.float32)
+    np.testing.assert_allclose(dm(x), x @ w, rtol=1e-5, atol=1e-4)
+    assert os.path.exists(dm.specialization(x).weights_library)
+    without = mlir_ansor.compile(mlir_ansor.load(text=text), cache_dir=False)  # no cache: a folder of the process
+    np.testing.assert_allclose(without(x), x @ w, rtol=1e-5, atol=1e-4)
+    assert without.specialization(x).weights_library in compiler._SHARED_WEIGHTS.values()
