@@ -1231,7 +1231,9 @@ class DynamicModule:
     (`graph.dynamic.specializations`), compiled with the database's records
     the first time a size is seen and kept for the next calls. Dimensions
     the function's ops tie together must have the same size (an error names
-    them otherwise). `sizes` lists the specializations compiled so far.
+    them otherwise). `sizes` lists the specializations compiled so far;
+    they link against one library of the function's weights
+    (``compile(..., share_weights=True)``), so each adds its code only.
 
     A specialization is compiled like any static module: the records of a
     size tuned with ``tune --sizes`` apply to it; a size nobody tuned gets
