@@ -198,7 +198,7 @@ class TorchBackend:
             else:
                 cm = self._cached(source_key) if dims is None else None
                 if cm is None:
-                    with torch._guards.tracing(None):
+                    with _outside_dynamo(torch):
                         text = import_module(model, tensors, func_name="main",
                                              dynamic_shapes=None if dims is None else _export_dims(torch, dims))
                     cm = self._build(text, source_key, tensors if dims is not None else None)
@@ -275,6 +275,17 @@ class TorchBackend:
             return
         config = dataclasses.replace(self.config or TuneConfig(), trials=self.trials - have, threads=self.threads)
         tune(load(text=text), target=target, config=config, db=self._db_path)
+
+
+def _outside_dynamo(torch: Any):
+    """A context without dynamo's tracing context, for ``torch.export``
+    inside a backend call: an export of dynamic sizes there adds its guards
+    to the graph dynamo is compiling ("Guard failed on the same frame it was
+    created")."""
+    import contextlib
+
+    tracing = getattr(getattr(torch, "_guards", None), "tracing", None)
+    return tracing(None) if tracing is not None else contextlib.nullcontext()
 
 
 def _check_inputs(torch: Any, example_inputs: list[Any], shapes: list[Any]) -> None:
