@@ -134,6 +134,21 @@ def test_dynamic_graph_shares_its_symbol_and_compiles_in_its_numbers(torch, capl
     assert caplog.text.count("is 2.0 in this call") == 1 and tb.stats.fallbacks == 0
 
 
+def test_dynamic_true_on_a_cnn_keeps_dynamic_only_what_the_graph_allows(torch, caplog):
+    """dynamic=True makes the height and width dynamic too, which the linear
+    head constrains (a named Dim there is an error of torch.export): the
+    batch is a symbol of the compiled module, and the graph compiles."""
+    model = _cnn(torch, 10)
+    compiled = torch.compile(model, backend=mlir_ansor.torch_backend(), dynamic=True)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="mlir_ansor"):
+        for n in (2, 3):
+            x = torch.randn(n, 3, 8, 8)
+            np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-4, atol=1e-5)
+    assert (tb.stats.compiled, tb.stats.fallbacks) == (1, 0), caplog.text
+    (cm,) = tb.compiled_graphs()
+    assert isinstance(cm, DynamicModule) and [(0, 0)] in cm.symbols
+
+
 def test_a_dynamic_integer_no_tensor_carries_runs_eagerly(torch, caplog):
     class Repeat(torch.nn.Module):
         def forward(self, x, n: int):

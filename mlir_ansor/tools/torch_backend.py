@@ -32,8 +32,9 @@ between two breaks is a graph of its own). It
 
 A graph of dynamic sizes (``torch.compile(..., dynamic=True)``, or the
 graph dynamo traces again once it has seen a size change) is exported with
-those dimensions dynamic (``torch.export`` ``Dim``: one per symbol of
-dynamo's, shared by the dimensions it ties), so it compiles to a
+those dimensions dynamic where the graph lets them be (``torch.export``'s
+``Dim.AUTO``: a dimension the graph fixes stays static, and those its ops
+make equal are one symbol), so it compiles to a
 `compiler.DynamicModule`: each size a call brings is compiled once, with the
 database's records of that size or those of its nearest tuned size
 (`search.transfer`); ``trials`` tunes it at the sizes of the inputs dynamo
@@ -404,12 +405,14 @@ def _dynamic_dims(shapes: list[Any], live: list[int]) -> list[dict[int, str]]:
 
 def _export_dims(torch: Any, dims: list[dict[int, str]]) -> tuple:
     """``torch.export``'s ``dynamic_shapes`` for the frozen graph's
-    ``forward(*live)``: one ``Dim`` per symbol, shared by the dimensions
-    dynamo gave it (the compiled function's one symbol)."""
+    ``forward(*live)``: ``Dim.AUTO`` for each dimension dynamo made
+    dynamic. Export keeps it dynamic, or static where the graph fixes it
+    (``dynamic=True`` makes a CNN's height dynamic, which the linear head's
+    input size then fixes: a named ``Dim`` there is an error), and ties the
+    dimensions the ops make equal (one symbol of the compiled function)."""
     from torch.export import Dim
 
-    made: dict[str, Any] = {}
-    return (tuple({d: made.setdefault(s, Dim(s)) for d, s in ds.items()} or None for ds in dims),)
+    return (tuple({d: Dim.AUTO for d in ds} or None for ds in dims),)
 
 
 def _arity(cm: Any) -> tuple[int, int]:
