@@ -687,7 +687,7 @@ def _weights_source(entries, path: str, exported: bool = False) -> str:
     ((symbol, file, bytes) each) at `path`: hidden in the library it is
     linked into, or `exported` to the libraries that load it."""
     lines = []
-    for sym, data, size in entries:
+    for sym, file, size in entries:
         lines += [
             ".section .rodata",
             f".globl {sym}",
@@ -695,7 +695,7 @@ def _weights_source(entries, path: str, exported: bool = False) -> str:
             f".type {sym}, @object",
             ".p2align 6",
             f"{sym}:",
-            f'.incbin "{data}"',
+            f'.incbin "{file}"',
             f".size {sym}, {size}",
         ]
     with open(path, "w") as f:
