@@ -1233,7 +1233,8 @@ class DynamicModule:
     the function's ops tie together must have the same size (an error names
     them otherwise). `sizes` lists the specializations compiled so far;
     they link against one library of the function's weights
-    (``compile(..., share_weights=True)``), so each adds its code only.
+    (``compile(..., share_weights=True)``), so each adds its code only, and
+    each is kept whole in the compile cache, named by its text.
 
     A specialization is compiled like any static module: the records of a
     size tuned with ``tune --sizes`` apply to it; a size nobody tuned gets
@@ -1316,10 +1317,16 @@ class DynamicModule:
         key = tuple(sorted(values.items()))
         cm = self._compiled.get(key)
         if cm is None:
+            import hashlib
+
             sizes = size_label(values)
             log.info("compile: @%s at sizes %s", self.entry, sizes)
-            cm = compile(load_text(text=text or self._text_at(values), name=f"<{self.source} at {sizes}>"),
-                         entry=self.entry, share_weights=True, **self.options)
+            text = text or self._text_at(values)
+            name = f"<{self.source} at {sizes}>"
+            # Named by its text, the whole compile of the size is cached like
+            # a file's: a later process that meets the size loads it.
+            cm = compile(load_text(text=text, name=name), entry=self.entry, share_weights=True,
+                         source_key=(name, hashlib.sha256(text.encode()).hexdigest()), **self.options)
             self._compiled[key] = cm
         return cm
 

@@ -290,20 +290,33 @@ def test_the_sizes_of_a_dynamic_module_share_one_library_of_its_weights(tmp_path
     (shared,) = libs
     assert shared is not None and os.path.dirname(shared) == str(cache / "weights")
     assert os.path.getsize(shared) > w.nbytes
-    # Another dynamic module of the same weights finds their library; other weights get their own.
-    x = rng.standard_normal((5, 128)).astype(np.float32)
+    # Another dynamic module of the same text: a size compiled before comes whole from the cache (named
+    # by its text), with the same library; a new size finds the library. Other weights get their own.
     again = mlir_ansor.compile(mlir_ansor.load(text=text), cache_dir=cache)
+    x8 = rng.standard_normal((8, 128)).astype(np.float32)
+    np.testing.assert_allclose(again(x8), x8 @ w, rtol=1e-5, atol=1e-4)
+    assert again.specialization(x8).cache_stats.get("module_hit") == 1
+    assert again.specialization(x8).weights_library == shared
+    x = rng.standard_normal((5, 128)).astype(np.float32)
     np.testing.assert_allclose(again(x), x @ w, rtol=1e-5, atol=1e-4)
     assert again.specialization(x).weights_library == shared
+    assert again.specialization(x).cache_stats.get("module_hit", 0) == 0
     other = mlir_ansor.compile(mlir_ansor.load(text=_weighted_gemm_text(2 * w)), cache_dir=cache)
     np.testing.assert_allclose(other(x), x @ (2 * w), rtol=1e-5, atol=1e-4)
     assert other.specialization(x).weights_library not in (None, shared)
     np.testing.assert_allclose(dm(x), x @ w, rtol=1e-5, atol=1e-4)  # each module reads its own weights
-    # The library deleted with the cache's folder: the next size builds it again.
+    # The library deleted with the cache's folder: the next size builds it again, and a size whose
+    # whole compile names it is a miss of the cache, built again.
     os.unlink(shared)
     x = rng.standard_normal((6, 128)).astype(np.float32)
     np.testing.assert_allclose(dm(x), x @ w, rtol=1e-5, atol=1e-4)
     assert os.path.exists(dm.specialization(x).weights_library)
+    os.unlink(shared)
+    compiler._SHARED_WEIGHTS.clear()
+    third = mlir_ansor.compile(mlir_ansor.load(text=text), cache_dir=cache)
+    np.testing.assert_allclose(third(x8), x8 @ w, rtol=1e-5, atol=1e-4)
+    assert third.specialization(x8).cache_stats.get("module_hit", 0) == 0
+    assert os.path.exists(third.specialization(x8).weights_library)
     without = mlir_ansor.compile(mlir_ansor.load(text=text), cache_dir=False)  # no cache: a folder of the process
     np.testing.assert_allclose(without(x), x @ w, rtol=1e-5, atol=1e-4)
     assert without.specialization(x).weights_library in compiler._SHARED_WEIGHTS.values()

@@ -318,3 +318,31 @@ def test_trials_tune_a_dynamic_graph_at_the_sizes_dynamo_passed(torch, tmp_path)
         names = {d.workload(r.workload_key)["name"] for r in d.records()}
     assert names and all("_6x" in name for name in names), names  # tuned at 6 rows; 11 takes their schedules
     assert tb.stats.compiled == 1 and tb.stats.fallbacks == 0
+
+
+def test_a_dynamic_graphs_import_and_sizes_come_from_the_compile_cache(torch, tmp_path, caplog, monkeypatch):
+    """A later process (here: dynamo and the in-process cache reset) finds a
+    dynamic graph's import in the compile cache, and each size's whole
+    compile."""
+    torch.manual_seed(11)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.GELU()).eval()
+    db = str(tmp_path / "m.db")
+
+    def run(n):
+        torch._dynamo.reset()
+        tb.clear_cache()
+        x = torch.randn(n, 64)
+        with torch.no_grad():
+            got = torch.compile(model, backend=mlir_ansor.torch_backend(db=db), dynamic=True)(x)
+            np.testing.assert_allclose(got.numpy(), model(x).numpy(), rtol=1e-4, atol=1e-5)
+        (cm,) = tb.compiled_graphs()
+        return cm.specialization(x.numpy())
+
+    run(6)
+    from mlir_ansor.importers import pytorch
+
+    monkeypatch.setattr(pytorch, "import_module", lambda *a, **k: pytest.fail("imported again"))
+    with caplog.at_level(logging.INFO, logger="mlir_ansor"):
+        spec = run(6)
+    assert "import comes from the compile cache" in caplog.text
+    assert spec.cache_stats.get("module_hit") == 1

@@ -199,9 +199,13 @@ class TorchBackend:
             else:
                 cm = self._cached(source_key) if dims is None else None
                 if cm is None:
-                    with _outside_dynamo(torch):
-                        text = import_module(model, tensors, func_name="main",
-                                             dynamic_shapes=None if dims is None else _export_dims(torch, dims))
+                    text = self._imported(source_key) if dims is not None else None
+                    if text is None:
+                        with _outside_dynamo(torch):
+                            text = import_module(model, tensors, func_name="main",
+                                                 dynamic_shapes=None if dims is None else _export_dims(torch, dims))
+                        if dims is not None:
+                            self._imported(source_key, text)
                     cm = self._build(text, source_key, tensors if dims is not None else None)
                 n_in, n_res = _arity(cm)
                 if n_in != len(live) or n_res != n_out:
@@ -224,6 +228,27 @@ class TorchBackend:
         if cm is not None:
             log.info("torch backend: graph %s comes from the compile cache", source_key[0][:16])
         return cm
+
+    def _imported(self, source_key: tuple[str, str], text: str | None = None) -> str | None:
+        """The imported text of a graph of dynamic sizes, from the compile
+        cache (`text`: store it there). Its compile is a `DynamicModule`,
+        which the cache does not keep whole (its sizes' compiles are kept
+        one by one), so a later process would import it again: torch-mlir
+        took 4 s of the BERT layer's first call."""
+        from mlir_ansor.passes.compile_cache import CompileCache, cache_for
+
+        cache = cache_for(None, self._db_path)
+        if cache is None:
+            return None
+        key = CompileCache.key("import", *source_key)
+        if text is not None:
+            cache.put("import", key, ".mlir", text.encode())
+            return text
+        data = cache.get("import", key, ".mlir")
+        if data is None:
+            return None
+        log.info("torch backend: graph %s's import comes from the compile cache", source_key[0][:16])
+        return data.decode()
 
     def _build(self, text: str, source_key: tuple[str, str] | None = None, example: tuple | None = None):
         """The compiled module of the imported `text`; a graph of dynamic
