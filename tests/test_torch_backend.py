@@ -346,3 +346,25 @@ def test_a_dynamic_graphs_import_and_sizes_come_from_the_compile_cache(torch, tm
         spec = run(6)
     assert "import comes from the compile cache" in caplog.text
     assert spec.cache_stats.get("module_hit") == 1
+
+
+@pytest.mark.slow
+def test_trials_tune_a_dynamic_graph_at_the_sizes_given(torch, tmp_path):
+    """sizes= tunes a dynamic graph as tune --sizes does: each size searched,
+    the powers of two between them measured on carried schedules."""
+    torch.manual_seed(12)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU()).eval()
+    db = str(tmp_path / "sizes.db")
+    backend = mlir_ansor.torch_backend(db=db, trials=6, sizes="0.0=4,16")
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        x = torch.randn(6, 32)
+        np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-4, atol=1e-5)
+    with Database(db, readonly=True) as d:
+        rows = {d.workload(r.workload_key)["name"].split("x")[0].split("_")[-1] for r in d.records()}
+    assert rows == {"4", "8", "16"}, rows  # 8: between 4 and 16, carried
+    assert tb.stats.compiled == 1 and tb.stats.fallbacks == 0
+    with pytest.raises(mlir_ansor.InputError, match="needs trials"):
+        mlir_ansor.torch_backend(db=db, sizes="0.0=4")
+    with pytest.raises(mlir_ansor.InputError, match="ARG.DIM"):
+        mlir_ansor.torch_backend(db=db, trials=2, sizes="rows=4")

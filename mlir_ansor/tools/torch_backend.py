@@ -136,7 +136,11 @@ class TorchBackend:
     layout changes and packs them once, and the tasks are those
     ``mlir-ansor import``/``tune`` see); a weight changed in place after
     that makes its graph run eagerly (see `_Runner`). False: weights are
-    arguments of the compiled function.
+    arguments of the compiled function. `sizes`: where a graph of dynamic
+    sizes is tuned, as ``tune --sizes`` takes them (``"0.1=16,64,128,384"``:
+    dimension 1 of the graph's first tensor input that is not a weight; the
+    powers of two between them are measured on carried schedules), instead
+    of at the sizes of its first inputs; needs `trials`.
     """
 
     db: str | os.PathLike | None = None
@@ -145,6 +149,7 @@ class TorchBackend:
     target: Any = None
     config: Any = None
     freeze: bool = True
+    sizes: str | None = None
     _db_path: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -154,6 +159,12 @@ class TorchBackend:
             raise InputError(f"torch_backend: threads={self.threads}: expected 1 or more")
         if self.trials and self.db is None:
             raise InputError("torch_backend: trials > 0 needs a records database (db='model.db')")
+        if self.sizes is not None:
+            from mlir_ansor.graph.dynamic import parse_sizes
+
+            parse_sizes(self.sizes)  # an InputError names a malformed one now, not at the first graph
+            if not self.trials:
+                raise InputError(f"torch_backend: sizes={self.sizes!r} says where to tune: it needs trials > 0")
         self._db_path = os.path.abspath(os.fspath(self.db)) if self.db is not None else None
 
     def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Callable[..., Any]:
@@ -191,7 +202,7 @@ class TorchBackend:
         model = (_frozen(torch, gm, example_inputs, frozen, sizes or {}, scalars)
                  if frozen or sizes or scalars else gm)
         source_key = _graph_key(torch, gm, example_inputs, frozen, self.trials, shapes, scalars)
-        key = hashlib.sha256(f"{source_key}\0{self.threads}\0{self._db_path}".encode()).hexdigest()
+        key = hashlib.sha256(f"{source_key}\0{self.threads}\0{self._db_path}\0{self.sizes}".encode()).hexdigest()
         with _LOCK:
             cm = _CACHE.get(key)
             if cm is not None:
@@ -270,13 +281,20 @@ class TorchBackend:
         cm = compile_module(load(text=text), db=self._db_path, threads=self.threads, target=target)
         if not isinstance(cm, DynamicModule):
             raise _Fallback("the graph's dynamic sizes did not reach the compiled function")
-        if self.trials:
+        if self.trials and self.sizes:
+            from mlir_ansor.dispatch import sizes_to_tune
+            from mlir_ansor.graph.dynamic import parse_sizes
+
+            sized, _, carry = sizes_to_tune(text, parse_sizes(self.sizes), func="main")
+            self._tune(sized, target, carry)
+        elif self.trials:
             self._tune(cm.text_at(*[_to_numpy(t) for t in example]), target)
         return cm
 
-    def _tune(self, text: str, target: Any) -> None:
+    def _tune(self, text: str, target: Any, carry: tuple[str, ...] | None = None) -> None:
         """Tune until the module's tasks hold `trials` records of this target
-        and thread count (what an earlier run measured counts)."""
+        and thread count (what an earlier run measured counts). `carry`: the
+        functions of sizes between tuned ones (`TuneConfig.carry`)."""
         import dataclasses
 
         from mlir_ansor.ir.program import load
@@ -300,6 +318,8 @@ class TorchBackend:
             log.info("torch backend: the database holds %d record(s) of this graph's tasks; no tuning", have)
             return
         config = dataclasses.replace(self.config or TuneConfig(), trials=self.trials - have, threads=self.threads)
+        if carry is not None:
+            config = dataclasses.replace(config, carry=carry)
         tune(load(text=text), target=target, config=config, db=self._db_path)
 
 
@@ -631,9 +651,11 @@ def torch_backend(
     target: Any = None,
     config: Any = None,
     freeze: bool = True,
+    sizes: str | None = None,
 ) -> TorchBackend:
     """A backend for ``torch.compile(model, backend=...)`` (see :class:`TorchBackend`)."""
-    return TorchBackend(db=db, trials=trials, threads=threads, target=target, config=config, freeze=freeze)
+    return TorchBackend(db=db, trials=trials, threads=threads, target=target, config=config, freeze=freeze,
+                        sizes=sizes)
 
 
 def mlir_ansor_backend(gm: Any, example_inputs: Sequence[Any], *, options: dict | None = None, mode: str | None = None):
