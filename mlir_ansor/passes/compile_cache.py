@@ -28,8 +28,10 @@ Writes go to a temporary file in the same folder and are renamed into
 place (``os.replace``), so a concurrent compile or a killed one never
 leaves a half-written entry. An entry that cannot be read, or is cut short,
 is a miss: the caller builds again and overwrites it. The folder can be
-deleted at any time. Nothing evicts objects and folded constants (small,
-or one per model); a whole compile is kept once per slot (input path,
+deleted at any time. Nothing evicts objects, folded constants and the
+libraries of weights that a dynamic module's sizes share
+(`compiler.shared_weights_library`; small, or one per model); a whole
+compile is kept once per slot (input path,
 options, database path: ``module/<slot>.slot`` names the entry) and a new
 database state replaces the entry of the one before (a tuned ResNet-50's
 takes about 300 MB: its library and its scheduled MLIR).
