@@ -196,9 +196,9 @@ class TorchBackend:
         scalars = _scalars(torch, gm, example_inputs)
         live = [i for i, t in enumerate(example_inputs)
                 if i not in frozen and i not in scalars and isinstance(t, torch.Tensor)]
-        sizes = _size_inputs(torch, example_inputs, shapes, frozen, live)
+        sizes = _size_inputs(shapes, frozen, live)
+        dynamic = sizes is not None
         tensors = tuple(example_inputs[i] for i in live)
-        dims = _dynamic_dims(shapes, live) if sizes is not None else None
         model = (_frozen(torch, gm, example_inputs, frozen, sizes or {}, scalars)
                  if frozen or sizes or scalars else gm)
         source_key = _graph_key(torch, gm, example_inputs, frozen, self.trials, shapes, scalars)
@@ -208,16 +208,16 @@ class TorchBackend:
             if cm is not None:
                 stats.hits += 1
             else:
-                cm = self._cached(source_key) if dims is None else None
+                cm = None if dynamic else self._cached(source_key)
                 if cm is None:
-                    text = self._imported(source_key) if dims is not None else None
+                    text = self._imported(source_key) if dynamic else None
                     if text is None:
                         with _outside_dynamo(torch):
                             text = import_module(model, tensors, func_name="main",
-                                                 dynamic_shapes=None if dims is None else _export_dims(torch, dims))
-                        if dims is not None:
+                                                 dynamic_shapes=_export_dims(shapes, live) if dynamic else None)
+                        if dynamic:
                             self._imported(source_key, text)
-                    cm = self._build(text, source_key, tensors if dims is not None else None)
+                    cm = self._build(text, source_key, tensors if dynamic else None)
                 n_in, n_res = _arity(cm)
                 if n_in != len(live) or n_res != n_out:
                     cm.close()
@@ -366,8 +366,8 @@ def _symbolic_shapes(torch: Any, gm: Any, example_inputs: list[Any]) -> list[Any
     size passed on its own (a ``torch.SymInt``), its symbol's name; None
     for anything else. A dimension that is an expression of symbols
     (``2*s0``) makes the graph run eagerly."""
-    nodes = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if len(nodes) != len(example_inputs):
+    nodes = _placeholders(gm, example_inputs)
+    if nodes is None:
         return [None if isinstance(t, torch.SymInt) else _static_shape(torch, t) for t in example_inputs]
 
     def name(v: Any, what: str) -> Any:
@@ -393,6 +393,12 @@ def _symbolic_shapes(torch: Any, gm: Any, example_inputs: list[Any]) -> list[Any
     return out
 
 
+def _placeholders(gm: Any, example_inputs: list[Any]) -> list[Any] | None:
+    """The graph's input nodes, one per example input (None where they do not pair up)."""
+    nodes = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return nodes if len(nodes) == len(example_inputs) else None
+
+
 def _static_shape(torch: Any, t: Any) -> Any:
     return tuple(t.shape) if isinstance(t, torch.Tensor) else None
 
@@ -403,8 +409,8 @@ def _scalars(torch: Any, gm: Any, example_inputs: list[Any]) -> dict[int, float 
     input index -> value: they are compiled in as constants (``torch.export``
     cannot trace the ``.item()`` the graph reads them with), and a call that
     brings another value runs eagerly (:class:`_Runner`)."""
-    nodes = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if len(nodes) != len(example_inputs):
+    nodes = _placeholders(gm, example_inputs)
+    if nodes is None:
         return {}
     return {
         i: t.item()
@@ -414,8 +420,7 @@ def _scalars(torch: Any, gm: Any, example_inputs: list[Any]) -> dict[int, float 
     }
 
 
-def _size_inputs(torch: Any, example_inputs: list[Any], shapes: list[Any], frozen: list[int],
-                 live: list[int]) -> dict[int, tuple[int, int]] | None:
+def _size_inputs(shapes: list[Any], frozen: list[int], live: list[int]) -> dict[int, tuple[int, int]] | None:
     """Where each dynamic size passed on its own is read at run time: input
     index -> (position among the `live` tensors, dimension), the first
     tensor dimension of the same symbol; None for a graph of static shapes.
@@ -443,21 +448,16 @@ def _size_inputs(torch: Any, example_inputs: list[Any], shapes: list[Any], froze
     return sizes
 
 
-def _dynamic_dims(shapes: list[Any], live: list[int]) -> list[dict[int, str]]:
-    """The dynamic dimensions of each live tensor: dimension -> symbol."""
-    return [{d: s for d, s in enumerate(shapes[i]) if isinstance(s, str)} for i in live]
-
-
-def _export_dims(torch: Any, dims: list[dict[int, str]]) -> tuple:
+def _export_dims(shapes: list[Any], live: list[int]) -> tuple:
     """``torch.export``'s ``dynamic_shapes`` for the frozen graph's
     ``forward(*live)``: ``Dim.AUTO`` for each dimension dynamo made
-    dynamic. Export keeps it dynamic, or static where the graph fixes it
+    dynamic (a symbol in `shapes`: :func:`_symbolic_shapes`). Export keeps it dynamic, or static where the graph fixes it
     (``dynamic=True`` makes a CNN's height dynamic, which the linear head's
     input size then fixes: a named ``Dim`` there is an error), and ties the
     dimensions the ops make equal (one symbol of the compiled function)."""
     from torch.export import Dim
 
-    return (tuple({d: Dim.AUTO for d in ds} or None for ds in dims),)
+    return (tuple({d: Dim.AUTO for d, s in enumerate(shapes[i]) if isinstance(s, str)} or None for i in live),)
 
 
 def _arity(cm: Any) -> tuple[int, int]:
