@@ -20,8 +20,8 @@ one run.
   symbolic length compiled as one dynamic module, its tasks finding the
   tune's records by workload key), and ``inductor``, torch's own.
 
-Each output is checked against torch's first; the two systems are timed in
-turns (`timing.interleaved_times`); the ratio is the median of the rounds'
+Each output is checked against torch's first; the systems are timed in
+turns (`timing.interleaved_times`); a ratio is the median of the rounds'
 ratios (`timing.paired_ratio`). Target: ours >= 1.2x eager at every
 length.
 
@@ -179,13 +179,13 @@ def main() -> int:
         print("\ntorch.compile(model, dynamic=True): our backend on the same database, and Inductor "
               "(ratios > 1: the first system is faster; first call: seconds, compiles that length)")
         head = (f"{'seq':>5} {'thr':>3} {'backend ms':>10} {'inductor ms':>11} {'backend/eager':>13} "
-                f"{'backend/ind.':>12} {'ours/ind.':>9} {'first call s (ours/ind.)':>24}")
+                f"{'backend/ind.':>12} {'ours/ind.':>9} {'first call s (backend/ind.)':>27}")
         print(head)
         print("-" * len(head))
         for r in rows:
             print(f"{r['seq']:>5} {r['threads']:>3} {r['backend_ms']:10.3f} {r['inductor_ms']:11.3f} "
                   f"{r['backend_vs_eager']:13.2f} {r['backend_vs_inductor']:12.2f} {r['ours_vs_inductor']:9.2f} "
-                  f"{r['backend_first_s']:>12.1f}/{r['inductor_first_s']:<11.1f}")
+                  f"{r['backend_first_s']:>15.1f}/{r['inductor_first_s']:<11.1f}")
     print("\ntune seconds: " + ", ".join(f"x{t} {v:.0f}" for t, v in tune_s.items()))
     print("targets: " + ("all met" if not fails else "NOT met:\n  " + "\n  ".join(fails)))
     print(f"work folder: {wd}")
