@@ -320,3 +320,71 @@ def test_the_sizes_of_a_dynamic_module_share_one_library_of_its_weights(tmp_path
     without = mlir_ansor.compile(mlir_ansor.load(text=text), cache_dir=False)  # no cache: a folder of the process
     np.testing.assert_allclose(without(x), x @ w, rtol=1e-5, atol=1e-4)
     assert without.specialization(x).weights_library in compiler._SHARED_WEIGHTS.values()
+
+
+def test_attention_on_a_kv_cache_of_dynamic_length(torch):
+    """A decoder's attention step: the new tokens' keys and values joined to
+    the cache's (``torch.cat``: a ``tensor.concat`` whose length is the sum
+    of two symbols). Each specialization gives the concatenation its static
+    type, and the module computes torch's outputs at sizes of both."""
+    from torch.export import Dim
+
+    from mlir_ansor.importers.pytorch import import_module
+
+    class CachedAttention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.k, self.v = (torch.nn.Linear(32, 32) for _ in range(3))
+
+        def forward(self, x, past_k, past_v):
+            k = torch.cat([past_k, self.k(x)], dim=1)
+            v = torch.cat([past_v, self.v(x)], dim=1)
+            scores = torch.softmax(self.q(x) @ k.transpose(1, 2) / 4.0, dim=-1)
+            return scores @ v, k, v
+
+    torch.manual_seed(0)
+    model = CachedAttention().eval()
+    example = (torch.randn(1, 4, 32), torch.randn(1, 10, 32), torch.randn(1, 10, 32))
+    new, past = Dim("new", min=1, max=64), Dim("past", min=1, max=1024)
+    text = import_module(model, example, dynamic_shapes=({1: new}, {1: past}, {1: past}))
+    assert "tensor.concat" in text and "-> tensor<1x?x32xf32>" in text
+    # The cache's keys and values share torch.export's symbol: one dimension, though no op ties them.
+    assert 'ansor.same_dims = ["1.1=2.1"]' in text
+    program = mlir_ansor.load(text=text)
+    with program.context:
+        assert sorted(symbols(program.module)) == [[(0, 1)], [(1, 1), (2, 1)]]
+    cm = mlir_ansor.compile(program, cache_dir=False)
+    for n, p in ((1, 10), (3, 17)):
+        g = torch.Generator().manual_seed(n * 100 + p)
+        args = (torch.randn(1, n, 32, generator=g), torch.randn(1, p, 32, generator=g), torch.randn(1, p, 32, generator=g))
+        with torch.no_grad():
+            want = model(*args)
+        out = cm(*(a.numpy() for a in args))
+        assert [o.shape for o in out] == [(1, n, 32), (1, n + p, 32), (1, n + p, 32)]
+        for o, w in zip(out, want):
+            np.testing.assert_allclose(o, w.numpy(), rtol=1e-5, atol=1e-5)
+    # Keys and values of different lengths: the gather of the values would read past their end.
+    x, k, v = (np.zeros((1, n, 32), np.float32) for n in (2, 10, 11))
+    with pytest.raises(InputError, match=r"dimensions 1.1=10, 2.1=11 are one dimension"):
+        cm(x, k, v)
+
+
+@pytest.mark.parametrize("same, error", [('["0.0=1.0"]', None), ('["0.1=1.0"]', r"names 0.1, not a dynamic dimension"),
+                                         ('["0.0"]', r"entry '0.0' is not like"), ("[1]", r"must be an array of strings")])
+def test_a_function_may_state_dimensions_that_are_one_size(same, error):
+    """``ansor.same_dims`` ties argument dimensions no op ties (here two
+    halves of a concatenation), and a wrong entry is an error naming it."""
+    text = f"""
+    func.func @f(%a: tensor<?x8xf32>, %b: tensor<?x8xf32>) -> tensor<?x8xf32> attributes {{ansor.same_dims = {same}}} {{
+      %r = tensor.concat dim(0) %a, %b : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?x8xf32>
+      return %r : tensor<?x8xf32>
+    }}"""
+    with ir.Context():
+        module = ir.Module.parse(text)
+        if error is not None:
+            with pytest.raises(InputError, match=error):
+                symbols(module)
+            return
+        assert symbols(module) == [[(0, 0), (1, 0)]]
+    specialized, _ = specializations(text, {(0, 0): (3,)}, keep_name=True)
+    assert "-> tensor<6x8xf32>" in specialized and "tensor.concat dim(0) %arg0, %arg1 : (tensor<3x8xf32>, tensor<3x8xf32>)" in specialized

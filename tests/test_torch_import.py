@@ -136,3 +136,37 @@ def test_layers_with_integer_or_boolean_steps_compile(torch, layer):
     program = mlir_ansor.load(text=import_module(model, (x,)))
     assert mlir_ansor.extract_tasks(program)
     np.testing.assert_allclose(mlir_ansor.compile(program, db=None)(x.numpy()), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_concatenation_of_convolutions_compiles_channel_last(torch):
+    """``torch.cat`` (``tensor.concat``) of two convolutions along the
+    channels: the layout pass sinks their transposes through it, so the
+    next convolution reads it channel-last with no transpose between, and
+    it becomes slices the driver fills (`graph.normalize.decompose_concats`)."""
+    from mlir_ansor.importers.pytorch import import_module
+
+    class Branches(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Conv2d(8, 16, 3, padding=1)
+            self.b = torch.nn.Conv2d(8, 12, 1)
+            self.c = torch.nn.Conv2d(28, 8, 3, padding=1)
+
+        def forward(self, x):
+            return self.c(torch.cat([torch.relu(self.a(x)), self.b(x)], dim=1)) + x
+
+    torch.manual_seed(0)
+    model, x = Branches().eval(), torch.randn(1, 8, 10, 10)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    text = import_module(model, (x,))
+    assert "tensor.concat" in text
+    program = mlir_ansor.load(text=text)
+    names = [t.name for t in mlir_ansor.extract_tasks(program)]
+    assert sum(n.startswith("conv_2d_nhwc_hwcf") for n in names) == 3
+    # The input's transposes (padded for the 3x3, plain for the 1x1) and the output's (with the residual
+    # add): none around the concatenation.
+    assert [n for n in names if n.startswith("transpose")] == [
+        "transpose_1x12x12x8_f32", "transpose_1x10x10x8_f32", "transpose_1x8x10x10_f32_add"]
+    out = mlir_ansor.compile(mlir_ansor.load(text=text), db=None, cache_dir=False)(x.numpy())
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)

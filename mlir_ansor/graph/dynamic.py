@@ -5,7 +5,11 @@ A dimension is named by argument and dimension, 0-based: ``0.0`` is
 argument 0's dimension 0 (the command line's ``--sizes 0.0=1,16,64``).
 Dimensions that the function's Linalg ops tie together (a matmul's A rows
 and C rows: both are its loop d0) are one symbol, :func:`symbols` finds
-them, and a size given for one is the size of all.
+them, and a size given for one is the size of all. So are those the
+function's ``ansor.same_dims`` attribute names (``["1.1=2.1"]``), which
+its ops need not tie: a KV cache's keys and values, whose lengths
+torch-mlir's gathers read without a check, and which the PyTorch importer
+marks where ``torch.export`` gave them one symbol.
 
 :func:`specialize` makes a function static: each dynamic argument gets its
 static type, a ``tensor.cast`` (``memref.cast``) back to the dynamic type
@@ -28,6 +32,7 @@ import numpy as np
 from mlir import ir, passmanager
 
 from mlir_ansor.errors import InputError, UnsupportedError
+from mlir_ansor.ir.attrs import SAME_DIMS_ATTR
 
 __all__ = ["Dim", "argument_shapes", "dynamic_dims", "dynamic_function", "expand", "extents", "paddable", "parse_sizes", "size_label", "specializations",
            "specialize", "spread", "symbols", "symbols_with_padding"]
@@ -107,6 +112,33 @@ def dynamic_dims(fn: ir.Operation) -> list[Dim]:
     return out
 
 
+def _same_dims(fn: ir.Operation) -> list[list[Dim]]:
+    """The groups of argument dimensions the function's ``ansor.same_dims``
+    attribute states are one size (`ir.attrs.SAME_DIMS_ATTR`), checked:
+    each must name a dynamic dimension of an argument."""
+    if SAME_DIMS_ATTR not in fn.attributes:
+        return []
+    name = ir.StringAttr(fn.attributes["sym_name"]).value
+    dynamic = set(dynamic_dims(fn))
+    groups = []
+    try:
+        items = [ir.StringAttr(a).value for a in ir.ArrayAttr(fn.attributes[SAME_DIMS_ATTR])]
+    except (TypeError, ValueError) as err:
+        raise InputError(f"@{name}: {SAME_DIMS_ATTR} must be an array of strings like \"1.1=2.1\"") from err
+    for item in items:
+        try:
+            group = [tuple(int(x) for x in part.split(".")) for part in item.split("=")]
+        except ValueError:
+            group = []
+        if len(group) < 2 or any(len(g) != 2 for g in group):
+            raise InputError(f"@{name}: {SAME_DIMS_ATTR} entry {item!r} is not like \"1.1=2.1\"")
+        wrong = [f"{a}.{d}" for a, d in group if (a, d) not in dynamic]
+        if wrong:
+            raise InputError(f"@{name}: {SAME_DIMS_ATTR} names {', '.join(wrong)}, not a dynamic dimension of an argument")
+        groups.append(group)
+    return groups
+
+
 def _ties(module: ir.Module, func: str | None):
     """Walk a generalized copy of the dynamic function: the union-find of the
     (value, dimension) pairs its Linalg ops tie together (each loop of a
@@ -120,6 +152,7 @@ def _ties(module: ir.Module, func: str | None):
     holder = ir.Module.create(ir.Location.unknown(module.context))
     copy = fn.clone()  # detached, then generalized in a module of its own
     holder.body.append(copy)
+    args = copy.regions[0].blocks[0].arguments
     passmanager.PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))").run(holder.operation)
     parent: dict = {}
 
@@ -135,6 +168,9 @@ def _ties(module: ir.Module, func: str | None):
         if ra != rb:
             parent[ra] = rb
 
+    for group in _same_dims(fn):
+        for a, d in group[1:]:
+            union((args[a], d), (args[group[0][0]], group[0][1]))
     blocked: list = []
     other_ops: list[str] = []
 
@@ -275,7 +311,7 @@ def specialize(fn: ir.Operation, values: dict[Dim, int]) -> None:
     fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get([a.type for a in entry.arguments], results))
     cleanup = passmanager.PassManager.parse("func.func(canonicalize,cse)")
     cleanup.run(fn)
-    while _static_reshapes(fn):  # torch-mlir's reshapes to computed shapes, now constants
+    while _static_reshapes(fn) + _static_concats(fn):  # ops whose static types the canonicalizer does not infer
         cleanup.run(fn)
     # The results: a cast back to the dynamic type at the return goes.
     ret = list(entry.operations)[-1]
@@ -346,6 +382,48 @@ def _static_reshapes(fn: ir.Operation) -> int:
             flat = tensor.CollapseShapeOp(flat_type, src, _one_group(st.rank)).result
             out = tensor.ExpandShapeOp(ir.RankedTensorType.get(shape, old.element_type), flat,
                                        _one_group(len(shape)), [], shape).result
+            back = tensor.CastOp(old, out).result
+        op.results[0].replace_all_uses_with(back)
+        op.erase()
+        done += 1
+    return done
+
+
+def _through_cast(v: ir.Value) -> ir.Value:
+    """The source of a ``tensor.cast`` that makes `v`, else `v`."""
+    owner = v.owner if not isinstance(v.owner, ir.Block) else None
+    return owner.operands[0] if owner is not None and owner.name == "tensor.cast" else v
+
+
+def _static_concats(fn: ir.Operation) -> int:
+    """Give each ``tensor.concat`` of static operands whose result type is
+    dynamic (a KV cache's past rows joined to the new ones: the length is
+    the sum of two symbols) its static type, followed by a ``tensor.cast``
+    back that the canonicalizer folds into the users: it infers no concat's
+    type. Returns how many it rewrote."""
+    from mlir.dialects import tensor
+
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "tensor.concat" and not ir.RankedTensorType(op.results[0].type).has_static_shape:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    fn.walk(visit)
+    done = 0
+    for op in found:
+        inputs = [_through_cast(v) for v in op.operands]
+        types = [ir.RankedTensorType(v.type) for v in inputs]
+        if not all(t.has_static_shape for t in types):
+            continue
+        dim = ir.IntegerAttr(op.attributes["dim"]).value
+        shape = list(types[0].shape)
+        shape[dim] = sum(t.shape[dim] for t in types)
+        old = ir.RankedTensorType(op.results[0].type)
+        with ir.InsertionPoint(op), op.location:
+            out = tensor.ConcatOp(ir.RankedTensorType.get(shape, old.element_type, old.encoding), dim,
+                                  inputs).result
             back = tensor.CastOp(old, out).result
         op.results[0].replace_all_uses_with(back)
         op.erase()

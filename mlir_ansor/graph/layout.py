@@ -38,6 +38,11 @@ What it does (local rewrites, swept over the function's body to a fixpoint):
    * transpose(pad(transpose(x))) (the padding between a ReLU and the next
      convolution or pooling) becomes pad'(transpose(transpose(x))) with the
      padding amounts permuted, so the two transposes meet.
+   * a ``tensor.concat`` whose operands are all transposes of one
+     permutation (``torch.cat`` of two convolutions' outputs along the
+     channels) becomes the transpose of the concatenation of the
+     untransposed values, along the dimension the permutation maps the
+     joined one to.
    Transposes left without uses are erased. What stays (a flatten's
    ``collapse_shape``, the global average pool's reduction) keeps one
    transpose; :mod:`.fold_transpose` folds those that feed reductions.
@@ -201,6 +206,27 @@ def _hoist_over_pad(op: ir.Operation) -> bool:
     return True
 
 
+def _sink_through_concat(op: ir.Operation) -> bool:
+    """concat(transpose(x_i, p), dim d) -> transpose(concat(x_i, dim p[d]), p)."""
+    from mlir.dialects import tensor
+
+    perms = [permutation_of(v) for v in op.operands]
+    if perms[0] is None or any(q != perms[0] for q in perms):
+        return False
+    p = perms[0]
+    xs = [v.owner.operands[0] for v in op.operands]
+    types = [ir.RankedTensorType(x.type) for x in xs]
+    if not all(t.has_static_shape for t in types):
+        return False
+    dim = p[ir.IntegerAttr(op.attributes["dim"]).value]
+    shape = list(types[0].shape)
+    shape[dim] = sum(t.shape[dim] for t in types)
+    with ir.InsertionPoint(op), op.location:
+        joined = tensor.ConcatOp(ir.RankedTensorType.get(shape, types[0].element_type), dim, xs).result
+        op.results[0].replace_all_uses_with(transpose(joined, p))
+    return True
+
+
 def _map_dims(m: ir.AffineMap) -> list[int | None] | None:
     """The loop dimension of each result of `m` (None for the constant 0);
     None if a result is anything else or a dimension repeats."""
@@ -310,7 +336,7 @@ def _sink_through_generic(op: ir.Operation) -> bool:
     return True
 
 
-_CLEANED = ("linalg.transpose", "linalg.generic", "linalg.fill", "tensor.empty", "tensor.pad", "linalg.conv_2d_nchw_fchw", *_POOLS)
+_CLEANED = ("linalg.transpose", "linalg.generic", "linalg.fill", "tensor.empty", "tensor.pad", "tensor.concat", "linalg.conv_2d_nchw_fchw", *_POOLS)
 
 
 def convert_layout(fn: ir.Operation) -> int:
@@ -340,6 +366,8 @@ def convert_layout(fn: ir.Operation) -> int:
                     done = _cancel_transposes(op) or _hoist_over_pad(op)
                 elif name == "linalg.generic":
                     done = _sink_through_generic(op)
+                elif name == "tensor.concat":
+                    done = _sink_through_concat(op)
                 else:
                     done = False
                 changed += done

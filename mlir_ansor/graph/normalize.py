@@ -25,6 +25,12 @@ What it does, and why:
   reshape between a convolution and its batch-norm chain and stops their
   fusion into one task.)
 
+* writes each ``tensor.concat`` of static operands (``torch.cat``: a
+  KV cache's past and new rows, a U-Net's skip connection) as a
+  ``tensor.empty`` of its result and one ``tensor.insert_slice`` per operand
+  (:func:`decompose_concats`): slices stay outside tasks, each operand's
+  producer is a task of its own, and the driver copies it into place.
+
 * converts channel-first convolutions and poolings to channel-last and
   sinks the transposes this makes until they cancel (:mod:`.layout`;
   on by default; ``normalize(module, layout=False)`` or
@@ -97,6 +103,7 @@ from mlir_ansor.ir.rewrite import (
 
 __all__ = [
     "CONVERT_LAYOUT",
+    "decompose_concats",
     "drop_dead_results",
     "drop_unit_broadcasts",
     "forward_identity_gathers",
@@ -191,6 +198,42 @@ def drop_dead_results(fn: ir.Operation) -> int:
             if op.name == "linalg.generic" and len(op.results) > 1 and _drop_dead_results_of(op):
                 count += 1
     return count
+
+
+def decompose_concats(fn: ir.Operation) -> int:
+    """Rewrite each ``tensor.concat`` whose operands and result are static
+    as a ``tensor.empty`` of the result and a chain of ``tensor.insert_slice``,
+    one per operand, at its offset along the joined dimension. Returns how
+    many it rewrote (a dynamic one is left: specializing the function makes
+    it static first, `graph.dynamic.specialize`)."""
+    from mlir.dialects import tensor
+
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "tensor.concat":
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    fn.walk(visit)
+    done = 0
+    for op in found:
+        out = ir.RankedTensorType(op.results[0].type)
+        types = [ir.RankedTensorType(v.type) for v in op.operands]
+        if not out.has_static_shape or not all(t.has_static_shape for t in types):
+            continue
+        dim = ir.IntegerAttr(op.attributes["dim"]).value
+        with ir.InsertionPoint(op), op.location:
+            acc = tensor.EmptyOp(list(out.shape), out.element_type).result
+            offset = 0
+            for v, t in zip(op.operands, types):
+                offsets = [offset if d == dim else 0 for d in range(out.rank)]
+                acc = tensor.InsertSliceOp(v, acc, [], [], [], offsets, list(t.shape), [1] * out.rank).result
+                offset += t.shape[dim]
+        op.results[0].replace_all_uses_with(acc)
+        op.erase()
+        done += 1
+    return done
 
 
 def _is_zero(expr: ir.AffineExpr) -> bool:
@@ -544,7 +587,8 @@ def normalize(module: ir.Module, *, layout: bool | None = None) -> None:
             narrow_f64_islands(fn)
             lower_quantized_ops(fn)
             if layout:
-                convert_layout(fn)
+                convert_layout(fn)  # (sinks transposes through concatenations: before they go)
+            decompose_concats(fn)
             split_convolutions(fn)
             drop_unit_broadcasts(fn)
             pm = PassManager.parse(_FUNC_PIPELINE)

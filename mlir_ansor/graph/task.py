@@ -85,6 +85,9 @@ ALLOWED_NON_LINALG_OPS = frozenset(
         # outside tasks as well: tasks read and write whole tensors.
         "tensor.extract_slice",
         "tensor.insert_slice",
+        # A concatenation becomes an empty tensor and a slice per operand
+        # (`graph.normalize.decompose_concats`).
+        "tensor.concat",
     }
 )
 """Non-Linalg ops that may appear in a function body; they are left outside tasks."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -71,6 +72,12 @@ from torch_mlir import fx
 warnings.simplefilter("ignore", FutureWarning)
 prog = torch.export.load(sys.argv[1])
 module = fx.export_and_import(prog, output_type="linalg-on-tensors", func_name=sys.argv[3])
+if sys.argv[4] != "[]":
+    from torch_mlir import ir
+    with module.context:
+        for op in module.body.operations:
+            if op.operation.name == "func.func" and ir.StringAttr(op.operation.attributes["sym_name"]).value == sys.argv[3]:
+                op.operation.attributes["ansor.same_dims"] = ir.Attribute.parse(sys.argv[4])
 with open(sys.argv[2], "w") as f:
     f.write(str(module))
 """
@@ -86,7 +93,10 @@ def import_module(model: Any, example_inputs: Any, *, func_name: str = "main", d
     ``dynamic_shapes``: ``torch.export``'s, one entry per input (a dict
     from dimension to ``torch.export.Dim``), for dimensions that stay
     dynamic (``tensor<1x?x768xf32>``): a BERT layer's sequence length.
-    `tune --sizes` and `compile` give them sizes (`graph.dynamic`).
+    `tune --sizes` and `compile` give them sizes (`graph.dynamic`); those
+    the export gave one symbol are one dimension of the function too (its
+    ``ansor.same_dims``, :func:`same_dims`), and a call whose arrays differ
+    there is an error.
     Raises :class:`AnsorError` when torch or torch-mlir is missing, or when
     the export or the lowering fails (with torch-mlir's message).
     """
@@ -106,12 +116,33 @@ def import_module(model: Any, example_inputs: Any, *, func_name: str = "main", d
                 torch.export.save(exported, traced)
         except Exception as err:  # torch.export raises many kinds
             raise AnsorError(f"torch.export could not trace {name}: {type(err).__name__}: {str(err).strip()[:2000]}") from err
-        proc = subprocess.run([sys.executable, "-c", _CHILD, traced, out, func_name], capture_output=True, text=True)
+        same = json.dumps(["=".join(g) for g in same_dims(exported)])
+        proc = subprocess.run([sys.executable, "-c", _CHILD, traced, out, func_name, same], capture_output=True, text=True)
         if proc.returncode != 0:
             raise AnsorError(f"torch-mlir could not import {name} to linalg-on-tensors (exit {proc.returncode})"
                              + child_failure(proc.stderr))
         with open(out, encoding="utf-8") as f:
             return f.read()
+
+
+def same_dims(exported: Any) -> list[list[str]]:
+    """The dimensions of an ``ExportedProgram``'s tensor inputs that it
+    gave one symbol (``Dim("past")`` for a KV cache's keys and values), as
+    groups of ``"ARG.DIM"`` with more than one member: what the importer
+    writes as the function's ``ansor.same_dims`` (`ir.attrs.SAME_DIMS_ATTR`),
+    since torch-mlir's function keeps only ``?`` for each."""
+    torch = require_torch()
+    from torch.export.graph_signature import InputKind
+
+    placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
+    users = [spec.arg.name for spec in exported.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT]
+    by_symbol: dict[str, list[str]] = {}
+    tensors = [placeholders[n].meta.get("val") for n in users if n in placeholders]
+    for i, val in enumerate(v for v in tensors if isinstance(v, torch.Tensor)):
+        for d, size in enumerate(val.shape):
+            if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                by_symbol.setdefault(str(size.node.expr), []).append(f"{i}.{d}")
+    return [g for g in by_symbol.values() if len(g) > 1]
 
 
 def child_failure(stderr: str) -> str:

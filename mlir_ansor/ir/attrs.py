@@ -30,3 +30,11 @@ PACKED_ATTR = "ansor.packed"
 """Integer attribute on a ``linalg.generic`` that `graph.prepack` made from a
 matmul with a constant B: the reduction group B is packed in (B[k/g, n, g]);
 the `cpu-dot-product` rule takes the op as already packed."""
+
+SAME_DIMS_ATTR = "ansor.same_dims"
+"""Array of strings on a function with dynamic dimensions, each naming
+argument dimensions that are one size (``["1.1=2.1"]``: argument 1's
+dimension 1 and argument 2's), where its ops alone do not tie them
+(`graph.dynamic.symbols`): the PyTorch importer writes the dimensions
+``torch.export`` gave one symbol (a KV cache's keys and values), and a
+hand-written module may state them."""
