@@ -11,7 +11,7 @@ from conftest import INPUTS
 from mlir import ir
 
 import mlir_ansor
-from mlir_ansor.errors import InputError
+from mlir_ansor.errors import InputError, UnsupportedError
 from mlir_ansor.graph.dynamic import parse_sizes, specializations, symbols
 from mlir_ansor.records.database import Database
 from mlir_ansor.tools.cli import main
@@ -388,3 +388,28 @@ def test_a_function_may_state_dimensions_that_are_one_size(same, error):
         assert symbols(module) == [[(0, 0), (1, 0)]]
     specialized, _ = specializations(text, {(0, 0): (3,)}, keep_name=True)
     assert "-> tensor<6x8xf32>" in specialized and "tensor.concat dim(0) %arg0, %arg1 : (tensor<3x8xf32>, tensor<3x8xf32>)" in specialized
+
+
+def test_a_function_its_ops_make_invalid_at_a_size_is_an_error_naming_the_cast():
+    """An importer's cast of a dynamic extent to a fixed one (torch-mlir's,
+    where the traced program assumed a size) makes the ops disagree at
+    other sizes: an error naming the sizes, the disagreement and the cast."""
+    text = """
+    #id = affine_map<(d0, d1) -> (d0, d1)>
+    func.func @f(%a: tensor<?x8xf32>) -> tensor<?x8xf32> {
+      %c0 = arith.constant 0 : index
+      %one = tensor.cast %a : tensor<?x8xf32> to tensor<1x8xf32>
+      %n = tensor.dim %a, %c0 : tensor<?x8xf32>
+      %e = tensor.empty(%n) : tensor<?x8xf32>
+      %r = linalg.generic {indexing_maps = [#id, #id, #id], iterator_types = ["parallel", "parallel"]}
+          ins(%one, %a : tensor<1x8xf32>, tensor<?x8xf32>) outs(%e : tensor<?x8xf32>) {
+      ^bb0(%x: f32, %y: f32, %o: f32):
+        %s = arith.addf %x, %y : f32
+        linalg.yield %s : f32
+      } -> tensor<?x8xf32>
+      return %r : tensor<?x8xf32>
+    }"""
+    specializations(text, {(0, 0): (1,)})
+    with pytest.raises(UnsupportedError, match=r"@f__0_0_3 is not valid at sizes 0.0=3: .*dimension #0 to be 1, but found 3; "
+                                               r"the function casts a dynamic extent to a fixed one \(tensor<\?x8xf32> to tensor<1x8xf32>"):
+        specializations(text, {(0, 0): (3,)})

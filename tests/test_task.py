@@ -344,7 +344,7 @@ def test_unsupported_op_in_function():
     with pytest.raises(UnsupportedError) as err:
         extract_tasks(path)
     msg = str(err.value)
-    assert f"{path}:2:8:" in msg and "tensor.concat" in msg
+    assert f"{path}:2:8:" in msg and "tensor.splat" in msg
 
 
 def test_scf_for_is_unsupported():

@@ -170,3 +170,31 @@ def test_a_concatenation_of_convolutions_compiles_channel_last(torch):
         "transpose_1x12x12x8_f32", "transpose_1x10x10x8_f32", "transpose_1x8x10x10_f32_add"]
     out = mlir_ansor.compile(mlir_ansor.load(text=text), db=None, cache_dir=False)(x.numpy())
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_an_embedding_compiles_and_an_id_out_of_range_reads_the_last_row(torch):
+    """``nn.Embedding`` checks its ids in its body (``cf.assert``); they
+    become clamps (`graph.normalize.clamp_gathers`): the module computes
+    torch's output, and an id past the table reads its last row, not memory
+    beyond it."""
+    from mlir_ansor.importers.pytorch import import_module
+
+    class Tokens(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(50, 16)
+            self.out = torch.nn.Linear(16, 8)
+
+        def forward(self, ids):
+            return self.out(torch.relu(self.emb(ids)))
+
+    torch.manual_seed(0)
+    model, ids = Tokens().eval(), torch.randint(0, 50, (2, 5))
+    text = import_module(model, (ids,))
+    assert "cf.assert" in text
+    cm = mlir_ansor.compile(mlir_ansor.load(text=text), db=None, cache_dir=False)
+    with torch.no_grad():
+        np.testing.assert_allclose(cm(ids.numpy()), model(ids).numpy(), rtol=1e-5, atol=1e-5)
+        far = np.array([[3, 49, 1000, -7, 0]] * 2, dtype=np.int64)
+        want = model(torch.from_numpy(far.clip(0, 49))).numpy()
+    np.testing.assert_allclose(cm(far), want, rtol=1e-5, atol=1e-5)

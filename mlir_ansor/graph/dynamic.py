@@ -283,6 +283,39 @@ def _static(t: ir.Type, shape: list[int]) -> ir.Type:
     return ir.MemRefType.get(shape, mt.element_type, None, mt.memory_space)
 
 
+def _clean(fn: ir.Operation, name: str, values: dict[Dim, int], hint: str) -> None:
+    """Canonicalize the function being specialized; a verifier error (its
+    ops disagree on a shape at these sizes) is an :class:`UnsupportedError`
+    that names the sizes and the first disagreement, and `hint`: the casts
+    to static extents the function had before (:func:`_fixed_casts`:
+    torch-mlir's, where the traced program assumed a size), since those are
+    what usually disagree."""
+    try:
+        passmanager.PassManager.parse("func.func(canonicalize,cse)").run(fn)
+    except ir.MLIRError as err:
+        first = next((d.message for d in err.error_diagnostics), str(err))
+        raise UnsupportedError(f"@{name} is not valid at sizes {size_label(values)}: {first}{hint}") from None
+
+
+def _fixed_casts(fn: ir.Operation) -> str:
+    """``tensor.cast``s of `fn` that fix a dynamic extent, described for an
+    error message (empty where there are none)."""
+    found: list[str] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "tensor.cast" and len(found) < 3:
+            src, dst = ir.RankedTensorType(op.operands[0].type), ir.RankedTensorType(op.results[0].type)
+            if any(src.is_dynamic_dim(d) and not dst.is_dynamic_dim(d) for d in range(src.rank)):
+                found.append(f"{src} to {dst} at {op.location}")
+        return ir.WalkResult.ADVANCE
+
+    fn.walk(visit)
+    if not found:
+        return ""
+    return ("; the function casts a dynamic extent to a fixed one (" + "; ".join(found)
+            + "): it holds at that size only (the traced program assumed it)")
+
+
 def specialize(fn: ir.Operation, values: dict[Dim, int]) -> None:
     """Make `fn` static in place: `values` gives every dynamic dimension of
     its arguments a size (see the module's docstring). Raises
@@ -294,6 +327,7 @@ def specialize(fn: ir.Operation, values: dict[Dim, int]) -> None:
     missing = [f"{i}.{d}" for i, d in dynamic_dims(fn) if (i, d) not in values]
     if missing:
         raise InputError(f"@{name}: no size for dynamic dimension(s) {', '.join(missing)}")
+    hint = _fixed_casts(fn)
     for i, arg in enumerate(entry.arguments):
         st = _shaped(arg.type)
         if st is None or st.has_static_shape:
@@ -309,10 +343,9 @@ def specialize(fn: ir.Operation, values: dict[Dim, int]) -> None:
                 owner.operands[use.operand_number] = cast.result
     results = list(ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value).results)
     fn.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get([a.type for a in entry.arguments], results))
-    cleanup = passmanager.PassManager.parse("func.func(canonicalize,cse)")
-    cleanup.run(fn)
+    _clean(fn, name, values, hint)
     while _static_reshapes(fn) + _static_concats(fn):  # ops whose static types the canonicalizer does not infer
-        cleanup.run(fn)
+        _clean(fn, name, values, hint)
     # The results: a cast back to the dynamic type at the return goes.
     ret = list(entry.operations)[-1]
     for k, v in enumerate(list(ret.operands)):
@@ -321,7 +354,7 @@ def specialize(fn: ir.Operation, values: dict[Dim, int]) -> None:
             ret.operands[k] = owner.operands[0]
     fn.attributes["function_type"] = ir.TypeAttr.get(
         ir.FunctionType.get([a.type for a in entry.arguments], [v.type for v in ret.operands]))
-    cleanup.run(fn)
+    _clean(fn, name, values, hint)
     left: list[str] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:

@@ -10,6 +10,11 @@ What it does, and why:
   ops only they need. torch-mlir lowers ``max`` along a dimension (softmax)
   to a generic computing the maximum *and* its i64 index; the index is never
   used, and an i64 output would make the whole softmax untunable.
+* turns the bounds checks of a gather (``cf.assert`` in a body: torch-mlir's
+  ``nn.Embedding``, ``index_select``) into clamps of its indices
+  (:func:`clamp_gathers`): a body holds no control flow that the vectorizer
+  or the task lowering take, and an index out of range then reads the
+  nearest row instead of memory outside the table.
 * forwards identity gathers (:func:`forward_identity_gathers`): a generic
   that only copies a tensor of its own type through ``tensor.extract``,
   which is what torch-mlir's dynamic ``expand`` becomes at a static size.
@@ -103,6 +108,7 @@ from mlir_ansor.ir.rewrite import (
 
 __all__ = [
     "CONVERT_LAYOUT",
+    "clamp_gathers",
     "decompose_concats",
     "drop_dead_results",
     "drop_unit_broadcasts",
@@ -349,6 +355,45 @@ def _gathered_source(op: ir.Operation) -> ir.Value | None:
     return src
 
 
+def clamp_gathers(fn: ir.Operation) -> int:
+    """In each Linalg body of `fn` that checks its indices (``cf.assert``),
+    drop the checks and clamp every index of its ``tensor.extract``s into
+    the extent it reads (``max(0, min(i, n - 1))``); returns how many
+    bodies it changed. torch raises on an out-of-range index (a token id
+    past the vocabulary); the compiled module reads the table's nearest
+    row instead of memory beyond it."""
+    from mlir.dialects import arith
+
+    bodies: list[ir.Block] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name.startswith("linalg.") and op.regions and op.regions[0].blocks:
+            block = op.regions[0].blocks[0]
+            if any(inner.operation.name == "cf.assert" for inner in block.operations):
+                bodies.append(block)
+        return ir.WalkResult.ADVANCE
+
+    fn.walk(visit)
+    index = ir.IndexType.get()
+    for block in bodies:
+        for inner in list(block.operations):
+            op = inner.operation
+            if op.name == "cf.assert":
+                op.erase()
+            elif op.name == "tensor.extract":
+                shape = ir.RankedTensorType(op.operands[0].type).shape
+                for k, (i, n) in enumerate(zip(list(op.operands)[1:], shape)):
+                    owner = i.owner if not isinstance(i.owner, ir.Block) else None
+                    if n == ir.ShapedType.get_dynamic_size() or (owner is not None and owner.name == "linalg.index"):
+                        continue
+                    with ir.InsertionPoint(op), op.location:
+                        low = arith.ConstantOp(index, 0).result
+                        high = arith.ConstantOp(index, n - 1).result
+                        clamped = arith.MaxSIOp(arith.MinSIOp(i, high).result, low).result
+                    op.operands[1 + k] = clamped
+    return len(bodies)
+
+
 def forward_identity_gathers(fn: ir.Operation) -> int:
     """Replace every identity gather directly in ``fn``'s body
     (:func:`_gathered_source`) by the tensor it copies; returns how many.
@@ -583,6 +628,7 @@ def normalize(module: ir.Module, *, layout: bool | None = None) -> None:
             if NORMALIZED_ATTR in fn.attributes or not _on_tensors(fn):
                 continue
             drop_dead_results(fn)
+            clamp_gathers(fn)
             forward_identity_gathers(fn)
             narrow_f64_islands(fn)
             lower_quantized_ops(fn)
