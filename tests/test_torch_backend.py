@@ -368,3 +368,32 @@ def test_trials_tune_a_dynamic_graph_at_the_sizes_given(torch, tmp_path):
         mlir_ansor.torch_backend(db=db, sizes="0.0=4")
     with pytest.raises(mlir_ansor.InputError, match="ARG.DIM"):
         mlir_ansor.torch_backend(db=db, trials=2, sizes="rows=4")
+
+
+def test_a_size_a_dynamic_graph_cannot_be_compiled_at_runs_eagerly(torch, caplog, monkeypatch):
+    """Each size of a dynamic graph compiles on its first call; where one
+    cannot (here made to fail at 5 rows; torch-mlir's casts of a dynamic
+    extent to a fixed one do this at every size), the call and the later
+    ones run eagerly, with one warning that says why, not an exception
+    out of the model."""
+    from mlir_ansor.errors import UnsupportedError
+    from mlir_ansor.graph import dynamic
+
+    specialize = dynamic.specialize
+
+    def failing_at_5(fn, values):
+        if 5 in values.values():
+            raise UnsupportedError("@main is not valid at sizes 0.0=5: made to fail")
+        specialize(fn, values)
+
+    monkeypatch.setattr(dynamic, "specialize", failing_at_5)
+    torch.manual_seed(8)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU()).eval()
+    compiled = torch.compile(model, backend=mlir_ansor.torch_backend(), dynamic=True)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="mlir_ansor"):
+        for n in (3, 5, 7, 3):
+            x = torch.randn(n, 16)
+            np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert caplog.text.count("could not be compiled at these sizes (@main is not valid at sizes 0.0=5: made to fail)") == 1
+    (cm,) = tb.compiled_graphs()
+    assert [sorted(sizes.values()) for sizes in cm.sizes] == [[3]]  # 7 ran eagerly

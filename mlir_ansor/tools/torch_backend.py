@@ -59,7 +59,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlir_ansor.errors import InputError
+from mlir_ansor.errors import AnsorError, InputError
 
 __all__ = ["BACKEND_NAME", "TorchBackend", "clear_cache", "compiled_graphs", "mlir_ansor_backend", "torch_backend"]
 
@@ -583,7 +583,8 @@ class _Runner:
     library; if one was changed in place since (an optimizer step,
     ``load_state_dict``), the graph runs eagerly from then on, with one
     warning. So does a call that brings another value of a number compiled
-    in (`scalars`)."""
+    in (`scalars`), and one at sizes a graph of dynamic sizes cannot be
+    compiled at (each size is compiled on its first call)."""
 
     def __init__(self, cm: Any, n_out: int, single: bool, live: list[int], stamps: dict, eager: Callable,
                  scalars: dict | None = None) -> None:
@@ -606,7 +607,15 @@ class _Runner:
             if args[i].item() != value:
                 return self._go_eager(args, f"a number compiled into a graph (input {i}, {value!r}) is "
                                             f"{args[i].item()!r} in this call")
-        results = self.cm(*[_to_numpy(args[i]) for i in self.live])
+        try:
+            results = self.cm(*[_to_numpy(args[i]) for i in self.live])
+        except AnsorError as err:
+            from mlir_ansor.compiler import DynamicModule
+
+            if not isinstance(self.cm, DynamicModule):
+                raise
+            # A graph of dynamic sizes compiles each size on its first call.
+            return self._go_eager(args, f"the graph could not be compiled at these sizes ({err})")
         if results is None:
             results = ()
         elif not isinstance(results, tuple):
