@@ -198,3 +198,44 @@ def test_an_embedding_compiles_and_an_id_out_of_range_reads_the_last_row(torch):
         far = np.array([[3, 49, 1000, -7, 0]] * 2, dtype=np.int64)
         want = model(torch.from_numpy(far.clip(0, 49))).numpy()
     np.testing.assert_allclose(cm(far), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layer", ["causal_attention", "roll"])
+def test_masks_made_of_constants_and_slices_joined_through_casts(torch, layer):
+    """``scaled_dot_product_attention(is_causal=True)``: its mask is built
+    from a constant ``tensor<10x10xi1>``, a global of booleans the lowering
+    stores as bytes (`passes.drivers.widen_bool_buffers`; LLVM aborted on
+    its i1 loads). ``torch.roll``: two slices cast to ``tensor<6x?xf32>``
+    and joined (`graph.normalize.decompose_concats` reads through the casts)."""
+    import torch.nn.functional as F
+
+    from mlir_ansor.importers.pytorch import import_module
+
+    class Layer(torch.nn.Module):
+        def forward(self, *xs):
+            if layer == "roll":
+                return torch.roll(xs[0], 3, 1) * 2
+            return F.scaled_dot_product_attention(*xs, is_causal=True)
+
+    torch.manual_seed(0)
+    xs = (torch.randn(6, 16),) if layer == "roll" else tuple(torch.randn(2, 4, 10, 16) for _ in range(3))
+    with torch.no_grad():
+        expected = Layer()(*xs).numpy()
+    text = import_module(Layer(), xs)
+    assert ("tensor<10x10xi1>" in text) if layer != "roll" else ("tensor<6x?xf32>" in text)
+    out = mlir_ansor.compile(mlir_ansor.load(text=text), db=None, cache_dir=False)(*(x.numpy() for x in xs))
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_ops_torch_mlir_lowers_to_tm_tensor_are_named(torch):
+    """torch.cumsum becomes ``tm_tensor.scan``, which is not Linalg: an
+    error naming it and the torch ops it comes from, not a parse error."""
+    from mlir_ansor.errors import UnsupportedError
+    from mlir_ansor.importers.pytorch import import_module
+
+    class Cumsum(torch.nn.Module):
+        def forward(self, x):
+            return torch.cumsum(x, 1)
+
+    with pytest.raises(UnsupportedError, match=r"Cumsum to its TMTensor dialect, not to Linalg: tm_tensor.scan \(from torch.cumsum"):
+        import_module(Cumsum(), (torch.randn(3, 5),))

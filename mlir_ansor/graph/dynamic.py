@@ -33,6 +33,7 @@ from mlir import ir, passmanager
 
 from mlir_ansor.errors import InputError, UnsupportedError
 from mlir_ansor.ir.attrs import SAME_DIMS_ATTR
+from mlir_ansor.ir.rewrite import cast_source
 
 __all__ = ["Dim", "argument_shapes", "dynamic_dims", "dynamic_function", "expand", "extents", "paddable", "parse_sizes", "size_label", "specializations",
            "specialize", "spread", "symbols", "symbols_with_padding"]
@@ -422,12 +423,6 @@ def _static_reshapes(fn: ir.Operation) -> int:
     return done
 
 
-def _through_cast(v: ir.Value) -> ir.Value:
-    """The source of a ``tensor.cast`` that makes `v`, else `v`."""
-    owner = v.owner if not isinstance(v.owner, ir.Block) else None
-    return owner.operands[0] if owner is not None and owner.name == "tensor.cast" else v
-
-
 def _static_concats(fn: ir.Operation) -> int:
     """Give each ``tensor.concat`` of static operands whose result type is
     dynamic (a KV cache's past rows joined to the new ones: the length is
@@ -446,7 +441,7 @@ def _static_concats(fn: ir.Operation) -> int:
     fn.walk(visit)
     done = 0
     for op in found:
-        inputs = [_through_cast(v) for v in op.operands]
+        inputs = [cast_source(v) for v in op.operands]
         types = [ir.RankedTensorType(v.type) for v in inputs]
         if not all(t.has_static_shape for t in types):
             continue

@@ -97,6 +97,7 @@ from mlir_ansor.graph.split_conv import split_convolutions
 from mlir_ansor.ir.attrs import NORMALIZED_ATTR
 from mlir_ansor.ir.rewrite import (
     backward_slice,
+    cast_source,
     clone_remapped,
     defining_op,
     indexing_maps,
@@ -225,14 +226,16 @@ def decompose_concats(fn: ir.Operation) -> int:
     done = 0
     for op in found:
         out = ir.RankedTensorType(op.results[0].type)
-        types = [ir.RankedTensorType(v.type) for v in op.operands]
+        # (through casts to dynamic types: torch-mlir's roll joins two slices cast to tensor<6x?xf32>)
+        inputs = [cast_source(v) for v in op.operands]
+        types = [ir.RankedTensorType(v.type) for v in inputs]
         if not out.has_static_shape or not all(t.has_static_shape for t in types):
             continue
         dim = ir.IntegerAttr(op.attributes["dim"]).value
         with ir.InsertionPoint(op), op.location:
             acc = tensor.EmptyOp(list(out.shape), out.element_type).result
             offset = 0
-            for v, t in zip(op.operands, types):
+            for v, t in zip(inputs, types):
                 offsets = [offset if d == dim else 0 for d in range(out.rank)]
                 acc = tensor.InsertSliceOp(v, acc, [], [], [], offsets, list(t.shape), [1] * out.rank).result
                 offset += t.shape[dim]

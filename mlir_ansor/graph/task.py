@@ -86,8 +86,11 @@ ALLOWED_NON_LINALG_OPS = frozenset(
         "tensor.extract_slice",
         "tensor.insert_slice",
         # A concatenation becomes an empty tensor and a slice per operand
-        # (`graph.normalize.decompose_concats`).
+        # (`graph.normalize.decompose_concats`), read through the casts of
+        # its operands to dynamic types (torch-mlir's roll), which then go;
+        # a cast that stays leaves a dynamic type, which is refused.
         "tensor.concat",
+        "tensor.cast",
     }
 )
 """Non-Linalg ops that may appear in a function body; they are left outside tasks."""

@@ -27,7 +27,7 @@ import sys
 import tempfile
 
 from mlir_ansor.errors import AnsorError, InputError
-from mlir_ansor.importers.pytorch import child_failure
+from mlir_ansor.importers.pytorch import child_failure, refuse_tm_tensor
 
 __all__ = ["ONNX_EXTRA_HINT", "import_onnx"]
 
@@ -96,4 +96,6 @@ def import_onnx(path: str | os.PathLike) -> str:
                 + child_failure(proc.stderr)
             )
         with open(out, encoding="utf-8") as f:
-            return f.read()
+            text = f.read()
+    refuse_tm_tensor(text, path)
+    return text

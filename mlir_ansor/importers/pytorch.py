@@ -25,6 +25,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,10 +33,10 @@ import warnings
 from types import ModuleType
 from typing import Any
 
-from mlir_ansor.errors import AnsorError
+from mlir_ansor.errors import AnsorError, UnsupportedError
 from mlir_ansor.ir.program import Program, load
 
-__all__ = ["TORCH_EXTRA_HINT", "child_failure", "import_module", "load_module", "require_torch"]
+__all__ = ["TORCH_EXTRA_HINT", "child_failure", "import_module", "load_module", "refuse_tm_tensor", "require_torch", "same_dims"]
 
 TORCH_EXTRA_HINT = "install the 'torch' extra: pip install -e '.[torch]' (torch and torch-mlir)"
 """What to do when torch or torch-mlir is missing."""
@@ -122,7 +123,26 @@ def import_module(model: Any, example_inputs: Any, *, func_name: str = "main", d
             raise AnsorError(f"torch-mlir could not import {name} to linalg-on-tensors (exit {proc.returncode})"
                              + child_failure(proc.stderr))
         with open(out, encoding="utf-8") as f:
-            return f.read()
+            text = f.read()
+    refuse_tm_tensor(text, name)
+    return text
+
+
+_TM_TENSOR_SOURCES = {"scan": "torch.cumsum, cumprod", "sort": "torch.sort, argsort", "topk": "torch.topk",
+                      "scatter": "scatter, index_put", "attention": "scaled_dot_product_attention"}
+
+
+def refuse_tm_tensor(text: str, name: str) -> None:
+    """torch-mlir lowers a few torch ops (cumsum, sort, topk, scatter) to
+    its own TMTensor dialect, not to Linalg: an :class:`UnsupportedError`
+    that names them, rather than a parse error of a dialect our MLIR does
+    not have."""
+    found = sorted(set(re.findall(r"\btm_tensor\.(\w+)", text)) - {"yield"})
+    if found:
+        ops = ", ".join(f"tm_tensor.{op}" + (f" (from {_TM_TENSOR_SOURCES[op]})" if op in _TM_TENSOR_SOURCES else "")
+                        for op in found)
+        raise UnsupportedError(f"torch-mlir lowered part of {name} to its TMTensor dialect, not to Linalg: {ops}; "
+                               "mlir-ansor takes Linalg with tensor, arith and math ops")
 
 
 def same_dims(exported: Any) -> list[list[str]]:

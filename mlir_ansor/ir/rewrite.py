@@ -168,6 +168,12 @@ def defining_op(v: ir.Value, name: str | None = None) -> ir.Operation | None:
     return op if name is None or op.name == name else None
 
 
+def cast_source(v: ir.Value) -> ir.Value:
+    """The source of the ``tensor.cast`` that makes `v`, else `v`."""
+    cast = defining_op(v, "tensor.cast")
+    return v if cast is None else cast.operands[0]
+
+
 def walk_op(root: ir.Operation, name: str) -> list[ir.Operation]:
     """Every op named `name` inside `root` (`root` included), in walk order."""
     found: list[ir.Operation] = []

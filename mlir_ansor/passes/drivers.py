@@ -24,9 +24,36 @@ from mlir_ansor.ir.attrs import NORMALIZED_ATTR
 from mlir_ansor.ir.types import identity_layout, sub_byte_elements
 
 
+def _widen_global(glob: ir.Operation, i8: ir.Type) -> bool:
+    """Make a ``memref.global`` of sub-byte integers one of bytes (its
+    initial value zero-extended); True where it is one of bytes now."""
+    t = ir.MemRefType(ir.TypeAttr(glob.attributes["type"]).value)
+    if t.element_type == i8:
+        return True
+    init = glob.attributes["initial_value"] if "initial_value" in glob.attributes else None
+    wide = ir.MemRefType.get(t.shape, i8, t.layout, t.memory_space)
+    if init is not None:
+        try:
+            dense = ir.DenseIntElementsAttr(init)
+        except (TypeError, ValueError):
+            return False  # (a resource, an unexpected kind: left as it is)
+        tensor_t = ir.RankedTensorType.get(t.shape, i8)
+        if dense.is_splat:
+            value = ir.IntegerAttr.get(i8, int(ir.IntegerAttr(dense.get_splat_value()).value) & 1)
+            glob.attributes["initial_value"] = ir.DenseElementsAttr.get_splat(tensor_t, value)
+        else:
+            import numpy as np
+
+            values = np.array([int(v) & 1 for v in dense], dtype=np.int8).reshape(t.shape)
+            glob.attributes["initial_value"] = ir.DenseElementsAttr.get(values, type=tensor_t)
+    glob.attributes["type"] = ir.TypeAttr.get(wide)
+    return True
+
+
 def widen_bool_buffers(module: ir.Module) -> int:
     """Store booleans as bytes: every ``memref.alloc``/``alloca`` of ``i1``
-    (of any integer narrower than a byte, :func:`sub_byte_elements`) used
+    (of any integer narrower than a byte, :func:`sub_byte_elements`), and
+    every constant global of them read through ``memref.get_global``, used
     only by loads, stores, deallocs and reshaping views (``collapse_shape``,
     ``expand_shape``, ``subview``) becomes one of ``i8``, with its views
     (stores extend, loads truncate). The LLVM 22.1.8 wheels abort on any
@@ -42,13 +69,18 @@ def widen_bool_buffers(module: ir.Module) -> int:
     views = ("memref.collapse_shape", "memref.expand_shape", "memref.subview")
     allocs: list[ir.Operation] = []
 
+    globals_: dict[str, ir.Operation] = {}
+
     def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name in ("memref.alloc", "memref.alloca") and sub_byte_elements(op.results[0].type):
+        if op.name in ("memref.alloc", "memref.alloca", "memref.get_global") and sub_byte_elements(op.results[0].type):
             allocs.append(op)
+        elif op.name == "memref.global":
+            globals_[ir.StringAttr(op.attributes["sym_name"]).value] = op
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
-    widened = 0
+    plans = []
+    bad_globals: set[str] = set()
     for op in allocs:
         # The buffer and its views, and whether every user is one we handle.
         values, accesses, ok = [op.results[0]], [], True
@@ -61,9 +93,22 @@ def widen_bool_buffers(module: ir.Module) -> int:
                     accesses.append(user)
                 else:
                     ok = False
+        symbol = ir.FlatSymbolRefAttr(op.attributes["name"]).value if op.name == "memref.get_global" else None
+        if symbol is not None and not ok:
+            bad_globals.add(symbol)
+        plans.append((op, values, accesses, ok, symbol))
+    widened = 0
+    for op, values, accesses, ok, symbol in plans:
         if not ok:
             continue
         narrow = ir.MemRefType(op.results[0].type).element_type
+        if symbol is not None:
+            # A constant mask (torch-mlir's ``ones(bool)``): its global holds
+            # a byte per element, where every get_global of it is only
+            # loaded from (else all of them are left as they are).
+            glob = globals_.get(symbol)
+            if symbol in bad_globals or glob is None or not _widen_global(glob, i8):
+                continue
         for v in values:
             t = ir.MemRefType(v.type)
             v.set_type(ir.MemRefType.get(t.shape, i8, t.layout, t.memory_space))
