@@ -370,3 +370,39 @@ def test_resnet_block_bf16_tune_compile_matches_torch(resnet_block, tmp_path):
     out = _tune_compile_run(tmp_path, text, x, trials=4)
     assert out.shape == want.shape == (1, 32, 8, 8)
     assert _rel(out, want) <= 4 * EPSILON["bf16"]
+
+
+@pytest.mark.parametrize("scale", [False, True])
+def test_a_bf16_gather_keeps_its_element_type_and_computes_in_f32(scale):
+    """A body that gathers bf16 values (``nn.Embedding``: ``tensor.extract``
+    of a bf16 table, checked by ``cf.assert``s) is data movement; one that
+    also scales them computes in f32 on the extended element. Widening the
+    table itself made invalid IR that aborted the process in canonicalize."""
+    table = (np.arange(40, dtype=np.float32).reshape(10, 4) / 8).astype(ml_dtypes.bfloat16)
+    hexes = table.tobytes().hex().upper()  # (little-endian bf16, as MLIR reads a hex dense)
+    dense = f'dense<"0x{hexes}"> : tensor<10x4xbf16>'
+    payload = "%s = arith.mulf %e, %two : bf16\n      linalg.yield %s : bf16" if scale else "linalg.yield %e : bf16"
+    text = f"""
+    #ids = affine_map<(d0, d1) -> (d0)>
+    #out = affine_map<(d0, d1) -> (d0, d1)>
+    func.func @embed(%ids: tensor<3xi64>) -> tensor<3x4xbf16> {{
+      %table = arith.constant {dense}
+      %n = arith.constant 10 : index
+      %two = arith.constant 2.0 : bf16
+      %e0 = tensor.empty() : tensor<3x4xbf16>
+      %r = linalg.generic {{indexing_maps = [#ids, #out], iterator_types = ["parallel", "parallel"]}}
+          ins(%ids : tensor<3xi64>) outs(%e0 : tensor<3x4xbf16>) {{
+      ^bb0(%i: i64, %o: bf16):
+        %row = arith.index_cast %i : i64 to index
+        %ok = arith.cmpi slt, %row, %n : index
+        cf.assert %ok, "index must be smaller than dim size"
+        %col = linalg.index 1 : index
+        %e = tensor.extract %table[%row, %col] : tensor<10x4xbf16>
+        {payload}
+      }} -> tensor<3x4xbf16>
+      return %r : tensor<3x4xbf16>
+    }}"""
+    ids = np.array([7, 0, 3], dtype=np.int64)
+    out = mlir_ansor.compile(mlir_ansor.load(text=text), cache_dir=False)(ids)
+    want = table.astype(np.float32)[ids] * (2 if scale else 1)
+    np.testing.assert_array_equal(np.asarray(out, dtype=np.float32), want)

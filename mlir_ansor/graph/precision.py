@@ -716,8 +716,9 @@ def fold_widening(fn: ir.Operation) -> int:
 # --------------------------------------------------------------------------
 # Narrow-float arithmetic computed in f32.
 
-_EXACT = frozenset({"linalg.yield", "linalg.index", "arith.constant", "arith.extf", "arith.truncf"})
-"""Body ops that compute nothing in a narrow type (or only round to it)."""
+_EXACT = frozenset({"linalg.yield", "linalg.index", "arith.constant", "arith.extf", "arith.truncf", "tensor.extract"})
+"""Body ops that compute nothing in a narrow type (or only round to it;
+``tensor.extract``: an embedding's gather moves bf16 values)."""
 
 
 def _computes_narrow(block: ir.Block) -> bool:
@@ -753,6 +754,8 @@ def _widen_generic_body(op: ir.Operation) -> None:
             for j, v in enumerate(list(inner.operands)):
                 if not is_narrow_float(v.type) or isinstance(v, ir.BlockArgument) and v.owner == block:
                     continue
+                if isinstance(v.type, ir.ShapedType):
+                    continue  # a tensor a gather reads (tensor.extract): its element is extended below
                 if isinstance(v, ir.OpResult) and v.owner.operation in inside:
                     continue
                 if v not in captured:
@@ -760,6 +763,12 @@ def _widen_generic_body(op: ir.Operation) -> None:
                 inner.operands[j] = captured[v]
     yield_op = body[-1]
     for inner in body[:-1]:
+        if inner.name == "tensor.extract" and is_narrow_float(inner.results[0].type):
+            # The element read keeps its type; what uses it reads it extended.
+            with ir.InsertionPoint.after(inner), op.location:
+                ext = arith.extf(f32, inner.results[0])
+            inner.results[0].replace_all_uses_except(ext, ext.owner.operation)
+            continue
         _widen_in_place(inner)
     out_args = list(block.arguments)[_num_inputs(op):]
     with ir.InsertionPoint(yield_op), op.location:
