@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import filecheck
+from mlir import ir
 
 import mlir_ansor
 from mlir_ansor.compiler import compile_untuned
@@ -490,3 +491,34 @@ def test_exps_of_other_values_or_of_fewer_loops_are_left_alone():
         fn = module.body.operations[0].operation
         assert share_subexpressions(fn) == 0
         assert str(module).count("math.exp") == 4
+
+
+def test_invalid_ir_left_by_a_rewrite_is_an_error_not_an_abort():
+    """A rewrite bug that leaves invalid IR (here made by hand: a gathered
+    element given the wrong type) is caught by the verifier before a pass
+    runs on it; the wheels' MLIR aborted the process in canonicalize."""
+    from mlir_ansor.errors import AnsorError
+    from mlir_ansor.graph.normalize import normalize
+
+    text = """
+    #ids = affine_map<(d0, d1) -> (d0)>
+    #out = affine_map<(d0, d1) -> (d0, d1)>
+    func.func @embed(%ids: tensor<3xindex>, %table: tensor<10x4xf32>) -> tensor<3x4xf32> {
+      %e0 = tensor.empty() : tensor<3x4xf32>
+      %r = linalg.generic {indexing_maps = [#ids, #out], iterator_types = ["parallel", "parallel"]}
+          ins(%ids : tensor<3xindex>) outs(%e0 : tensor<3x4xf32>) {
+      ^bb0(%i: index, %o: f32):
+        %col = linalg.index 1 : index
+        %e = tensor.extract %table[%i, %col] : tensor<10x4xf32>
+        linalg.yield %e : f32
+      } -> tensor<3x4xf32>
+      return %r : tensor<3x4xf32>
+    }"""
+    with ir.Context():
+        module = ir.Module.parse(text)
+        fn = module.body.operations[0].operation
+        generic = [op for op in fn.regions[0].blocks[0].operations if op.operation.name == "linalg.generic"][0]
+        extract = [op for op in generic.operation.regions[0].blocks[0].operations if op.operation.name == "tensor.extract"][0]
+        extract.operation.results[0].set_type(ir.F16Type.get())
+        with pytest.raises(AnsorError, match=r"normalizing @embed made invalid IR .*: 'tensor.extract' op"):
+            normalize(module)

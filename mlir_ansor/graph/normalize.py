@@ -84,6 +84,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.passmanager import PassManager
 
+from mlir_ansor.errors import AnsorError
 from mlir_ansor.graph.fold_transpose import fold_output_transposes, fold_transposes
 from mlir_ansor.graph.layout import convert_layout
 from mlir_ansor.graph.precision import (
@@ -616,6 +617,20 @@ def reciprocal_divisors(fn: ir.Operation) -> int:
     return count
 
 
+def _verify(fn: ir.Operation) -> None:
+    """Check the rewritten function before a pass runs on it: a pass given
+    invalid IR may abort the process (an assertion in the wheels' MLIR),
+    where the verifier raises. An :class:`AnsorError` naming the function
+    and the first diagnostic: a bug of these rewrites, not of the input."""
+    try:
+        fn.verify()
+    except ir.MLIRError as err:
+        name = ir.StringAttr(fn.attributes["sym_name"]).value
+        first = next((d.message for d in err.error_diagnostics), str(err))
+        raise AnsorError(f"normalizing @{name} made invalid IR (a bug of mlir-ansor's rewrites, please report it "
+                         f"with the input): {first}") from None
+
+
 def normalize(module: ir.Module, *, layout: bool | None = None) -> None:
     """Normalize every function of ``module`` that works on tensors, in place
     (idempotent: a function already normalized is skipped). `layout`: run the
@@ -650,5 +665,6 @@ def normalize(module: ir.Module, *, layout: bool | None = None) -> None:
             fold_output_transposes(module, fn)
             accumulate_wide(fn)
             compute_wide(fn)
+            _verify(fn)
             pm.run(fn)
             fn.attributes[NORMALIZED_ATTR] = ir.UnitAttr.get()
