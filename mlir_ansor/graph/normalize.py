@@ -655,6 +655,7 @@ def normalize(module: ir.Module, *, layout: bool | None = None) -> None:
             decompose_concats(fn)
             split_convolutions(fn)
             drop_unit_broadcasts(fn)
+            _verify(fn)
             pm = PassManager.parse(_FUNC_PIPELINE)
             for _ in range(4):  # one unit loop per op each time
                 if not drop_unit_loops(fn):
