@@ -103,6 +103,13 @@ def test_missing_file():
         load("/tmp/does-not-exist.mlir")
 
 
+def test_text_given_as_a_path_says_so_in_a_line():
+    text = "func.func @f(%a: tensor<4xf32>) -> tensor<4xf32> {\n  return %a : tensor<4xf32>\n}\n" + "// weights\n" * 5000
+    with pytest.raises(InputError, match=r"the path given is MLIR text \('func.func @f.*load\(text=\.\.\.\)") as err:
+        load(text[:-1])
+    assert len(str(err.value)) < 250
+
+
 def test_directory_is_input_error(tmp_path):
     with pytest.raises(InputError, match="is a directory"):
         load(tmp_path)

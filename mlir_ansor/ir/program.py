@@ -160,6 +160,11 @@ def _parse_text(text: str, source: str) -> Program:
 
 def _parse_file(path: str) -> Program:
     if not os.path.exists(path):
+        if "\n" in path or "func.func" in path:
+            # MLIR text given where a path goes (compile(text), build_library(text)).
+            preview = " ".join(path.split())[:80]
+            raise InputError(f"no such file: the path given is MLIR text ({preview!r}...); pass "
+                             "mlir_ansor.load(text=...) for text")
         raise InputError(f"{path}: no such file")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, not an MLIR file")
