@@ -742,7 +742,6 @@ def _widen_generic_body(op: ir.Operation) -> None:
     f32 = ir.F32Type.get()
     block = op.regions[0].blocks[0]
     body = [o.operation for o in block.operations]
-    inside = set(body)
     first = body[0]
     with ir.InsertionPoint(first), op.location:
         for arg in block.arguments:
@@ -756,8 +755,8 @@ def _widen_generic_body(op: ir.Operation) -> None:
                     continue
                 if isinstance(v.type, ir.ShapedType):
                     continue  # a tensor a gather reads (tensor.extract): its element is extended below
-                if isinstance(v, ir.OpResult) and v.owner.operation in inside:
-                    continue
+                if isinstance(v, ir.OpResult) and v.owner.operation.parent == op:
+                    continue  # made in the body (a set of wrappers did not find it: they hash by object)
                 if v not in captured:
                     captured[v] = arith.extf(f32, v)
                 inner.operands[j] = captured[v]
