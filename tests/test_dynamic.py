@@ -367,6 +367,11 @@ def test_attention_on_a_kv_cache_of_dynamic_length(torch):
     x, k, v = (np.zeros((1, n, 32), np.float32) for n in (2, 10, 11))
     with pytest.raises(InputError, match=r"dimensions 1.1=10, 2.1=11 are one dimension"):
         cm(x, k, v)
+    # More new tokens than the export's Dim allows (max=64).
+    assert 'ansor.dim_ranges = ["0.1=1..64", "1.1=1..1024", "2.1=1..1024"]' in text
+    x, k, v = (np.zeros((1, n, 32), np.float32) for n in (65, 10, 10))
+    with pytest.raises(InputError, match=r"dimension 0.1 is 65, outside 1..64, the sizes the function allows"):
+        cm(x, k, v)
 
 
 @pytest.mark.parametrize("same, error", [('["0.0=1.0"]', None), ('["0.1=1.0"]', r"names 0.1, not a dynamic dimension"),
@@ -413,3 +418,23 @@ def test_a_function_its_ops_make_invalid_at_a_size_is_an_error_naming_the_cast()
     with pytest.raises(UnsupportedError, match=r"@f__0_0_3 is not valid at sizes 0.0=3: .*dimension #0 to be 1, but found 3; "
                                                r"the function casts a dynamic extent to a fixed one \(tensor<\?x8xf32> to tensor<1x8xf32>"):
         specializations(text, {(0, 0): (3,)})
+
+
+@pytest.mark.parametrize("ranges, error", [('["0.0=4..", "1.0=4..16"]', None), ('["0.0=4"]', r"entry '0.0=4' is not like")])
+def test_a_function_may_state_the_sizes_a_dimension_takes(ranges, error):
+    """``ansor.dim_ranges``: a size outside is an error before anything is
+    specialized; a malformed entry is an error naming it."""
+    text = f"""
+    func.func @f(%a: tensor<?x8xf32>, %b: tensor<?x8xf32>) -> tensor<?x8xf32> attributes {{ansor.dim_ranges = {ranges}}} {{
+      %r = tensor.concat dim(0) %a, %b : (tensor<?x8xf32>, tensor<?x8xf32>) -> tensor<?x8xf32>
+      return %r : tensor<?x8xf32>
+    }}"""
+    if error is not None:
+        with pytest.raises(InputError, match=error):
+            specializations(text, {(0, 0): (4,), (1, 0): (4,)})
+        return
+    specializations(text, {(0, 0): (4, 100), (1, 0): (16,)})
+    with pytest.raises(InputError, match=r"@f__0_0_4_1_0_17: dimension 1.0 is 17, outside 4..16"):
+        specializations(text, {(0, 0): (4,), (1, 0): (17,)})
+    with pytest.raises(InputError, match=r"dimension 0.0 is 3, outside 4.."):
+        specializations(text, {(0, 0): (3,), (1, 0): (4,)})

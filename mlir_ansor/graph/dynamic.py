@@ -32,10 +32,10 @@ import numpy as np
 from mlir import ir, passmanager
 
 from mlir_ansor.errors import InputError, UnsupportedError
-from mlir_ansor.ir.attrs import SAME_DIMS_ATTR
+from mlir_ansor.ir.attrs import DIM_RANGES_ATTR, SAME_DIMS_ATTR
 from mlir_ansor.ir.rewrite import cast_source
 
-__all__ = ["Dim", "argument_shapes", "dynamic_dims", "dynamic_function", "expand", "extents", "paddable", "parse_sizes", "size_label", "specializations",
+__all__ = ["Dim", "argument_shapes", "dim_ranges", "dynamic_dims", "dynamic_function", "expand", "extents", "paddable", "parse_sizes", "size_label", "specializations",
            "specialize", "spread", "symbols", "symbols_with_padding"]
 
 Dim = tuple[int, int]
@@ -138,6 +138,35 @@ def _same_dims(fn: ir.Operation) -> list[list[Dim]]:
             raise InputError(f"@{name}: {SAME_DIMS_ATTR} names {', '.join(wrong)}, not a dynamic dimension of an argument")
         groups.append(group)
     return groups
+
+
+def dim_ranges(fn: ir.Operation) -> dict[Dim, tuple[int, int | None]]:
+    """The sizes the function's ``ansor.dim_ranges`` attribute allows each
+    dynamic argument dimension (`ir.attrs.DIM_RANGES_ATTR`; None: no upper
+    bound); empty without one."""
+    if DIM_RANGES_ATTR not in fn.attributes:
+        return {}
+    name = ir.StringAttr(fn.attributes["sym_name"]).value
+    out: dict[Dim, tuple[int, int | None]] = {}
+    try:
+        items = [ir.StringAttr(a).value for a in ir.ArrayAttr(fn.attributes[DIM_RANGES_ATTR])]
+    except (TypeError, ValueError) as err:
+        raise InputError(f"@{name}: {DIM_RANGES_ATTR} must be an array of strings like \"0.1=2..128\"") from err
+    for item in items:
+        m = re.fullmatch(r"(\d+)\.(\d+)=(\d+)\.\.(\d*)", item)
+        if m is None:
+            raise InputError(f"@{name}: {DIM_RANGES_ATTR} entry {item!r} is not like \"0.1=2..128\"")
+        out[(int(m[1]), int(m[2]))] = (int(m[3]), int(m[4]) if m[4] else None)
+    return out
+
+
+def _check_ranges(fn: ir.Operation, name: str, values: dict[Dim, int]) -> None:
+    """An :class:`InputError` for a size outside its dimension's range (:func:`dim_ranges`)."""
+    for dim, (lo, hi) in dim_ranges(fn).items():
+        v = values.get(dim)
+        if v is not None and (v < lo or (hi is not None and v > hi)):
+            raise InputError(f"@{name}: dimension {dim[0]}.{dim[1]} is {v}, outside {lo}..{'' if hi is None else hi}, "
+                             "the sizes the function allows (its ansor.dim_ranges: torch.export's Dim)")
 
 
 def _ties(module: ir.Module, func: str | None):
@@ -328,6 +357,7 @@ def specialize(fn: ir.Operation, values: dict[Dim, int]) -> None:
     missing = [f"{i}.{d}" for i, d in dynamic_dims(fn) if (i, d) not in values]
     if missing:
         raise InputError(f"@{name}: no size for dynamic dimension(s) {', '.join(missing)}")
+    _check_ranges(fn, name, values)
     hint = _fixed_casts(fn)
     for i, arg in enumerate(entry.arguments):
         st = _shaped(arg.type)

@@ -36,7 +36,7 @@ from typing import Any
 from mlir_ansor.errors import AnsorError, UnsupportedError
 from mlir_ansor.ir.program import Program, load
 
-__all__ = ["TORCH_EXTRA_HINT", "child_failure", "import_module", "load_module", "refuse_tm_tensor", "require_torch", "same_dims"]
+__all__ = ["TORCH_EXTRA_HINT", "child_failure", "import_module", "load_module", "refuse_tm_tensor", "require_torch"]
 
 TORCH_EXTRA_HINT = "install the 'torch' extra: pip install -e '.[torch]' (torch and torch-mlir)"
 """What to do when torch or torch-mlir is missing."""
@@ -73,12 +73,15 @@ from torch_mlir import fx
 warnings.simplefilter("ignore", FutureWarning)
 prog = torch.export.load(sys.argv[1])
 module = fx.export_and_import(prog, output_type="linalg-on-tensors", func_name=sys.argv[3])
-if sys.argv[4] != "[]":
+import json
+attrs = {k: v for k, v in json.loads(sys.argv[4]).items() if v}
+if attrs:
     from torch_mlir import ir
     with module.context:
         for op in module.body.operations:
             if op.operation.name == "func.func" and ir.StringAttr(op.operation.attributes["sym_name"]).value == sys.argv[3]:
-                op.operation.attributes["ansor.same_dims"] = ir.Attribute.parse(sys.argv[4])
+                for name, strings in attrs.items():
+                    op.operation.attributes[name] = ir.Attribute.parse(json.dumps(strings))
 with open(sys.argv[2], "w") as f:
     f.write(str(module))
 """
@@ -96,8 +99,9 @@ def import_module(model: Any, example_inputs: Any, *, func_name: str = "main", d
     dynamic (``tensor<1x?x768xf32>``): a BERT layer's sequence length.
     `tune --sizes` and `compile` give them sizes (`graph.dynamic`); those
     the export gave one symbol are one dimension of the function too (its
-    ``ansor.same_dims``, :func:`same_dims`), and a call whose arrays differ
-    there is an error.
+    ``ansor.same_dims``), and a call whose arrays differ there is an error,
+    as is one outside the ``Dim``'s ``min``/``max`` (its ``ansor.dim_ranges``:
+    :func:`_dim_symbols`).
     Raises :class:`AnsorError` when torch or torch-mlir is missing, or when
     the export or the lowering fails (with torch-mlir's message).
     """
@@ -117,8 +121,11 @@ def import_module(model: Any, example_inputs: Any, *, func_name: str = "main", d
                 torch.export.save(exported, traced)
         except Exception as err:  # torch.export raises many kinds
             raise AnsorError(f"torch.export could not trace {name}: {type(err).__name__}: {str(err).strip()[:2000]}") from err
-        same = json.dumps(["=".join(g) for g in same_dims(exported)])
-        proc = subprocess.run([sys.executable, "-c", _CHILD, traced, out, func_name, same], capture_output=True, text=True)
+        symbols = _dim_symbols(exported)
+        attrs = json.dumps({"ansor.same_dims": ["=".join(g) for g, _ in symbols.values() if len(g) > 1],
+                            "ansor.dim_ranges": [f"{d}={lo}..{'' if hi is None else hi}"
+                                                 for g, (lo, hi) in symbols.values() for d in g]})
+        proc = subprocess.run([sys.executable, "-c", _CHILD, traced, out, func_name, attrs], capture_output=True, text=True)
         if proc.returncode != 0:
             raise AnsorError(f"torch-mlir could not import {name} to linalg-on-tensors (exit {proc.returncode})"
                              + child_failure(proc.stderr))
@@ -145,24 +152,42 @@ def refuse_tm_tensor(text: str, name: str) -> None:
                                "mlir-ansor takes Linalg with tensor, arith and math ops")
 
 
-def same_dims(exported: Any) -> list[list[str]]:
-    """The dimensions of an ``ExportedProgram``'s tensor inputs that it
-    gave one symbol (``Dim("past")`` for a KV cache's keys and values), as
-    groups of ``"ARG.DIM"`` with more than one member: what the importer
-    writes as the function's ``ansor.same_dims`` (`ir.attrs.SAME_DIMS_ATTR`),
-    since torch-mlir's function keeps only ``?`` for each."""
+def _finite(bound: Any) -> int | None:
+    """A sympy bound as an int; None for an infinite one (``int_oo``)."""
+    try:
+        return int(bound)
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        return None
+
+
+def _dim_symbols(exported: Any) -> dict[str, tuple[list[str], tuple[int, int | None]]]:
+    """The dynamic dimensions of an ``ExportedProgram``'s tensor inputs, by
+    the symbol it gave them: the ``"ARG.DIM"`` of each, and the range the
+    export allows it (``Dim("past", min=1, max=4096)``; None: no bound).
+    The importer writes those of one symbol as the function's
+    ``ansor.same_dims`` (`ir.attrs.SAME_DIMS_ATTR`: a KV cache's keys and
+    values), since torch-mlir's function keeps only ``?`` for each, and the
+    ranges as its ``ansor.dim_ranges`` (`ir.attrs.DIM_RANGES_ATTR`)."""
     torch = require_torch()
     from torch.export.graph_signature import InputKind
 
     placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
     users = [spec.arg.name for spec in exported.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT]
-    by_symbol: dict[str, list[str]] = {}
+    found: dict[str, tuple[list[str], tuple[int, int | None]]] = {}
     tensors = [placeholders[n].meta.get("val") for n in users if n in placeholders]
     for i, val in enumerate(v for v in tensors if isinstance(v, torch.Tensor)):
         for d, size in enumerate(val.shape):
             if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
-                by_symbol.setdefault(str(size.node.expr), []).append(f"{i}.{d}")
-    return [g for g in by_symbol.values() if len(g) > 1]
+                expr = size.node.expr
+                if expr not in found:
+                    rng = exported.range_constraints.get(expr)
+                    # torch.export's floor of 2 (it specializes 0 and 1) is no bound of the
+                    # Linalg, which runs one row as well: only a larger min is kept.
+                    lo = int(rng.lower) if rng is not None and int(rng.lower) > 2 else 1
+                    hi = _finite(rng.upper) if rng is not None else None
+                    found[expr] = ([], (lo, hi))
+                found[expr][0].append(f"{i}.{d}")
+    return {str(k): v for k, v in found.items()}
 
 
 def child_failure(stderr: str) -> str:

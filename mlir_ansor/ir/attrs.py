@@ -38,3 +38,10 @@ dimension 1 and argument 2's), where its ops alone do not tie them
 (`graph.dynamic.symbols`): the PyTorch importer writes the dimensions
 ``torch.export`` gave one symbol (a KV cache's keys and values), and a
 hand-written module may state them."""
+
+DIM_RANGES_ATTR = "ansor.dim_ranges"
+"""Array of strings on a function with dynamic dimensions, each the sizes
+an argument dimension may take: ``["0.1=2..128"]`` (``"0.1=2.."``: no
+upper bound). The PyTorch importer writes the ranges of ``torch.export``'s
+``Dim``s (a positional table of 128 rows); a size outside is an error
+(`graph.dynamic.specialize`), not a specialization whose slices overrun."""
