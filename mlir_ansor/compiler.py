@@ -542,6 +542,82 @@ def _kernel_func(module: ir.Module) -> ir.Operation:
     raise AnsorError("the task module has no @kernel")
 
 
+_TENSOR_CHAIN = {"tensor.insert_slice": 1, "tensor.cast": 0, "tensor.expand_shape": 0, "tensor.collapse_shape": 0}
+"""Ops whose tensor result is written over their operand of this index."""
+
+
+def _result_inits(fn: ir.Operation) -> list[int | None]:
+    """For each result of a task's ``@kernel`` on tensors: the argument whose
+    values it starts from (the init of the Linalg op that makes it, through
+    slices, casts and reshapes: a bias broadcast, a residual), or None (an
+    empty tensor, a fill)."""
+    args = list(fn.regions[0].blocks[0].arguments)
+    ret = list(fn.regions[0].blocks[0].operations)[-1]
+    found: list[int | None] = []
+    for v in ret.operands:
+        while True:
+            if isinstance(v, ir.BlockArgument):
+                found.append(args.index(v) if v in args else None)
+                break
+            op = v.owner.operation if isinstance(v.owner, ir.OpView) else v.owner
+            if op.name in _TENSOR_CHAIN:
+                v = op.operands[_TENSOR_CHAIN[op.name]]
+            elif op.name.startswith("linalg.") and "operandSegmentSizes" in op.attributes:
+                n_inits = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))[-1]
+                k = list(op.results).index(v)
+                v = list(op.operands)[len(op.operands) - n_inits + k]
+            else:
+                found.append(None)
+                break
+    return found
+
+
+_VIEWS = ("memref.subview", "memref.cast", "memref.expand_shape", "memref.collapse_shape", "memref.reinterpret_cast")
+_READS = ("vector.transfer_read", "vector.load", "vector.maskedload", "memref.load", "vector.gather", "memref.copy")
+
+
+def _copy_read_inits(fn: ir.Operation, inits: list[int | None]) -> int:
+    """Copy an argument into the buffer a kernel returns where the result
+    starts from that argument (`inits`, :func:`_result_inits`), the kernel
+    reads the buffer, and bufferization allocated it without the copy; returns
+    how many copies it added.
+
+    The arguments are read-only, so bufferization gives each such result a
+    buffer of its own. With a register tile that does not divide the output
+    (26 channels in tiles of 16, the last 10 peeled), the peeled part reads
+    its accumulators from the result of the first part's write, at elements
+    that write does not touch: one-shot bufferization (LLVM 22.1.8) then
+    allocates the buffer without copying the argument into it, and the peeled
+    part read garbage (a 1x1 convolution of 104 -> 26 channels on a 1x1 image
+    with a bias, RegNet-Y's squeeze-excitation). The tuner builds its kernels
+    with writable arguments, in place, where this does not happen."""
+    from mlir.dialects import memref
+
+    args = list(fn.regions[0].blocks[0].arguments)
+    ret = list(fn.regions[0].blocks[0].operations)[-1]
+    added = 0
+    for v, j in zip(ret.operands, inits):
+        if j is None or isinstance(v, ir.BlockArgument):
+            continue
+        alloc = v.owner.operation if isinstance(v.owner, ir.OpView) else v.owner
+        if alloc.name != "memref.alloc" or v.type != args[j].type:
+            continue
+        views, read = [v], False
+        for buf in views:
+            for use in buf.uses:
+                user = use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
+                if user.name in _VIEWS:
+                    views.append(user.results[0])
+                elif user.name in _READS and use.operand_number == 0:
+                    read = True
+        if not read:
+            continue
+        with ir.InsertionPoint.after(alloc), alloc.location:
+            memref.CopyOp(args[j], v)
+        added += 1
+    return added
+
+
 def schedule_kernel(payload: str, script: str | None, symbol: str, threads: int, check: bool) -> str:
     """Apply `script` (None: no schedule) to a task module with read-only
     arguments, bufferize it, rename ``@kernel`` to `symbol` (and its private
@@ -556,8 +632,10 @@ def schedule_kernel(payload: str, script: str | None, symbol: str, threads: int,
         fn.attributes["arg_attrs"] = ir.ArrayAttr.get(
             [ir.DictAttr.get({_WRITABLE: ir.BoolAttr.get(False)}) for _ in range(n_args)]
         )
+        inits = _result_inits(fn)
         module = apply_schedule(str(module), script)
         passmanager.PassManager.parse(f"builtin.module({BUFFERIZE},canonicalize,cse)").run(module.operation)
+        _copy_read_inits(_kernel_func(module), inits)
         for op in list(module.body.operations):
             if "sym_name" not in op.operation.attributes:
                 continue
