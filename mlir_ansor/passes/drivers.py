@@ -24,9 +24,12 @@ from mlir_ansor.ir.attrs import NORMALIZED_ATTR
 from mlir_ansor.ir.types import identity_layout, sub_byte_elements
 
 
-def _widen_global(glob: ir.Operation, i8: ir.Type) -> bool:
+def _widen_global(glob: ir.Operation | None, i8: ir.Type, apply: bool = True) -> bool:
     """Make a ``memref.global`` of sub-byte integers one of bytes (its
-    initial value zero-extended); True where it is one of bytes now."""
+    initial value zero-extended); True where it is one of bytes now (or,
+    without `apply`, where it can be made one: nothing is changed)."""
+    if glob is None:
+        return False
     t = ir.MemRefType(ir.TypeAttr(glob.attributes["type"]).value)
     if t.element_type == i8:
         return True
@@ -37,6 +40,8 @@ def _widen_global(glob: ir.Operation, i8: ir.Type) -> bool:
             dense = ir.DenseIntElementsAttr(init)
         except (TypeError, ValueError):
             return False  # (a resource, an unexpected kind: left as it is)
+        if not apply:
+            return True
         tensor_t = ir.RankedTensorType.get(t.shape, i8)
         if dense.is_splat:
             value = ir.IntegerAttr.get(i8, int(ir.IntegerAttr(dense.get_splat_value()).value) & 1)
@@ -46,6 +51,8 @@ def _widen_global(glob: ir.Operation, i8: ir.Type) -> bool:
 
             values = np.array([int(v) & 1 for v in dense], dtype=np.int8).reshape(t.shape)
             glob.attributes["initial_value"] = ir.DenseElementsAttr.get(values, type=tensor_t)
+    if not apply:
+        return True
     glob.attributes["type"] = ir.TypeAttr.get(wide)
     return True
 
@@ -55,14 +62,14 @@ def widen_bool_buffers(module: ir.Module) -> int:
     (of any integer narrower than a byte, :func:`sub_byte_elements`), and
     every constant global of them read through ``memref.get_global``, used
     only by loads, stores, deallocs and reshaping views (``collapse_shape``,
-    ``expand_shape``, ``subview``) becomes one of ``i8``, with its views
-    (stores extend, loads truncate). The LLVM 22.1.8 wheels abort on any
+    ``expand_shape``, ``subview``) and copies to or from another such buffer
+    becomes one of ``i8``, with its views (stores extend, loads truncate). The LLVM 22.1.8 wheels abort on any
     ``memref.store`` of ``i1``, and torch-mlir's attention
     (``scaled_dot_product_attention``: masks, all-masked-row checks) makes
     ``i1`` tensors. Runs on loops (after
     ``convert-linalg-to-loops``), where those are the only users left; a
-    buffer with other users (a call, a copy) is left as it is. Returns how
-    many buffers were widened."""
+    buffer with other users (a call), or copied to or from one, is left as
+    it is. Returns how many buffers were widened."""
     from mlir.dialects import arith, memref
 
     i8 = ir.IntegerType.get_signless(8, module.context)
@@ -80,9 +87,9 @@ def widen_bool_buffers(module: ir.Module) -> int:
 
     module.operation.walk(visit)
     plans = []
-    bad_globals: set[str] = set()
     for op in allocs:
-        # The buffer and its views, and whether every user is one we handle.
+        # The buffer and its views, and whether every user is one we handle
+        # (a copy: where its other side is such a buffer too, below).
         values, accesses, ok = [op.results[0]], [], True
         for v in values:
             for u in v.uses:
@@ -91,24 +98,43 @@ def widen_bool_buffers(module: ir.Module) -> int:
                     values.append(user.results[0])
                 elif user.name in ("memref.load", "memref.dealloc") or (user.name == "memref.store" and u.operand_number == 1):
                     accesses.append(user)
-                else:
+                elif user.name != "memref.copy":
                     ok = False
         symbol = ir.FlatSymbolRefAttr(op.attributes["name"]).value if op.name == "memref.get_global" else None
-        if symbol is not None and not ok:
-            bad_globals.add(symbol)
-        plans.append((op, values, accesses, ok, symbol))
+        if symbol is not None and not _widen_global(globals_.get(symbol), i8, apply=False):
+            ok = False
+        plans.append([op, values, accesses, ok, symbol])
+    # Buffers copied into each other (a mask a reduction starts from), and
+    # the get_globals of one global, are widened together or not at all.
+    group = list(range(len(plans)))
+
+    def root(k: int) -> int:
+        while group[k] != k:
+            k = group[k]
+        return k
+
+    def join(a: int, b: int) -> None:
+        group[root(a)] = root(b)
+
+    by_symbol: dict[str, int] = {}
+    for k, plan in enumerate(plans):
+        if plan[4] is not None:
+            join(k, by_symbol.setdefault(plan[4], k))
+    for k, plan in enumerate(plans):
+        for other in _copied_with(plan[0], plans):
+            if other is None:
+                plans[k][3] = False
+            else:
+                join(k, other)
+    bad = {root(k) for k, plan in enumerate(plans) if not plan[3]}
     widened = 0
-    for op, values, accesses, ok, symbol in plans:
-        if not ok:
+    for k, (op, values, accesses, _, symbol) in enumerate(plans):
+        if root(k) in bad:
             continue
         narrow = ir.MemRefType(op.results[0].type).element_type
         if symbol is not None:
-            # A constant mask (torch-mlir's ``ones(bool)``): its global holds
-            # a byte per element, where every get_global of it is only
-            # loaded from (else all of them are left as they are).
-            glob = globals_.get(symbol)
-            if symbol in bad_globals or glob is None or not _widen_global(glob, i8):
-                continue
+            # A constant mask (torch-mlir's ``ones(bool)``): its global holds a byte per element.
+            _widen_global(globals_[symbol], i8)
         for v in values:
             t = ir.MemRefType(v.type)
             v.set_type(ir.MemRefType.get(t.shape, i8, t.layout, t.memory_space))
@@ -123,6 +149,22 @@ def widen_bool_buffers(module: ir.Module) -> int:
                     user.erase()
         widened += 1
     return widened
+
+
+def _copied_with(op: ir.Operation, plans: list) -> list[int | None]:
+    """For each ``memref.copy`` that reads or writes `op`'s buffer (or a view
+    of it): the index in `plans` of the buffer on its other side, or None
+    where that is no buffer `widen_bool_buffers` considers."""
+    me = next(p for p in plans if p[0] == op)
+    out: list[int | None] = []
+    for v in me[1]:
+        for u in v.uses:
+            user = u.owner.operation
+            if user.name != "memref.copy":
+                continue
+            other = user.operands[1 - u.operand_number]
+            out.append(next((k for k, p in enumerate(plans) if any(other == w for w in p[1])), None))
+    return out
 
 
 def _block_ops(block: ir.Block) -> list[ir.Operation]:
