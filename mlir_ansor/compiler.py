@@ -602,7 +602,7 @@ def _copy_read_inits(fn: ir.Operation, inits: list[int | None]) -> int:
         alloc = v.owner.operation if isinstance(v.owner, ir.OpView) else v.owner
         if alloc.name != "memref.alloc" or v.type != args[j].type:
             continue
-        views, read = [v], False
+        views, read, copied = [v], False, False
         for buf in views:
             for use in buf.uses:
                 user = use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
@@ -610,7 +610,9 @@ def _copy_read_inits(fn: ir.Operation, inits: list[int | None]) -> int:
                     views.append(user.results[0])
                 elif user.name in _READS and use.operand_number == 0:
                     read = True
-        if not read:
+                elif user.name == "memref.copy" and use.operand_number == 1 and user.operands[0] == args[j]:
+                    copied = True  # bufferization copied it (`passes.drivers.accumulate_in_place` looks for that copy)
+        if not read or copied:
             continue
         with ir.InsertionPoint.after(alloc), alloc.location:
             memref.CopyOp(args[j], v)
