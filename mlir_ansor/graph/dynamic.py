@@ -33,7 +33,7 @@ from mlir import ir, passmanager
 
 from mlir_ansor.errors import InputError, UnsupportedError
 from mlir_ansor.ir.attrs import DIM_RANGES_ATTR, SAME_DIMS_ATTR
-from mlir_ansor.ir.rewrite import cast_source
+from mlir_ansor.ir.rewrite import cast_source, walk_op
 
 __all__ = ["Dim", "argument_shapes", "dim_ranges", "dynamic_dims", "dynamic_function", "expand", "extents", "paddable", "parse_sizes", "size_label", "specializations",
            "specialize", "spread", "symbols", "symbols_with_padding"]
@@ -416,16 +416,8 @@ def _static_reshapes(fn: ir.Operation) -> int:
     how many it rewrote."""
     from mlir.dialects import tensor
 
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "tensor.reshape":
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    fn.walk(visit)
     done = 0
-    for op in found:
+    for op in walk_op(fn, "tensor.reshape"):
         src, shape_v = op.operands
         shape_op = shape_v.owner if not isinstance(shape_v.owner, ir.Block) else None
         if shape_op is None or shape_op.name != "arith.constant":
@@ -461,16 +453,10 @@ def _static_concats(fn: ir.Operation) -> int:
     type. Returns how many it rewrote."""
     from mlir.dialects import tensor
 
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "tensor.concat" and not ir.RankedTensorType(op.results[0].type).has_static_shape:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    fn.walk(visit)
     done = 0
-    for op in found:
+    for op in walk_op(fn, "tensor.concat"):
+        if ir.RankedTensorType(op.results[0].type).has_static_shape:
+            continue
         inputs = [cast_source(v) for v in op.operands]
         types = [ir.RankedTensorType(v.type) for v in inputs]
         if not all(t.has_static_shape for t in types):

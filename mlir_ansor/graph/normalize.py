@@ -106,6 +106,7 @@ from mlir_ansor.ir.rewrite import (
     reassociation_attr,
     segments,
     unit_reassociation,
+    walk_op,
 )
 
 __all__ = [
@@ -216,16 +217,8 @@ def decompose_concats(fn: ir.Operation) -> int:
     it static first, `graph.dynamic.specialize`)."""
     from mlir.dialects import tensor
 
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "tensor.concat":
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    fn.walk(visit)
     done = 0
-    for op in found:
+    for op in walk_op(fn, "tensor.concat"):
         out = ir.RankedTensorType(op.results[0].type)
         # (through casts to dynamic types: torch-mlir's roll joins two slices cast to tensor<6x?xf32>)
         inputs = [cast_source(v) for v in op.operands]
