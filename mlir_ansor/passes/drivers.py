@@ -442,12 +442,17 @@ def linalg_inits(op: ir.Operation) -> list[ir.Value]:
 
 def _hoist_view(view: ir.Value, call: ir.Operation, position: dict) -> bool:
     """Move the view ops that make `view` and sit after `call` to just before
-    it (an output's slice is often taken after the call that fills it);
+    it (an output's slice is often taken after the call that fills it), and
+    the static ``memref.alloc`` they view where that comes after it too (a
+    concatenation's buffer, allocated after the calls that fill its slices);
     False if one of them needs a value made after `call`."""
     chain: list[ir.Operation] = []
     v = view
     while isinstance(v, ir.OpResult) and position.get(v.owner.operation, -1) > position[call]:
         o = v.owner.operation
+        if o.name == "memref.alloc" and not o.operands:
+            chain.append(o)
+            break
         if o.name not in _VIEW_OPS:
             return False
         chain.append(o)
