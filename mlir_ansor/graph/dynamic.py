@@ -33,7 +33,8 @@ from mlir import ir, passmanager
 
 from mlir_ansor.errors import InputError, UnsupportedError
 from mlir_ansor.ir.attrs import DIM_RANGES_ATTR, SAME_DIMS_ATTR
-from mlir_ansor.ir.rewrite import cast_source, walk_op
+from mlir_ansor.ir.program import first_diagnostic
+from mlir_ansor.ir.rewrite import cast_source, concat, walk_op
 
 __all__ = ["Dim", "argument_shapes", "dim_ranges", "dynamic_dims", "dynamic_function", "expand", "extents", "paddable", "parse_sizes", "size_label", "specializations",
            "specialize", "spread", "symbols", "symbols_with_padding"]
@@ -113,6 +114,16 @@ def dynamic_dims(fn: ir.Operation) -> list[Dim]:
     return out
 
 
+def _strings(fn: ir.Operation, attr: str, like: str) -> list[str]:
+    """The strings of `fn`'s array attribute `attr`; an :class:`InputError`
+    where it is something else (`like`: an entry, for the message)."""
+    try:
+        return [ir.StringAttr(a).value for a in ir.ArrayAttr(fn.attributes[attr])]
+    except (TypeError, ValueError) as err:
+        name = ir.StringAttr(fn.attributes["sym_name"]).value
+        raise InputError(f"@{name}: {attr} must be an array of strings like \"{like}\"") from err
+
+
 def _same_dims(fn: ir.Operation) -> list[list[Dim]]:
     """The groups of argument dimensions the function's ``ansor.same_dims``
     attribute states are one size (`ir.attrs.SAME_DIMS_ATTR`), checked:
@@ -122,11 +133,7 @@ def _same_dims(fn: ir.Operation) -> list[list[Dim]]:
     name = ir.StringAttr(fn.attributes["sym_name"]).value
     dynamic = set(dynamic_dims(fn))
     groups = []
-    try:
-        items = [ir.StringAttr(a).value for a in ir.ArrayAttr(fn.attributes[SAME_DIMS_ATTR])]
-    except (TypeError, ValueError) as err:
-        raise InputError(f"@{name}: {SAME_DIMS_ATTR} must be an array of strings like \"1.1=2.1\"") from err
-    for item in items:
+    for item in _strings(fn, SAME_DIMS_ATTR, "1.1=2.1"):
         try:
             group = [tuple(int(x) for x in part.split(".")) for part in item.split("=")]
         except ValueError:
@@ -148,11 +155,7 @@ def dim_ranges(fn: ir.Operation) -> dict[Dim, tuple[int, int | None]]:
         return {}
     name = ir.StringAttr(fn.attributes["sym_name"]).value
     out: dict[Dim, tuple[int, int | None]] = {}
-    try:
-        items = [ir.StringAttr(a).value for a in ir.ArrayAttr(fn.attributes[DIM_RANGES_ATTR])]
-    except (TypeError, ValueError) as err:
-        raise InputError(f"@{name}: {DIM_RANGES_ATTR} must be an array of strings like \"0.1=2..128\"") from err
-    for item in items:
+    for item in _strings(fn, DIM_RANGES_ATTR, "0.1=2..128"):
         m = re.fullmatch(r"(\d+)\.(\d+)=(\d+)\.\.(\d*)", item)
         if m is None:
             raise InputError(f"@{name}: {DIM_RANGES_ATTR} entry {item!r} is not like \"0.1=2..128\"")
@@ -323,23 +326,18 @@ def _clean(fn: ir.Operation, name: str, values: dict[Dim, int], hint: str) -> No
     try:
         passmanager.PassManager.parse("func.func(canonicalize,cse)").run(fn)
     except ir.MLIRError as err:
-        first = next((d.message for d in err.error_diagnostics), str(err))
-        raise UnsupportedError(f"@{name} is not valid at sizes {size_label(values)}: {first}{hint}") from None
+        raise UnsupportedError(f"@{name} is not valid at sizes {size_label(values)}: {first_diagnostic(err)}{hint}") from None
 
 
 def _fixed_casts(fn: ir.Operation) -> str:
     """``tensor.cast``s of `fn` that fix a dynamic extent, described for an
     error message (empty where there are none)."""
     found: list[str] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "tensor.cast" and len(found) < 3:
-            src, dst = ir.RankedTensorType(op.operands[0].type), ir.RankedTensorType(op.results[0].type)
-            if any(src.is_dynamic_dim(d) and not dst.is_dynamic_dim(d) for d in range(src.rank)):
-                found.append(f"{src} to {dst} at {op.location}")
-        return ir.WalkResult.ADVANCE
-
-    fn.walk(visit)
+    for op in walk_op(fn, "tensor.cast"):
+        src, dst = ir.RankedTensorType(op.operands[0].type), ir.RankedTensorType(op.results[0].type)
+        if any(src.is_dynamic_dim(d) and not dst.is_dynamic_dim(d) for d in range(src.rank)):
+            found.append(f"{src} to {dst} at {op.location}")
+    found = found[:3]
     if not found:
         return ""
     return ("; the function casts a dynamic extent to a fixed one (" + "; ".join(found)
@@ -426,9 +424,7 @@ def _static_reshapes(fn: ir.Operation) -> int:
             shape = [int(x) for x in ir.DenseIntElementsAttr(shape_op.attributes["value"])]
         except (ValueError, TypeError):
             continue
-        src_owner = src.owner if not isinstance(src.owner, ir.Block) else None
-        if src_owner is not None and src_owner.name == "tensor.cast":
-            src = src_owner.operands[0]
+        src = cast_source(src)
         st = ir.RankedTensorType(src.type)
         old = ir.RankedTensorType(op.results[0].type)
         if not st.has_static_shape or any(d < 0 for d in shape) or math.prod(shape) != math.prod(st.shape):
@@ -458,17 +454,11 @@ def _static_concats(fn: ir.Operation) -> int:
         if ir.RankedTensorType(op.results[0].type).has_static_shape:
             continue
         inputs = [cast_source(v) for v in op.operands]
-        types = [ir.RankedTensorType(v.type) for v in inputs]
-        if not all(t.has_static_shape for t in types):
+        if not all(ir.RankedTensorType(v.type).has_static_shape for v in inputs):
             continue
-        dim = ir.IntegerAttr(op.attributes["dim"]).value
-        shape = list(types[0].shape)
-        shape[dim] = sum(t.shape[dim] for t in types)
-        old = ir.RankedTensorType(op.results[0].type)
         with ir.InsertionPoint(op), op.location:
-            out = tensor.ConcatOp(ir.RankedTensorType.get(shape, old.element_type, old.encoding), dim,
-                                  inputs).result
-            back = tensor.CastOp(old, out).result
+            out = concat(inputs, ir.IntegerAttr(op.attributes["dim"]).value)
+            back = tensor.CastOp(op.results[0].type, out).result
         op.results[0].replace_all_uses_with(back)
         op.erase()
         done += 1

@@ -56,6 +56,7 @@ from mlir import ir
 
 from mlir_ansor.ir.rewrite import (
     clone_remapped,
+    concat,
     defining_op,
     depends_on_arguments,
     erase_unused,
@@ -208,21 +209,15 @@ def _hoist_over_pad(op: ir.Operation) -> bool:
 
 def _sink_through_concat(op: ir.Operation) -> bool:
     """concat(transpose(x_i, p), dim d) -> transpose(concat(x_i, dim p[d]), p)."""
-    from mlir.dialects import tensor
-
     perms = [permutation_of(v) for v in op.operands]
     if perms[0] is None or any(q != perms[0] for q in perms):
         return False
     p = perms[0]
     xs = [v.owner.operands[0] for v in op.operands]
-    types = [ir.RankedTensorType(x.type) for x in xs]
-    if not all(t.has_static_shape for t in types):
+    if not all(ir.RankedTensorType(x.type).has_static_shape for x in xs):
         return False
-    dim = p[ir.IntegerAttr(op.attributes["dim"]).value]
-    shape = list(types[0].shape)
-    shape[dim] = sum(t.shape[dim] for t in types)
     with ir.InsertionPoint(op), op.location:
-        joined = tensor.ConcatOp(ir.RankedTensorType.get(shape, types[0].element_type), dim, xs).result
+        joined = concat(xs, p[ir.IntegerAttr(op.attributes["dim"]).value])
         op.results[0].replace_all_uses_with(transpose(joined, p))
     return True
 

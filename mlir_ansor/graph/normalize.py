@@ -96,6 +96,7 @@ from mlir_ansor.graph.precision import (
 )
 from mlir_ansor.graph.split_conv import split_convolutions
 from mlir_ansor.ir.attrs import NORMALIZED_ATTR
+from mlir_ansor.ir.program import first_diagnostic
 from mlir_ansor.ir.rewrite import (
     backward_slice,
     cast_source,
@@ -380,8 +381,7 @@ def clamp_gathers(fn: ir.Operation) -> int:
             elif op.name == "tensor.extract":
                 shape = ir.RankedTensorType(op.operands[0].type).shape
                 for k, (i, n) in enumerate(zip(list(op.operands)[1:], shape)):
-                    owner = i.owner if not isinstance(i.owner, ir.Block) else None
-                    if n == ir.ShapedType.get_dynamic_size() or (owner is not None and owner.name == "linalg.index"):
+                    if n == ir.ShapedType.get_dynamic_size() or defining_op(i, "linalg.index") is not None:
                         continue
                     with ir.InsertionPoint(op), op.location:
                         low = arith.ConstantOp(index, 0).result
@@ -619,9 +619,8 @@ def _verify(fn: ir.Operation) -> None:
         fn.verify()
     except ir.MLIRError as err:
         name = ir.StringAttr(fn.attributes["sym_name"]).value
-        first = next((d.message for d in err.error_diagnostics), str(err))
         raise AnsorError(f"normalizing @{name} made invalid IR (a bug of mlir-ansor's rewrites, please report it "
-                         f"with the input): {first}") from None
+                         f"with the input): {first_diagnostic(err)}") from None
 
 
 def normalize(module: ir.Module, *, layout: bool | None = None) -> None:

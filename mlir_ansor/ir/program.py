@@ -85,6 +85,11 @@ def format_diagnostic(diag: ir.DiagnosticInfo, rename: str | None = None) -> str
     return text
 
 
+def first_diagnostic(err: ir.MLIRError) -> str:
+    """The message of `err`'s first error diagnostic (its text where it has none)."""
+    return next((str(d.message) for d in getattr(err, "error_diagnostics", []) or []), str(err))
+
+
 def _error_text(err: ir.MLIRError, rename: str | None) -> str:
     diags = list(getattr(err, "error_diagnostics", []) or [])
     if not diags:

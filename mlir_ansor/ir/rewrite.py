@@ -174,6 +174,19 @@ def cast_source(v: ir.Value) -> ir.Value:
     return v if cast is None else cast.operands[0]
 
 
+def concat(values: list[ir.Value], dim: int) -> ir.Value:
+    """``tensor.concat`` of static `values` along `dim` at the current
+    insertion point, with its static result type (the bindings infer none):
+    the operands' shape, their extents along `dim` summed."""
+    from mlir.dialects import tensor
+
+    types = [ir.RankedTensorType(v.type) for v in values]
+    shape = list(types[0].shape)
+    shape[dim] = sum(t.shape[dim] for t in types)
+    out = ir.RankedTensorType.get(shape, types[0].element_type, types[0].encoding)
+    return tensor.ConcatOp(out, dim, values).result
+
+
 def walk_op(root: ir.Operation, name: str) -> list[ir.Operation]:
     """Every op named `name` inside `root` (`root` included), in walk order."""
     found: list[ir.Operation] = []
