@@ -66,6 +66,7 @@ from mlir_ansor.graph.task import Occurrence, Task
 from mlir_ansor.importers import load
 from mlir_ansor.ir.dtypes import ELEMENT_BYTES
 from mlir_ansor.ir.program import Program, resource_blobs, resource_bytes
+from mlir_ansor.ir.rewrite import defining_op
 from mlir_ansor.measure.pool import WorkerPool
 from mlir_ansor.measure.runner import (
     ALIGNMENT,
@@ -80,7 +81,7 @@ from mlir_ansor.measure.runner import (
 )
 from mlir_ansor.passes.artifacts import symbol_stub
 from mlir_ansor.passes.compile_cache import CompileCache, cache_for, file_digest
-from mlir_ansor.passes.drivers import linalg_inits
+from mlir_ansor.passes.drivers import copy_read_inits, linalg_inits
 from mlir_ansor.passes.lowering import BUFFERIZE, lower_to_llvm
 from mlir_ansor.search.tasks import occurrences_for, tasks_for
 from mlir_ansor.target import Target, usable_cores
@@ -550,74 +551,20 @@ def _result_inits(fn: ir.Operation) -> list[int | None]:
     """For each result of a task's ``@kernel`` on tensors: the argument whose
     values it starts from (the init of the Linalg op that makes it, through
     slices, casts and reshapes: a bias broadcast, a residual), or None (an
-    empty tensor, a fill)."""
+    empty tensor, a fill): what `passes.drivers.copy_read_inits` copies."""
     args = list(fn.regions[0].blocks[0].arguments)
     ret = list(fn.regions[0].blocks[0].operations)[-1]
     found: list[int | None] = []
     for v in ret.operands:
-        while True:
-            if isinstance(v, ir.BlockArgument):
-                found.append(args.index(v) if v in args else None)
-                break
-            op = v.owner.operation if isinstance(v.owner, ir.OpView) else v.owner
+        while (op := defining_op(v)) is not None:
             if op.name in _TENSOR_CHAIN:
                 v = op.operands[_TENSOR_CHAIN[op.name]]
             elif op.name.startswith("linalg.") and "operandSegmentSizes" in op.attributes:
-                n_inits = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))[-1]
-                k = list(op.results).index(v)
-                v = list(op.operands)[len(op.operands) - n_inits + k]
+                v = linalg_inits(op)[list(op.results).index(v)]
             else:
-                found.append(None)
                 break
+        found.append(args.index(v) if op is None and v in args else None)
     return found
-
-
-_VIEWS = ("memref.subview", "memref.cast", "memref.expand_shape", "memref.collapse_shape", "memref.reinterpret_cast")
-_READS = ("vector.transfer_read", "vector.load", "vector.maskedload", "memref.load", "vector.gather", "memref.copy")
-
-
-def _copy_read_inits(fn: ir.Operation, inits: list[int | None]) -> int:
-    """Copy an argument into the buffer a kernel returns where the result
-    starts from that argument (`inits`, :func:`_result_inits`), the kernel
-    reads the buffer, and bufferization allocated it without the copy; returns
-    how many copies it added.
-
-    The arguments are read-only, so bufferization gives each such result a
-    buffer of its own. With a register tile that does not divide the output
-    (26 channels in tiles of 16, the last 10 peeled), the peeled part reads
-    its accumulators from the result of the first part's write, at elements
-    that write does not touch: one-shot bufferization (LLVM 22.1.8) then
-    allocates the buffer without copying the argument into it, and the peeled
-    part read garbage (a 1x1 convolution of 104 -> 26 channels on a 1x1 image
-    with a bias, RegNet-Y's squeeze-excitation). The tuner builds its kernels
-    with writable arguments, in place, where this does not happen."""
-    from mlir.dialects import memref
-
-    args = list(fn.regions[0].blocks[0].arguments)
-    ret = list(fn.regions[0].blocks[0].operations)[-1]
-    added = 0
-    for v, j in zip(ret.operands, inits):
-        if j is None or isinstance(v, ir.BlockArgument):
-            continue
-        alloc = v.owner.operation if isinstance(v.owner, ir.OpView) else v.owner
-        if alloc.name != "memref.alloc" or v.type != args[j].type:
-            continue
-        views, read, copied = [v], False, False
-        for buf in views:
-            for use in buf.uses:
-                user = use.owner.operation if isinstance(use.owner, ir.OpView) else use.owner
-                if user.name in _VIEWS:
-                    views.append(user.results[0])
-                elif user.name in _READS and use.operand_number == 0:
-                    read = True
-                elif user.name == "memref.copy" and use.operand_number == 1 and user.operands[0] == args[j]:
-                    copied = True  # bufferization copied it (`passes.drivers.accumulate_in_place` looks for that copy)
-        if not read or copied:
-            continue
-        with ir.InsertionPoint.after(alloc), alloc.location:
-            memref.CopyOp(args[j], v)
-        added += 1
-    return added
 
 
 def schedule_kernel(payload: str, script: str | None, symbol: str, threads: int, check: bool) -> str:
@@ -637,7 +584,7 @@ def schedule_kernel(payload: str, script: str | None, symbol: str, threads: int,
         inits = _result_inits(fn)
         module = apply_schedule(str(module), script)
         passmanager.PassManager.parse(f"builtin.module({BUFFERIZE},canonicalize,cse)").run(module.operation)
-        _copy_read_inits(_kernel_func(module), inits)
+        copy_read_inits(_kernel_func(module), inits)
         for op in list(module.body.operations):
             if "sym_name" not in op.operation.attributes:
                 continue

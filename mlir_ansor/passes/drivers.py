@@ -12,15 +12,21 @@ calls of kernels):
   shared between buffers whose lifetimes do not overlap;
 - :func:`strided_copies_to_linalg`: strided ``memref.copy`` as loops;
 - :func:`widen_bool_buffers`: ``i1`` buffers stored as bytes (on loops);
+- :func:`copy_read_inits`: a kernel's read-only init copied into the
+  buffer bufferization gave its result without it (run by the compiler on
+  each scheduled kernel);
 - :func:`linalg_inits`: the operands a Linalg op writes (also used by the
   compiler).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from mlir import ir
 
 from mlir_ansor.ir.attrs import NORMALIZED_ATTR
+from mlir_ansor.ir.rewrite import defining_op
 from mlir_ansor.ir.types import identity_layout, sub_byte_elements
 
 
@@ -34,14 +40,13 @@ def _widen_global(glob: ir.Operation | None, i8: ir.Type, apply: bool = True) ->
     if t.element_type == i8:
         return True
     init = glob.attributes["initial_value"] if "initial_value" in glob.attributes else None
-    wide = ir.MemRefType.get(t.shape, i8, t.layout, t.memory_space)
-    if init is not None:
-        try:
-            dense = ir.DenseIntElementsAttr(init)
-        except (TypeError, ValueError):
-            return False  # (a resource, an unexpected kind: left as it is)
-        if not apply:
-            return True
+    try:
+        dense = None if init is None else ir.DenseIntElementsAttr(init)
+    except (TypeError, ValueError):
+        return False  # (a resource, an unexpected kind: left as it is)
+    if not apply:
+        return True
+    if dense is not None:
         tensor_t = ir.RankedTensorType.get(t.shape, i8)
         if dense.is_splat:
             value = ir.IntegerAttr.get(i8, int(ir.IntegerAttr(dense.get_splat_value()).value) & 1)
@@ -51,10 +56,19 @@ def _widen_global(glob: ir.Operation | None, i8: ir.Type, apply: bool = True) ->
 
             values = np.array([int(v) & 1 for v in dense], dtype=np.int8).reshape(t.shape)
             glob.attributes["initial_value"] = ir.DenseElementsAttr.get(values, type=tensor_t)
-    if not apply:
-        return True
-    glob.attributes["type"] = ir.TypeAttr.get(wide)
+    glob.attributes["type"] = ir.TypeAttr.get(ir.MemRefType.get(t.shape, i8, t.layout, t.memory_space))
     return True
+
+
+@dataclass
+class _BoolBuffer:
+    """A buffer of sub-byte integers `widen_bool_buffers` may widen."""
+
+    op: ir.Operation  # its alloc, alloca or get_global
+    values: list[ir.Value]  # it and its views
+    accesses: list[ir.Operation]  # the loads, stores and deallocs of those
+    ok: bool  # whether every other user is a copy
+    symbol: str | None  # the global a get_global reads
 
 
 def widen_bool_buffers(module: ir.Module) -> int:
@@ -75,7 +89,6 @@ def widen_bool_buffers(module: ir.Module) -> int:
     i8 = ir.IntegerType.get_signless(8, module.context)
     views = ("memref.collapse_shape", "memref.expand_shape", "memref.subview")
     allocs: list[ir.Operation] = []
-
     globals_: dict[str, ir.Operation] = {}
 
     def visit(op: ir.Operation) -> ir.WalkResult:
@@ -86,7 +99,7 @@ def widen_bool_buffers(module: ir.Module) -> int:
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
-    plans = []
+    buffers: list[_BoolBuffer] = []
     for op in allocs:
         # The buffer and its views, and whether every user is one we handle
         # (a copy: where its other side is such a buffer too, below).
@@ -103,10 +116,10 @@ def widen_bool_buffers(module: ir.Module) -> int:
         symbol = ir.FlatSymbolRefAttr(op.attributes["name"]).value if op.name == "memref.get_global" else None
         if symbol is not None and not _widen_global(globals_.get(symbol), i8, apply=False):
             ok = False
-        plans.append([op, values, accesses, ok, symbol])
+        buffers.append(_BoolBuffer(op, values, accesses, ok, symbol))
     # Buffers copied into each other (a mask a reduction starts from), and
     # the get_globals of one global, are widened together or not at all.
-    group = list(range(len(plans)))
+    group = list(range(len(buffers)))
 
     def root(k: int) -> int:
         while group[k] != k:
@@ -117,28 +130,27 @@ def widen_bool_buffers(module: ir.Module) -> int:
         group[root(a)] = root(b)
 
     by_symbol: dict[str, int] = {}
-    for k, plan in enumerate(plans):
-        if plan[4] is not None:
-            join(k, by_symbol.setdefault(plan[4], k))
-    for k, plan in enumerate(plans):
-        for other in _copied_with(plan[0], plans):
+    for k, buf in enumerate(buffers):
+        if buf.symbol is not None:
+            join(k, by_symbol.setdefault(buf.symbol, k))
+        for other in _copied_with(buf.values, buffers):
             if other is None:
-                plans[k][3] = False
+                buf.ok = False
             else:
                 join(k, other)
-    bad = {root(k) for k, plan in enumerate(plans) if not plan[3]}
+    bad = {root(k) for k, buf in enumerate(buffers) if not buf.ok}
     widened = 0
-    for k, (op, values, accesses, _, symbol) in enumerate(plans):
+    for k, buf in enumerate(buffers):
         if root(k) in bad:
             continue
-        narrow = ir.MemRefType(op.results[0].type).element_type
-        if symbol is not None:
+        narrow = ir.MemRefType(buf.op.results[0].type).element_type
+        if buf.symbol is not None:
             # A constant mask (torch-mlir's ``ones(bool)``): its global holds a byte per element.
-            _widen_global(globals_[symbol], i8)
-        for v in values:
+            _widen_global(globals_[buf.symbol], i8)
+        for v in buf.values:
             t = ir.MemRefType(v.type)
             v.set_type(ir.MemRefType.get(t.shape, i8, t.layout, t.memory_space))
-        for user in accesses:
+        for user in buf.accesses:
             with ir.InsertionPoint(user), user.location:
                 if user.name == "memref.load":
                     byte = memref.LoadOp(user.operands[0], list(user.operands[1:])).result
@@ -151,19 +163,18 @@ def widen_bool_buffers(module: ir.Module) -> int:
     return widened
 
 
-def _copied_with(op: ir.Operation, plans: list) -> list[int | None]:
-    """For each ``memref.copy`` that reads or writes `op`'s buffer (or a view
-    of it): the index in `plans` of the buffer on its other side, or None
-    where that is no buffer `widen_bool_buffers` considers."""
-    me = next(p for p in plans if p[0] == op)
+def _copied_with(values: list[ir.Value], buffers: list[_BoolBuffer]) -> list[int | None]:
+    """For each ``memref.copy`` that reads or writes one of `values` (a
+    buffer and its views): the index in `buffers` of the buffer on its
+    other side, or None where that is no buffer `widen_bool_buffers` considers."""
     out: list[int | None] = []
-    for v in me[1]:
+    for v in values:
         for u in v.uses:
             user = u.owner.operation
             if user.name != "memref.copy":
                 continue
             other = user.operands[1 - u.operand_number]
-            out.append(next((k for k, p in enumerate(plans) if any(other == w for w in p[1])), None))
+            out.append(next((k for k, b in enumerate(buffers) if any(other == w for w in b.values)), None))
     return out
 
 
@@ -427,6 +438,53 @@ def _only_reads(v: ir.Value) -> bool:
         else:
             return False
     return True
+
+
+_READS = ("vector.transfer_read", "vector.load", "vector.maskedload", "memref.load", "vector.gather", "memref.copy")
+
+
+def copy_read_inits(fn: ir.Operation, inits: list[int | None]) -> int:
+    """Copy an argument into the buffer a kernel returns where the result
+    starts from that argument (`inits`, `compiler._result_inits`), the kernel
+    reads the buffer, and bufferization allocated it without the copy; returns
+    how many copies it added.
+
+    The arguments are read-only, so bufferization gives each such result a
+    buffer of its own. With a register tile that does not divide the output
+    (26 channels in tiles of 16, the last 10 peeled), the peeled part reads
+    its accumulators from the result of the first part's write, at elements
+    that write does not touch: one-shot bufferization (LLVM 22.1.8) then
+    allocates the buffer without copying the argument into it, and the peeled
+    part read garbage (a 1x1 convolution of 104 -> 26 channels on a 1x1 image
+    with a bias, RegNet-Y's squeeze-excitation). The tuner builds its kernels
+    with writable arguments, in place, where this does not happen."""
+    from mlir.dialects import memref
+
+    args = list(fn.regions[0].blocks[0].arguments)
+    ret = list(fn.regions[0].blocks[0].operations)[-1]
+    added = 0
+    for v, j in zip(ret.operands, inits):
+        if j is None:
+            continue
+        alloc = defining_op(v, "memref.alloc")
+        if alloc is None or v.type != args[j].type:
+            continue
+        views, read, copied = [v], False, False
+        for buf in views:
+            for use in buf.uses:
+                user = use.owner.operation
+                if user.name in _VIEW_OPS:
+                    views.append(user.results[0])
+                elif user.name in _READS and use.operand_number == 0:
+                    read = True
+                elif user.name == "memref.copy" and use.operand_number == 1 and user.operands[0] == args[j]:
+                    copied = True  # bufferization copied it (:func:`accumulate_in_place` looks for that copy)
+        if not read or copied:
+            continue
+        with ir.InsertionPoint.after(alloc), alloc.location:
+            memref.CopyOp(args[j], v)
+        added += 1
+    return added
 
 
 def linalg_inits(op: ir.Operation) -> list[ir.Value]:
