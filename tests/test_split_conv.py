@@ -145,6 +145,80 @@ CHECK-NEXT:    return
 """)
 
 
+_DRIVER_COPIES = """
+func.func @f(%a: memref<2x8x6xf32>, %b: memref<2x8x10xf32>, %c: memref<2x4x10xf32>, %d: memref<6x8xf32>,
+             %e: memref<2x8x6xf32>) attributes {ansor.normalized} {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c2 = arith.constant 2 : index
+  %s0 = memref.subview %b[0, 0, 4] [2, 8, 6] [1, 1, 1] : memref<2x8x10xf32> to memref<2x8x6xf32, strided<[80, 10, 1], offset: 4>>
+  memref.copy %a, %s0 : memref<2x8x6xf32> to memref<2x8x6xf32, strided<[80, 10, 1], offset: 4>>
+  %s1 = memref.subview %b[0, 2, 0] [2, 4, 10] [1, 1, 1] : memref<2x8x10xf32> to memref<2x4x10xf32, strided<[80, 10, 1], offset: 20>>
+  memref.copy %s1, %c : memref<2x4x10xf32, strided<[80, 10, 1], offset: 20>> to memref<2x4x10xf32>
+  %t = memref.transpose %d (i, j) -> (j, i) : memref<6x8xf32> to memref<8x6xf32, strided<[1, 8]>>
+  %s2 = memref.subview %e[1, 0, 0] [1, 8, 6] [1, 1, 1] : memref<2x8x6xf32> to memref<8x6xf32, strided<[6, 1], offset: 48>>
+  memref.copy %t, %s2 : memref<8x6xf32, strided<[1, 8]>> to memref<8x6xf32, strided<[6, 1], offset: 48>>
+  scf.for %i = %c0 to %c2 step %c1 {
+    %s3 = memref.subview %a[%i, 0, 0] [1, 8, 6] [1, 1, 1] : memref<2x8x6xf32> to memref<8x6xf32, strided<[6, 1], offset: ?>>
+    %s4 = memref.subview %e[0, 0, 0] [1, 8, 6] [1, 1, 1] : memref<2x8x6xf32> to memref<8x6xf32, strided<[6, 1]>>
+    memref.copy %s3, %s4 : memref<8x6xf32, strided<[6, 1], offset: ?>> to memref<8x6xf32, strided<[6, 1]>>
+  }
+  return
+}"""
+
+
+def test_a_drivers_strided_copies_call_one_routine_per_rank_and_element_type():
+    """DenseNet-121's driver held 711 strided copies (its concatenations),
+    each a loop nest LLVM's loop passes took 40 s over; a driver's copies
+    outside loops now call one routine of any sizes and strides per rank
+    (innermost stride 1 or not). A copy in a loop stays inline."""
+    import ctypes
+
+    from mlir import runtime as rt
+    from mlir.execution_engine import ExecutionEngine
+
+    from mlir_ansor.passes.lowering import lower_to_llvm
+
+    with ir.Context(), ir.Location.unknown():
+        m = ir.Module.parse(_DRIVER_COPIES)
+        assert strided_copies_to_linalg(m) == 4
+        m.operation.verify()
+        out = str(m)
+    filecheck(out, r"""
+CHECK-LABEL: func.func @f(
+CHECK:         %[[A:\w+]] = memref.cast %{{\w+}} : memref<2x8x6xf32> to memref<?x?x?xf32, strided<[?, ?, 1], offset: ?>>
+CHECK-NEXT:    %[[B:\w+]] = memref.cast %{{\w+}} : memref<2x8x6xf32, strided<[80, 10, 1], offset: 4>> to memref<?x?x?xf32, strided<[?, ?, 1], offset: ?>>
+CHECK-NEXT:    call @__ansor_copy_3d_f32_unit(%[[A]], %[[B]])
+CHECK:         call @__ansor_copy_3d_f32_unit(
+CHECK:         call @__ansor_copy_2d_f32(
+CHECK:         scf.for
+CHECK:           linalg.copy
+CHECK-LABEL: func.func private @__ansor_copy_3d_f32_unit(
+CHECK-SAME:    %{{\w+}}: memref<?x?x?xf32, strided<[?, ?, 1], offset: ?>>, %{{\w+}}: memref<?x?x?xf32, strided<[?, ?, 1], offset: ?>>)
+CHECK-NEXT:    linalg.copy
+CHECK-NEXT:    return
+CHECK-LABEL: func.func private @__ansor_copy_2d_f32(
+CHECK-SAME:    memref<?x?xf32, strided<[?, ?], offset: ?>>
+""")
+    assert out.count("func.func private @__ansor_copy_") == 2
+    # and they copy what the copies did
+    rng = np.random.default_rng(0)
+    a, d = rng.random((2, 8, 6), np.float32), rng.random((6, 8), np.float32)
+    b, c, e = rng.random((2, 8, 10), np.float32), np.zeros((2, 4, 10), np.float32), np.zeros((2, 8, 6), np.float32)
+    want_b = b.copy()
+    want_b[:, :, 4:] = a
+    want_c = want_b[:, 2:6, :]
+    want_e = np.stack([a[1], d.T])
+    with ir.Context(), ir.Location.unknown():
+        m = ir.Module.parse(_DRIVER_COPIES)
+        lower_to_llvm(m)
+        ExecutionEngine(m, opt_level=2).invoke(
+            "f", *[ctypes.pointer(ctypes.pointer(rt.get_ranked_memref_descriptor(v))) for v in (a, b, c, d, e)])
+    np.testing.assert_array_equal(b, want_b)
+    np.testing.assert_array_equal(c, want_c)
+    np.testing.assert_array_equal(e, want_e)
+
+
 def test_conv3d_becomes_2d_convs_over_the_depth_window(tmp_path):
     text = workloads.conv3d_ndhwc(1, 6, 8, 7, 4, 8, 3)
     with ir.Context(), ir.Location.unknown():

@@ -10,7 +10,8 @@ calls of kernels):
   input accumulates in that input's buffer;
 - :func:`static_driver_buffers`: intermediate buffers in static storage,
   shared between buffers whose lifetimes do not overlap;
-- :func:`strided_copies_to_linalg`: strided ``memref.copy`` as loops;
+- :func:`strided_copies_to_linalg`: strided ``memref.copy`` as loops (a
+  driver's as calls of one copy routine per rank);
 - :func:`widen_bool_buffers`: ``i1`` buffers stored as bytes (on loops);
 - :func:`copy_read_inits`: a kernel's read-only init copied into the
   buffer bufferization gave its result without it (run by the compiler on
@@ -21,6 +22,7 @@ calls of kernels):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from mlir import ir
@@ -876,8 +878,16 @@ def strided_copies_to_linalg(module: ir.Module) -> int:
     ``memrefCopy``, which walks the elements one at a time (the slices of a
     grouped convolution split per group, `graph/split_conv.py`, spent 19 ms
     there against 0.8 ms in the convolutions). Contiguous copies stay
-    ``memref.copy`` (a memcpy)."""
-    from mlir.dialects import linalg
+    ``memref.copy`` (a memcpy).
+
+    A driver's own copies (``NORMALIZED_ATTR``, outside any loop) become
+    calls of one copy routine per rank and element type
+    (:func:`_copy_routine`), of any sizes and strides: inline, each was a
+    loop nest of its own in the driver, and LLVM's loop passes over
+    DenseNet-121's 711 (its concatenations) took 40 s of a 65 s compile, and
+    more with a batch of 2 or 3 (100 and 190 s), where the batch loop stays.
+    A kernel's copies stay inline, with their static shapes."""
+    from mlir.dialects import func, linalg
 
     copies: list[ir.Operation] = []
 
@@ -887,8 +897,60 @@ def strided_copies_to_linalg(module: ir.Module) -> int:
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
+    routines: dict[tuple, tuple[str, ir.Type]] = {}
     for op in copies:
+        routine = _driver_copy(op, module, routines)
         with ir.InsertionPoint(op), op.location:
-            linalg.copy(op.operands[0], outs=[op.operands[1]])
+            if routine is None:
+                linalg.copy(op.operands[0], outs=[op.operands[1]])
+            else:
+                name, t = routine
+                func.CallOp([], ir.FlatSymbolRefAttr.get(name), [_cast(v, t) for v in op.operands])
         op.erase()
     return len(copies)
+
+
+def _driver_copy(op: ir.Operation, module: ir.Module, routines: dict) -> tuple[str, ir.Type] | None:
+    """The copy routine (its name and argument type) `op`, a strided
+    ``memref.copy``, calls instead where it is a driver's own, outside any
+    loop (None: it stays inline). Byte-narrow elements stay inline too
+    (:func:`widen_bool_buffers` widens buffers, not routines' arguments)."""
+    parent = op.parent
+    if parent.name != "func.func" or NORMALIZED_ATTR not in parent.attributes:
+        return None
+    src, dst = (ir.MemRefType(v.type) for v in op.operands)
+    if src.rank == 0 or sub_byte_elements(src) or src.memory_space is not None or dst.memory_space is not None:
+        return None
+    unit = all(t.get_strides_and_offset()[0][-1] == 1 for t in (src, dst))
+    key = (str(src.element_type), src.rank, unit)
+    if key not in routines:
+        routines[key] = _copy_routine(module, src.element_type, src.rank, unit)
+    return routines[key]
+
+
+def _copy_routine(module: ir.Module, element: ir.Type, rank: int, unit: bool) -> tuple[str, ir.Type]:
+    """A private function of `module` that copies one memref of `rank`
+    dimensions into another, both of any sizes and strides (the innermost
+    stride 1 where `unit`: LLVM then vectorizes its inner loop), and the
+    type of its arguments."""
+    from mlir.dialects import func, linalg
+
+    dyn = ir.ShapedType.get_dynamic_stride_or_offset()
+    strides = [dyn] * rank
+    if unit:
+        strides[-1] = 1
+    t = ir.MemRefType.get([ir.ShapedType.get_dynamic_size()] * rank, element,
+                          ir.StridedLayoutAttr.get(dyn, strides))
+    name = "__ansor_copy_{}d_{}{}".format(rank, re.sub(r"\W", "_", str(element)), "_unit" if unit else "")
+    with ir.InsertionPoint(module.body), ir.Location.unknown():
+        fn = func.FuncOp(name, ([t, t], []), visibility="private")
+        with ir.InsertionPoint(fn.add_entry_block()):
+            linalg.copy(fn.arguments[0], outs=[fn.arguments[1]])
+            func.ReturnOp([])
+    return name, t
+
+
+def _cast(v: ir.Value, t: ir.Type) -> ir.Value:
+    from mlir.dialects import memref
+
+    return v if v.type == t else memref.cast(t, v)
