@@ -522,3 +522,54 @@ def test_invalid_ir_left_by_a_rewrite_is_an_error_not_an_abort():
         extract.operation.results[0].set_type(ir.F16Type.get())
         with pytest.raises(AnsorError, match=r"normalizing @embed made invalid IR .*: 'tensor.extract' op"):
             normalize(module)
+
+
+_BROADCAST_BMM = """
+#w = affine_map<(b, k, n) -> (k, n)>
+#id = affine_map<(b, k, n) -> (b, k, n)>
+func.func @f(%a: tensor<5x3x8xf32>, %w: tensor<8x6xf32>, %x: tensor<5x8x3xf32>) -> (tensor<5x3x6xf32>, tensor<5x8x6xf32>) {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<5x8x6xf32>
+  %b = linalg.generic {indexing_maps = [#w, #id], iterator_types = ["parallel", "parallel", "parallel"]}
+      ins(%w : tensor<8x6xf32>) outs(%e : tensor<5x8x6xf32>) {
+  ^bb0(%i: f32, %o: f32):
+    linalg.yield %i : f32
+  } -> tensor<5x8x6xf32>
+  %c0 = tensor.empty() : tensor<5x3x6xf32>
+  %c = linalg.fill ins(%z : f32) outs(%c0 : tensor<5x3x6xf32>) -> tensor<5x3x6xf32>
+  %r = linalg.batch_matmul ins(%a, %b : tensor<5x3x8xf32>, tensor<5x8x6xf32>) outs(%c : tensor<5x3x6xf32>) -> tensor<5x3x6xf32>
+  %d0 = tensor.empty() : tensor<5x8x6xf32>
+  %d = linalg.fill ins(%z : f32) outs(%d0 : tensor<5x8x6xf32>) -> tensor<5x8x6xf32>
+  %s = linalg.batch_matmul ins(%x, %r : tensor<5x8x3xf32>, tensor<5x3x6xf32>) outs(%d : tensor<5x8x6xf32>) -> tensor<5x8x6xf32>
+  return %r, %s : tensor<5x3x6xf32>, tensor<5x8x6xf32>
+}"""
+
+
+def test_a_batch_matmul_by_a_broadcast_matrix_becomes_one_matmul():
+    """ONNX's ``MatMul`` of a 3-D input by a weight comes from torch-mlir as
+    a batch matmul of the weight broadcast along the batch (ViT-B/16: 197
+    copies of a 768x2304 weight, a 1.4 GB constant once folded); it becomes
+    a matmul of the batch and rows joined. A batch matmul of a batched
+    right operand is left alone."""
+    from mlir_ansor.graph.normalize import unbatch_broadcast_matmuls
+
+    with ir.Context(), ir.Location.unknown():
+        m = ir.Module.parse(_BROADCAST_BMM)
+        assert unbatch_broadcast_matmuls(m.body.operations[0].operation) == 1
+        m.operation.verify()
+        out = str(m)
+    filecheck(out, r"""
+CHECK-LABEL: func.func @f(
+CHECK-SAME:    %[[A:\w+]]: tensor<5x3x8xf32>, %[[W:\w+]]: tensor<8x6xf32>
+CHECK:         %[[C:\w+]] = linalg.fill
+CHECK:         %[[A2:\w+]] = tensor.collapse_shape %[[A]] {{\[}}[0, 1], [2]] : tensor<5x3x8xf32> into tensor<15x8xf32>
+CHECK-NEXT:    %[[C2:\w+]] = tensor.collapse_shape %[[C]] {{\[}}[0, 1], [2]] : tensor<5x3x6xf32> into tensor<15x6xf32>
+CHECK-NEXT:    %[[M:\w+]] = linalg.matmul ins(%[[A2]], %[[W]] : tensor<15x8xf32>, tensor<8x6xf32>) outs(%[[C2]] : tensor<15x6xf32>)
+CHECK-NEXT:    %[[R:\w+]] = tensor.expand_shape %[[M]] {{\[}}[0, 1], [2]] output_shape [5, 3, 6]
+CHECK:         linalg.batch_matmul ins(%{{\w+}}, %[[R]] :
+""")
+    rng = np.random.default_rng(0)
+    a, w, x = (rng.uniform(-1, 1, s).astype(np.float32) for s in ((5, 3, 8), (8, 6), (5, 8, 3)))
+    r, s = mlir_ansor.compile(load(text=_BROADCAST_BMM))(a, w, x)
+    np.testing.assert_allclose(r, a @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(s, x @ (a @ w), rtol=1e-5, atol=1e-5)

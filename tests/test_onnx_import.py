@@ -139,3 +139,78 @@ def test_a_dynamic_batch_compiles_to_one_dynamic_module(onnx_model, torch, tmp_p
             expected = model(x).numpy()
         np.testing.assert_allclose(cm(x.numpy()), expected, rtol=1e-4, atol=1e-5)
     assert sorted(v for sizes in cm.sizes for v in sizes.values()) == [1, 3]
+
+
+def test_an_attention_whose_head_split_is_computed_by_shape_ops_compiles(onnx_model, torch, tmp_path):
+    """``nn.MultiheadAttention`` exported by ``torch.onnx.export`` computes
+    its head split's reshape from ``Shape``, ``Slice`` and ``Mod`` (ViT-B/16's
+    attention); ONNX's shape inference does not follow ``Mod``, so torch-mlir
+    refused the first op after it ("failed to legalize ... onnx.Transpose")
+    until `onnx_shapes.fold_shapes` folded those graphs. Its projections, a
+    ``MatMul`` of the 3-D input by a weight, arrive as a batch matmul of the
+    weight broadcast along the tokens: they compile as one matmul
+    (`normalize.unbatch_broadcast_matmuls`), not as a batch of copies."""
+
+    class Attention(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mha = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+
+        def forward(self, x):
+            return self.mha(x, x, x, need_weights=False)[0]
+
+    torch.manual_seed(0)
+    model = Attention().eval()
+    x = torch.randn(1, 7, 32)
+    path = tmp_path / "attention.onnx"
+    _export(torch, model, x, path)
+    program = mlir_ansor.load(path)
+    cm = mlir_ansor.compile(program)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    np.testing.assert_allclose(cm(x.numpy()), expected, rtol=1e-5, atol=1e-5)
+    # the projection's weight is one 32x96 constant, not 7 copies of it
+    assert "memref<32x96xf32>" in cm.mlir and "memref<7x32x96xf32>" not in cm.mlir
+
+
+def test_fold_shapes_evaluates_shape_graphs_of_static_tensors():
+    """A reshape whose target comes from ``Shape`` -> ``Slice`` -> ``Mod`` ->
+    ``Concat``: shape inference alone leaves its result without a shape;
+    folded, the graph is constants and the result is 4x6. A tensor whose
+    dimension is named (dynamic) keeps its ``Shape``."""
+    pytest.importorskip("onnx")
+    import onnx
+    from onnx import TensorProto, helper
+
+    from mlir_ansor.importers.onnx_shapes import fold_shapes
+
+    def const(name, values):
+        return helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64,
+                                                                                   [len(values)], values))
+
+    def graph(x_dims):
+        nodes = [
+            const("m", [-1]), const("three", [3]), const("end", [3]), const("minus_one", [-1]),
+            helper.make_node("Mod", ["m", "three"], ["start"]),              # 2
+            helper.make_node("Shape", ["x"], ["shape"]),
+            helper.make_node("Slice", ["shape", "start", "end"], ["last"]),  # [6]
+            helper.make_node("Concat", ["minus_one", "last"], ["target"], axis=0),
+            helper.make_node("Reshape", ["x", "target"], ["y"]),
+        ]
+        g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_dims)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+    def y_dims(model):
+        t = next(v for v in model.graph.output if v.name == "y").type.tensor_type
+        return [d.dim_value if d.HasField("dim_value") else d.dim_param for d in t.shape.dim] if t.HasField("shape") \
+            else None
+
+    assert y_dims(onnx.shape_inference.infer_shapes(graph([2, 2, 6]))) is None
+    folded, n = fold_shapes(graph([2, 2, 6]))
+    assert n == 4  # Mod, Shape, Slice, Concat
+    assert y_dims(folded) == [4, 6]
+    assert [node.op_type for node in folded.graph.node].count("Reshape") == 1
+    assert "Shape" not in [node.op_type for node in folded.graph.node]
+    dynamic, _ = fold_shapes(graph(["batch", 2, 6]))
+    assert "Shape" in [node.op_type for node in dynamic.graph.node]

@@ -119,6 +119,7 @@ __all__ = [
     "forward_identity_gathers",
     "normalize",
     "reciprocal_divisors",
+    "unbatch_broadcast_matmuls",
 ]
 
 _FUNC_PIPELINE = "func.func(canonicalize,cse)"
@@ -238,6 +239,67 @@ def decompose_concats(fn: ir.Operation) -> int:
         op.erase()
         done += 1
     return done
+
+
+def _batch_broadcast_source(v: ir.Value) -> ir.Value | None:
+    """The 2-D tensor `v` broadcasts along a leading batch dimension, where
+    a ``linalg.broadcast`` (dimensions [0]) or a ``linalg.generic`` that only
+    copies its input through ``(b, k, n) -> (k, n)`` makes `v`; else None."""
+    op = defining_op(v)
+    if op is None or len(op.results) != 1:
+        return None
+    if op.name == "linalg.broadcast":
+        dims = list(ir.DenseI64ArrayAttr(op.attributes["dimensions"]))
+        return op.operands[0] if dims == [0] else None
+    if op.name != "linalg.generic" or segments(op) != (1, 1):
+        return None
+    body = op.regions[0].blocks[0]
+    ops = list(body.operations)
+    if len(ops) != 1 or ops[0].operation.operands[0] != body.arguments[0]:
+        return None
+    maps = indexing_maps(op)
+    if maps[1] != ir.AffineMap.get_identity(3) or [str(e) for e in maps[0].results] != ["d1", "d2"]:
+        return None
+    return op.operands[0]
+
+
+def unbatch_broadcast_matmuls(fn: ir.Operation) -> int:
+    """Rewrite each ``linalg.batch_matmul`` of static shapes whose right
+    operand is one matrix broadcast along the batch as a ``linalg.matmul`` of
+    the left operand's batch and rows joined (collapsed) by that matrix,
+    expanded back; returns how many. ONNX's ``MatMul`` of a 3-D input by a
+    weight (ViT-B/16's attention projections, as torch-mlir lowers them)
+    comes as such a broadcast: 197 copies of a 768x2304 weight, which
+    constant folding would have made a 1.4 GB constant per layer."""
+    from mlir.dialects import linalg, tensor
+
+    done = 0
+    for op in walk_op(fn, "linalg.batch_matmul"):
+        if "indexing_maps" in op.attributes and indexing_maps(op) != _batch_matmul_maps():
+            continue  # transposed operands
+        a, b, init = op.operands
+        w = _batch_broadcast_source(b)
+        types = [ir.RankedTensorType(v.type) for v in (a, init)]
+        if w is None or not all(t.has_static_shape for t in types) or not ir.RankedTensorType(w.type).has_static_shape:
+            continue
+        (bat, m, k), (_, _, n) = types[0].shape, types[1].shape
+        groups = reassociation_attr([[0, 1], [2]])
+        with ir.InsertionPoint(op), op.location:
+            a2 = tensor.CollapseShapeOp(ir.RankedTensorType.get([bat * m, k], types[0].element_type), a, groups).result
+            out_t = ir.RankedTensorType.get([bat * m, n], types[1].element_type)
+            init2 = tensor.CollapseShapeOp(out_t, init, groups).result
+            mm = linalg.matmul(a2, w, outs=[init2])
+            back = tensor.ExpandShapeOp(types[1], mm, groups, [], list(types[1].shape)).result
+        op.results[0].replace_all_uses_with(back)
+        op.erase()
+        done += 1
+    return done
+
+
+def _batch_matmul_maps() -> list[ir.AffineMap]:
+    d = [ir.AffineDimExpr.get(i) for i in range(4)]  # (batch, m, n, k)
+    return [ir.AffineMap.get(4, 0, [d[0], d[1], d[3]]), ir.AffineMap.get(4, 0, [d[0], d[3], d[2]]),
+            ir.AffineMap.get(4, 0, [d[0], d[1], d[2]])]
 
 
 def _is_zero(expr: ir.AffineExpr) -> bool:
@@ -646,6 +708,7 @@ def normalize(module: ir.Module, *, layout: bool | None = None) -> None:
                 convert_layout(fn)  # (sinks transposes through concatenations: before they go)
             decompose_concats(fn)
             split_convolutions(fn)
+            unbatch_broadcast_matmuls(fn)
             drop_unit_broadcasts(fn)
             _verify(fn)
             pm = PassManager.parse(_FUNC_PIPELINE)

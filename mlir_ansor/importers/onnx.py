@@ -35,6 +35,7 @@ ONNX_EXTRA_HINT = "install the 'onnx' extra: pip install -e '.[onnx]' (onnx and 
 """What to do when onnx or torch-mlir is missing."""
 
 _CHILD = """
+import importlib.util
 import sys
 import onnx
 from torch_mlir.compiler_utils import OutputType, lower_mlir_module, run_pipeline_with_repro_report
@@ -44,7 +45,10 @@ from torch_mlir.ir import Context
 
 model = onnx.load(sys.argv[1])
 onnx.checker.check_model(model)
-model = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+spec = importlib.util.spec_from_file_location("onnx_shapes", sys.argv[3])
+onnx_shapes = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(onnx_shapes)
+model, _ = onnx_shapes.fold_shapes(model)
 context = Context()
 torch_d.register_dialect(context)
 info = onnx_importer.ModelInfo(model)
@@ -58,6 +62,10 @@ lower_mlir_module(False, OutputType.LINALG_ON_TENSORS, module)
 with open(sys.argv[2], "w") as f:
     f.write(str(module))
 """
+
+
+_SHAPES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "onnx_shapes.py")
+"""`onnx_shapes`, which the child runs by path (it must not import our package)."""
 
 
 def _require(who: str) -> None:
@@ -89,7 +97,7 @@ def import_onnx(path: str | os.PathLike) -> str:
     _require("mlir_ansor.importers.onnx.import_onnx")
     with tempfile.TemporaryDirectory(prefix="mlir-ansor-onnx-") as tmp:
         out = os.path.join(tmp, "model.mlir")
-        proc = subprocess.run([sys.executable, "-c", _CHILD, path, out], capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-c", _CHILD, path, out, _SHAPES], capture_output=True, text=True)
         if proc.returncode != 0:
             raise AnsorError(
                 f"torch-mlir could not import {path} to linalg-on-tensors (exit {proc.returncode})"
