@@ -573,3 +573,43 @@ CHECK:         linalg.batch_matmul ins(%{{\w+}}, %[[R]] :
     r, s = mlir_ansor.compile(load(text=_BROADCAST_BMM))(a, w, x)
     np.testing.assert_allclose(r, a @ w, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(s, x @ (a @ w), rtol=1e-5, atol=1e-5)
+
+
+def test_a_constant_broadcast_much_larger_than_its_input_is_not_folded(monkeypatch, caplog):
+    """Folding a broadcast of a constant stores a copy of it per row (ViT-B/16
+    through ONNX: 1.4 GB per layer, and the compile ran out of memory); past
+    `constants.LARGE_BYTES` (lowered here to 1 KB) and 4x the constants it
+    reads, it is computed on each call instead, with a warning."""
+    import mlir_ansor.graph.constants as constants
+
+    w = np.arange(32, dtype=np.float32).reshape(4, 8)
+    dense = "[" + ", ".join("[" + ", ".join(f"{v:.1f}" for v in row) + "]" for row in w) + "]"
+    text = f"""
+func.func @f(%x: tensor<64x4x8xf32>) -> tensor<64x4x8xf32> {{
+  %w = arith.constant dense<{dense}> : tensor<4x8xf32>
+  %e = tensor.empty() : tensor<64x4x8xf32>
+  %b = linalg.generic {{indexing_maps = [affine_map<(b, k, n) -> (k, n)>, affine_map<(b, k, n) -> (b, k, n)>],
+                        iterator_types = ["parallel", "parallel", "parallel"]}} ins(%w : tensor<4x8xf32>) outs(%e : tensor<64x4x8xf32>) {{
+  ^bb0(%i: f32, %o: f32):
+    %s = arith.mulf %i, %i : f32
+    linalg.yield %s : f32
+  }} -> tensor<64x4x8xf32>
+  %r = linalg.generic {{indexing_maps = [affine_map<(b, k, n) -> (b, k, n)>, affine_map<(b, k, n) -> (b, k, n)>,
+                                        affine_map<(b, k, n) -> (b, k, n)>], iterator_types = ["parallel", "parallel", "parallel"]}}
+      ins(%x, %b : tensor<64x4x8xf32>, tensor<64x4x8xf32>) outs(%e : tensor<64x4x8xf32>) {{
+  ^bb0(%i: f32, %j: f32, %o: f32):
+    %s = arith.addf %i, %j : f32
+    linalg.yield %s : f32
+  }} -> tensor<64x4x8xf32>
+  return %r : tensor<64x4x8xf32>
+}}"""
+    x = np.random.default_rng(0).uniform(-1, 1, (64, 4, 8)).astype(np.float32)
+    folded = mlir_ansor.compile(load(text=text), cache_dir=False)
+    assert "memref<64x4x8xf32> = dense<" in folded.mlir
+    monkeypatch.setattr(constants, "LARGE_BYTES", 1024)
+    with caplog.at_level("WARNING", logger="mlir_ansor"):
+        cm = mlir_ansor.compile(load(text=text), cache_dir=False)
+    assert "memref<64x4x8xf32> = dense<" not in cm.mlir
+    assert "computed on each call, not folded" in caplog.text
+    np.testing.assert_allclose(cm(x), x + w * w, rtol=1e-6)
+    np.testing.assert_allclose(folded(x), x + w * w, rtol=1e-6)

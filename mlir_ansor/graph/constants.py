@@ -14,6 +14,7 @@ one in (`compiler` evaluates it with the untuned lowering, in a worker).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -30,6 +31,15 @@ log = logging.getLogger("mlir_ansor")
 
 FOLD_ENTRY = "__ansor_fold"
 """The name of the function holding a function's constant-only ops."""
+
+LARGE_BYTES = 64 << 20
+"""A value computed from constants is not folded when it is larger than
+this and more than :data:`GROWTH` times the constants it reads: a broadcast,
+which would hold a copy of its input per row (ONNX's ``MatMul`` of a 3-D
+input by a weight broadcasts the weight to 197 copies, 1.4 GB per layer of
+ViT-B/16, before `normalize` turned those into matmuls). Its ops then run
+on each call."""
+GROWTH = 4
 
 Evaluate = Callable[[ir.Module, str], tuple[np.ndarray, ...]]
 """``evaluate(module, entry)``: run function `entry` of `module` (on tensors,
@@ -63,6 +73,7 @@ def fold_constants(program: Program, evaluate: Evaluate) -> int:
                     continue
                 if any(u.owner.operation not in const_set for u in r.uses):
                     frontier.append(r)
+        frontier = [v for v in frontier if not _grows(block, v, fn)]
         if not frontier:
             continue
         # The ops the frontier depends on, in program order.
@@ -100,3 +111,28 @@ def fold_constants(program: Program, evaluate: Evaluate) -> int:
     if folded:
         passmanager.PassManager.parse("builtin.module(canonicalize,cse)", program.context).run(program.module.operation)
     return folded
+
+
+def _bytes(t: ir.Type) -> int:
+    st = ir.ShapedType(t)
+    e = st.element_type
+    width = e.width if isinstance(e, (ir.IntegerType, ir.FloatType)) else 64
+    return math.prod(st.shape) * max(1, width // 8) if st.has_static_shape else 0
+
+
+def _grows(block: ir.Block, v: ir.Value, fn: ir.Operation) -> bool:
+    """Whether folding `v` would make a constant larger than
+    :data:`LARGE_BYTES` and :data:`GROWTH` times the constants it reads
+    (logged: it is computed on each call instead)."""
+    size = _bytes(v.type)
+    if size <= LARGE_BYTES:
+        return False
+    read = sum(_bytes(x.results[0].type) for x in backward_slice(block, [v])
+               if isinstance(x, ir.Operation) and x.name == "arith.constant"
+               and isinstance(x.results[0].type, ir.RankedTensorType))
+    if size <= GROWTH * read:
+        return False
+    log.warning("compile: @%s: a value of %.1f MB computed from %.1f MB of constants (%s) is computed on each call, "
+                "not folded into a constant", ir.StringAttr(fn.attributes["sym_name"]).value, size / 2**20, read / 2**20,
+                v.owner.operation.name if isinstance(v, ir.OpResult) else "?")
+    return True
