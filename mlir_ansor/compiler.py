@@ -1676,6 +1676,7 @@ def schedule_module(
 
     with program.context, ir.Location.unknown():
         module = program.module
+        _stub_kernel_bodies(module)
         passmanager.PassManager.parse(f"builtin.module({BUFFERIZE})").run(module.operation)
         kernels = {}
         for p, r in zip(plans, results):
@@ -1703,6 +1704,47 @@ def schedule_module(
     # The signatures above are the bufferized ones; the C ABI is the same
     # (memrefs in, results as trailing out-parameters).
     return ScheduledModule(text, signatures, entry_name, plans, tuple(m[:3] for m in moved), full_mlir)
+
+
+def _stub_kernel_bodies(module: ir.Module) -> int:
+    """Give each kernel declaration of the driver's module (tensors in,
+    tensors out, its arguments read-only: ``bufferization.access``) a
+    stand-in body for bufferization to analyse: it reads each argument and
+    returns fresh tensors. Without a body, one-shot bufferization takes a
+    call's results to alias all its operands, constants included, and then
+    copies every buffer a kernel's result may reach before writing into it:
+    each step of a concatenation that grows (DenseNet's dense block, one
+    tensor written a slice per layer, `graph.normalize.decompose_concats`)
+    copied the whole tensor. A kernel's results are fresh buffers indeed
+    (the caller's, once they become out-parameters), and
+    :func:`_link_kernels` replaces the stand-ins. Returns how many."""
+    from mlir.dialects import arith as arith_d
+    from mlir.dialects import func as func_d
+    from mlir.dialects import tensor as tensor_d
+
+    done = 0
+    for fn in _func_ops(module):
+        if fn.regions[0].blocks or "arg_attrs" not in fn.attributes:
+            continue
+        ftype = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
+        types = list(ftype.inputs) + list(ftype.results)
+        if not all(isinstance(t, ir.RankedTensorType) and ir.RankedTensorType(t).has_static_shape for t in types):
+            continue
+        access = [ir.DictAttr(a) for a in ir.ArrayAttr(fn.attributes["arg_attrs"])]
+        if not all(_ACCESS in a and ir.StringAttr(a[_ACCESS]).value == "read" for a in access):
+            continue
+        block = fn.regions[0].blocks.append(*ftype.inputs)
+        with ir.InsertionPoint(block), fn.location:
+            zero = arith_d.ConstantOp(ir.IndexType.get(), 0).result
+            for arg in block.arguments:
+                shape = ir.RankedTensorType(arg.type).shape
+                if 0 not in shape:
+                    tensor_d.ExtractOp(arg, [zero] * len(shape))
+            outs = [tensor_d.EmptyOp(list(ir.RankedTensorType(t).shape), ir.RankedTensorType(t).element_type).result
+                    for t in ftype.results]
+            func_d.ReturnOp(outs)
+        done += 1
+    return done
 
 
 def _link_kernels(module: ir.Module, kernels: dict[str, ir.Module]) -> None:
