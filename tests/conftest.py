@@ -102,6 +102,27 @@ def _filecheck_exe() -> str:
     return found
 
 
+def lowered_driver(scheduled: str) -> tuple[str, int]:
+    """The driver of a compiled module (`CompiledModule.mlir`) once the
+    lowering's driver rewrites have run (bufferization's cleanup, outputs
+    forwarded, views into kernels, accumulation in place), and how many of
+    its calls accumulate in place."""
+    from mlir import ir, passmanager
+
+    from mlir_ansor.passes.drivers import accumulate_in_place, forward_output_copies, views_into_kernels
+    from mlir_ansor.passes.lowering import _front
+
+    with ir.Context(), ir.Location.unknown():
+        m = ir.Module.parse(scheduled)
+        passmanager.PassManager.parse(f"builtin.module({_front()})").run(m.operation)
+        forward_output_copies(m)
+        views_into_kernels(m)
+        in_place = accumulate_in_place(m)
+        m.operation.verify()
+        driver = next(str(f) for f in m.body.operations if "ansor.normalized" in f.operation.attributes)
+    return driver, in_place
+
+
 def filecheck(text: str, checks: str, tmp_path: Path | None = None) -> None:
     """Run FileCheck patterns `checks` (CHECK, CHECK-NEXT, CHECK-NOT, ...
     lines, as in LLVM's FileCheck) over `text`; fail with FileCheck's own

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import filecheck
+from conftest import filecheck, lowered_driver
 from mlir import ir
 
 import mlir_ansor
@@ -27,25 +27,6 @@ def _grouped_numpy(x: np.ndarray, k: np.ndarray) -> np.ndarray:
             win = x[:, i : i + h - kh + 1, j : j + w - kw + 1].astype(np.float64)  # n oh ow g c
             out += np.einsum("nhwgc,gfc->nhwgf", win, k[:, :, i, j, :].astype(np.float64))
     return out
-
-
-def _lowered_driver(scheduled: str) -> tuple[str, int]:
-    """The driver of a compiled module once the lowering's driver rewrites
-    have run, and how many of its calls accumulate in place."""
-    from mlir import passmanager
-
-    from mlir_ansor.passes.drivers import accumulate_in_place, forward_output_copies, views_into_kernels
-    from mlir_ansor.passes.lowering import _front
-
-    with ir.Context(), ir.Location.unknown():
-        m = ir.Module.parse(scheduled)
-        passmanager.PassManager.parse(f"builtin.module({_front()})").run(m.operation)
-        forward_output_copies(m)
-        views_into_kernels(m)
-        in_place = accumulate_in_place(m)
-        m.operation.verify()
-        driver = next(str(f) for f in m.body.operations if "ansor.normalized" in f.operation.attributes)
-    return driver, in_place
 
 
 # Over all of a driver: no copy is left in it.
@@ -111,7 +92,7 @@ def test_grouped_conv_compiles_to_merged_tasks_and_matches_numpy(tmp_path):
     np.testing.assert_allclose(got, _grouped_numpy(x, k), rtol=1e-4, atol=1e-4)
     # each group's convolution reads its slice of the input, and writes its
     # slice of the output, in place (`views_into_kernels`): no copies left
-    driver, _ = _lowered_driver(cm.mlir)
+    driver, _ = lowered_driver(cm.mlir)
     filecheck(driver, r"""
 CHECK-LABEL: func.func @grouped_conv2d(
 CHECK-SAME:    %[[X:\w+]]: memref<1x10x9x3x4xf32>, %{{\w+}}: memref<3x8x3x3x4xf32>, %[[OUT:\w+]]: memref<1x8x7x3x8xf32>)
@@ -262,7 +243,7 @@ CHECK-NEXT:    return %[[Y]]
                 want += np.einsum("ndhwc,cf->ndhwf", x[:, a : a + 4, b : b + 6, c : c + 5].astype(np.float64), k[a, b, c])
     for _ in range(2):  # the output buffer holds the last call's sum: nothing of it may leak in
         np.testing.assert_allclose(cm(x, k), want, rtol=1e-4, atol=1e-4)
-    driver, in_place = _lowered_driver(cm.mlir)
+    driver, in_place = lowered_driver(cm.mlir)
     # the depth windows are read in place (views of the input), and the
     # second and third depth taps add to the first in the output itself
     assert in_place == 2

@@ -198,11 +198,9 @@ def test_a_dense_block_writes_each_layer_once_into_one_growing_tensor(torch):
     driver's bufferization writes it in place (the kernels' stand-in bodies,
     `compiler._stub_kernel_bodies`): DenseNet-121 went from 711 copies per
     call, 25.6 M elements, to 68 copies of 5.8 M, and ran 1.11x faster."""
-    from mlir import ir, passmanager
+    from conftest import lowered_driver
 
     from mlir_ansor.importers.pytorch import import_module
-    from mlir_ansor.passes.drivers import accumulate_in_place, forward_output_copies, views_into_kernels
-    from mlir_ansor.passes.lowering import _front
 
     class Dense(torch.nn.Module):
         def __init__(self) -> None:
@@ -223,13 +221,7 @@ def test_a_dense_block_writes_each_layer_once_into_one_growing_tensor(torch):
     text = import_module(model, (x,))
     cm = mlir_ansor.compile(mlir_ansor.load(text=text), db=None, cache_dir=False)
     np.testing.assert_allclose(cm(x.numpy()), expected, rtol=1e-4, atol=1e-5)
-    with ir.Context(), ir.Location.unknown():
-        m = ir.Module.parse(cm.mlir)
-        passmanager.PassManager.parse(f"builtin.module({_front()})").run(m.operation)
-        forward_output_copies(m)
-        views_into_kernels(m)
-        accumulate_in_place(m)
-        driver = next(str(f) for f in m.body.operations if "ansor.normalized" in f.operation.attributes)
+    driver, _ = lowered_driver(cm.mlir)
     # each of the four joined tensors is copied in once (each concatenation
     # apart: 1 + 2 + 3 + 4 copies), and nothing copies the 20 channels whole
     # (the others fill the 3x3 convolutions' zero-padded 8x8 inputs)
