@@ -21,6 +21,7 @@ import numpy as np
 from mlir import ir, passmanager
 
 from mlir_ansor.graph.task import constant_linalg_ops
+from mlir_ansor.ir.dtypes import element_bytes
 from mlir_ansor.ir.program import Program
 from mlir_ansor.ir.rewrite import backward_slice, clone_remapped
 from mlir_ansor.ir.types import sub_byte_elements
@@ -115,9 +116,7 @@ def fold_constants(program: Program, evaluate: Evaluate) -> int:
 
 def _bytes(t: ir.Type) -> int:
     st = ir.ShapedType(t)
-    e = st.element_type
-    width = e.width if isinstance(e, (ir.IntegerType, ir.FloatType)) else 64
-    return math.prod(st.shape) * max(1, width // 8) if st.has_static_shape else 0
+    return math.prod(st.shape) * element_bytes(str(st.element_type), 8) if st.has_static_shape else 0
 
 
 def _grows(block: ir.Block, v: ir.Value, fn: ir.Operation) -> bool:

@@ -228,11 +228,11 @@ def decompose_concats(fn: ir.Operation) -> int:
 
     done = 0
     for chain in _growing_concats(fn):
-        full = ir.RankedTensorType(chain[-1].results[0].type)
-        dim = ir.IntegerAttr(chain[0].attributes["dim"]).value
+        last = chain[-1][0]
+        full = ir.RankedTensorType(last.results[0].type)
+        dim = ir.IntegerAttr(last.attributes["dim"]).value
         acc, written, offset = None, 0, 0
-        for op in chain:
-            inputs = [cast_source(v) for v in op.operands]
+        for op, inputs in chain:
             out = ir.RankedTensorType(op.results[0].type)
             with ir.InsertionPoint(op), op.location:
                 if acc is None:
@@ -242,7 +242,7 @@ def decompose_concats(fn: ir.Operation) -> int:
                     offsets = [offset if d == dim else 0 for d in range(full.rank)]
                     acc = tensor.InsertSliceOp(v, acc, [], [], [], offsets, list(t.shape), [1] * full.rank).result
                     offset += t.shape[dim]
-                result = acc if op == chain[-1] else tensor.ExtractSliceOp(
+                result = acc if op == last else tensor.ExtractSliceOp(
                     out, acc, [], [], [], [0] * full.rank, list(out.shape), [1] * full.rank).result
             written = len(inputs)
             op.results[0].replace_all_uses_with(result)
@@ -251,13 +251,12 @@ def decompose_concats(fn: ir.Operation) -> int:
     return done
 
 
-def _growing_concats(fn: ir.Operation) -> list[list[ir.Operation]]:
-    """The static ``tensor.concat``s of `fn`, grouped into chains where each
-    one's operands (through casts) begin with all of the previous one's,
-    along the same dimension, in the same block; a concat no other extends
-    is a chain of its own."""
-    chains: list[list[ir.Operation]] = []
-    tails: list[tuple[list[ir.Operation], list[ir.Value]]] = []
+def _growing_concats(fn: ir.Operation) -> list[list[tuple[ir.Operation, list[ir.Value]]]]:
+    """The static ``tensor.concat``s of `fn` with their operands (through
+    casts), grouped into chains where each one's operands begin with all of
+    the previous one's, along the same dimension, in the same block; a
+    concat no other extends is a chain of its own."""
+    chains: list[list[tuple[ir.Operation, list[ir.Value]]]] = []
     for op in walk_op(fn, "tensor.concat"):
         out = ir.RankedTensorType(op.results[0].type)
         # (through casts to dynamic types: torch-mlir's roll joins two slices cast to tensor<6x?xf32>)
@@ -265,16 +264,14 @@ def _growing_concats(fn: ir.Operation) -> list[list[ir.Operation]]:
         if not out.has_static_shape or not all(ir.RankedTensorType(v.type).has_static_shape for v in inputs):
             continue
         dim = ir.IntegerAttr(op.attributes["dim"]).value
-        for k, (chain, prev) in enumerate(tails):
-            last = chain[-1]
+        for chain in chains:
+            last, prev = chain[-1]
             if (len(prev) < len(inputs) and inputs[:len(prev)] == prev and last.parent == op.parent
                     and ir.IntegerAttr(last.attributes["dim"]).value == dim):
-                chain.append(op)
-                tails[k] = (chain, inputs)
+                chain.append((op, inputs))
                 break
         else:
-            chains.append([op])
-            tails.append((chains[-1], inputs))
+            chains.append([(op, inputs)])
     return chains
 
 

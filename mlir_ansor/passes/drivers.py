@@ -407,12 +407,10 @@ def _view_into_one_call(module: ir.Module, entry: ir.Block, clones: dict) -> boo
             kernel = _kernel_taking(module, callee, i, target, clones)
             if kernel is None:
                 continue
-            from mlir.dialects import memref
-
             if not _hoist_view(view, call, position):
                 continue
             with ir.InsertionPoint(call), call.location:
-                arg = view if view.type == target else memref.cast(target, view)
+                arg = _cast(view, target)
             call.operands[i] = arg
             call.attributes["callee"] = ir.FlatSymbolRefAttr.get(kernel)
             for u in users:
